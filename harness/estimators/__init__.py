@@ -1,0 +1,26 @@
+"""Advantage estimators: pure functions over time-major tensors, plus a name registry.
+
+Public API (stable): :func:`gae`, :func:`n_step`, :func:`reward_to_go`, :func:`grpo`,
+:func:`rloo`, :func:`remax`, :func:`kl_k1`, :func:`kl_k2`, :func:`kl_k3`,
+:func:`get_estimator`, :data:`ESTIMATORS`.
+"""
+from .group import grpo, remax, rloo
+from .kl import KL_ESTIMATORS, kl_estimate, kl_k1, kl_k2, kl_k3
+from .registry import (
+    ESTIMATORS,
+    AdvantageBatch,
+    AdvantageResult,
+    EstimatorParams,
+    EstimatorSpec,
+    episode_scores,
+    get_estimator,
+    register,
+)
+from .returns import gae, n_step, reward_to_go
+
+__all__ = [
+    "gae", "n_step", "reward_to_go", "grpo", "rloo", "remax",
+    "kl_k1", "kl_k2", "kl_k3", "kl_estimate", "KL_ESTIMATORS",
+    "ESTIMATORS", "AdvantageBatch", "AdvantageResult", "EstimatorParams", "EstimatorSpec",
+    "episode_scores", "get_estimator", "register",
+]

@@ -1,0 +1,191 @@
+"""Estimator presets by name, all behind one signature.
+
+A trainer looks a preset up with :func:`get_estimator`, asks the returned
+:class:`EstimatorSpec` what it needs (``needs_critic``, ``needs_groups``, ``needs_greedy``,
+``full_episodes``) and calls ``spec(batch, params)``. It never branches on the name
+(verl's ``core_algos`` registers by name but its caller still branches on it; we don't).
+
+Normalisation, clipping and loss aggregation are *not* done here: they are separate config
+axes applied by the trainer, so an ablation cannot silently credit whitening to GAE. A
+preset only carries defaults for those axes (``spec.defaults``), e.g. ``reinforce_pp`` sets
+batch whitening and ``dr_grpo`` sets the token-sum aggregation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from . import group as _group
+from . import returns as _returns
+
+
+@dataclass
+class AdvantageBatch:
+    """What every estimator receives; time-major ``[T, B]``.
+
+    ``mask[t, b]`` is 1 on steps that belong to a trajectory (0 on padding after an
+    episode ended, for estimators that collect whole episodes). For group estimators the
+    ``B`` columns are ``n_groups * group_size`` whole episodes laid out group-major
+    (column ``g * group_size + j`` is member ``j`` of group ``g``), one episode per column.
+    ``values``/``next_values`` are present when the spec needs a critic; ``greedy_scores``
+    ``[n_groups]`` when it needs a greedy rollout.
+    """
+
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    mask: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    next_values: torch.Tensor | None = None
+    greedy_scores: torch.Tensor | None = None
+    group_size: int | None = None
+
+
+@dataclass
+class EstimatorParams:
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    n_steps: int = 5
+    std_normalize: bool = True
+    group_eps: float = 1e-6
+
+
+@dataclass
+class AdvantageResult:
+    advantages: torch.Tensor  # [T, B]
+    returns: torch.Tensor | None  # [T, B] critic targets, None without a critic
+
+
+EstimatorFn = Callable[[AdvantageBatch, EstimatorParams], AdvantageResult]
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    name: str
+    fn: EstimatorFn
+    needs_critic: bool
+    needs_groups: bool = False
+    needs_greedy: bool = False
+    full_episodes: bool = False  # Monte Carlo: collect whole episodes, no bootstrap
+    defaults: dict[str, Any] = field(default_factory=dict)
+    doc: str = ""
+
+    def __call__(self, batch: AdvantageBatch, params: EstimatorParams) -> AdvantageResult:
+        if self.needs_critic and (batch.values is None or batch.next_values is None):
+            raise ValueError(f"estimator {self.name!r} needs batch.values and batch.next_values")
+        if self.needs_groups and not batch.group_size:
+            raise ValueError(f"estimator {self.name!r} needs batch.group_size")
+        if self.needs_greedy and batch.greedy_scores is None:
+            raise ValueError(f"estimator {self.name!r} needs batch.greedy_scores")
+        return self.fn(batch, params)
+
+
+ESTIMATORS: dict[str, EstimatorSpec] = {}
+
+
+def register(spec: EstimatorSpec) -> EstimatorSpec:
+    if spec.name in ESTIMATORS:
+        raise ValueError(f"estimator {spec.name!r} is already registered")
+    ESTIMATORS[spec.name] = spec
+    return spec
+
+
+def get_estimator(name: str) -> EstimatorSpec:
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown estimator {name!r}; valid: {', '.join(sorted(ESTIMATORS))}"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------
+# Adapters from the batch to the pure functions. Scores of whole-episode estimators are
+# undiscounted episode returns R_i = sum_t r_t over the trajectory (DESIGN.md, Estimators).
+
+
+def episode_scores(batch: AdvantageBatch) -> torch.Tensor:
+    """``R_i = sum_t mask * r_t`` per column, shaped ``[n_groups, group_size]``."""
+    mask = batch.mask if batch.mask is not None else torch.ones_like(batch.rewards)
+    totals = (batch.rewards * mask).sum(dim=0)
+    return totals.view(-1, batch.group_size)
+
+
+def _broadcast(per_traj: torch.Tensor, batch: AdvantageBatch) -> torch.Tensor:
+    adv = per_traj.reshape(1, -1).expand_as(batch.rewards)
+    return adv * batch.mask if batch.mask is not None else adv.clone()
+
+
+def _reinforce(batch, p):
+    return AdvantageResult(
+        _returns.reward_to_go(batch.rewards, batch.terminated, batch.truncated, p.gamma), None
+    )
+
+
+def _baseline(batch, p):
+    g = _returns.reward_to_go(batch.rewards, batch.terminated, batch.truncated, p.gamma)
+    return AdvantageResult(g - batch.values, g)
+
+
+def _a2c(batch, p):
+    a, r = _returns.n_step(batch.rewards, batch.values, batch.next_values,
+                           batch.terminated, batch.truncated, p.gamma, p.n_steps)
+    return AdvantageResult(a, r)
+
+
+def _ppo_gae(batch, p):
+    a, r = _returns.gae(batch.rewards, batch.values, batch.next_values,
+                        batch.terminated, batch.truncated, p.gamma, p.gae_lambda)
+    return AdvantageResult(a, r)
+
+
+def _grpo(batch, p):
+    adv = _group.grpo(episode_scores(batch), std_normalize=p.std_normalize, eps=p.group_eps)
+    return AdvantageResult(_broadcast(adv, batch), None)
+
+
+def _dr_grpo(batch, p):
+    adv = _group.grpo(episode_scores(batch), std_normalize=False, eps=p.group_eps)
+    return AdvantageResult(_broadcast(adv, batch), None)
+
+
+def _rloo(batch, p):
+    return AdvantageResult(_broadcast(_group.rloo(episode_scores(batch)), batch), None)
+
+
+def _remax(batch, p):
+    adv = _group.remax(episode_scores(batch), batch.greedy_scores)
+    return AdvantageResult(_broadcast(adv, batch), None)
+
+
+register(EstimatorSpec("reinforce", _reinforce, needs_critic=False, full_episodes=True,
+                       defaults={"update": "pg", "epochs": 1},
+                       doc="A_t = G_t (reward-to-go), Williams 1992"))
+register(EstimatorSpec("baseline", _baseline, needs_critic=True, full_episodes=True,
+                       defaults={"update": "pg", "epochs": 1},
+                       doc="A_t = G_t - V(s_t), V regressed on G_t"))
+register(EstimatorSpec("a2c", _a2c, needs_critic=True,
+                       defaults={"update": "pg", "epochs": 1},
+                       doc="n-step TD advantage, Mnih et al. 2016"))
+register(EstimatorSpec("ppo_gae", _ppo_gae, needs_critic=True,
+                       defaults={"update": "clip", "epochs": 10},
+                       doc="GAE(gamma, lambda), Schulman et al. 2016/2017"))
+register(EstimatorSpec("grpo", _grpo, needs_critic=False, needs_groups=True, full_episodes=True,
+                       defaults={"update": "clip", "epochs": 4},
+                       doc="(R_i - mean) / (std + eps) within a group, Shao et al. 2024"))
+register(EstimatorSpec("rloo", _rloo, needs_critic=False, needs_groups=True, full_episodes=True,
+                       defaults={"update": "pg", "epochs": 1},
+                       doc="R_i - mean of the other members, Ahmadian et al. 2024"))
+register(EstimatorSpec("remax", _remax, needs_critic=False, needs_groups=True, needs_greedy=True,
+                       full_episodes=True, defaults={"update": "pg", "epochs": 1},
+                       doc="R_i - R_greedy, Li et al. 2023"))
+register(EstimatorSpec("dr_grpo", _dr_grpo, needs_critic=False, needs_groups=True,
+                       full_episodes=True,
+                       defaults={"update": "clip", "epochs": 4,
+                                 "loss_agg": "seq_mean_token_sum_norm"},
+                       doc="R_i - group mean (no std), token-sum aggregation, Liu et al. 2025"))
+register(EstimatorSpec("reinforce_pp", _reinforce, needs_critic=False, full_episodes=True,
+                       defaults={"update": "clip", "epochs": 1, "normalize_advantages": "batch"},
+                       doc="reward-to-go whitened over the batch, Hu 2025 (REINFORCE++)"))

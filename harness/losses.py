@@ -1,0 +1,206 @@
+"""Policy, value, entropy and KL loss terms, and loss aggregation over a mask.
+
+All inputs are time-major ``[T, B]`` with a 0/1 ``mask`` (1 on steps/tokens that count).
+Every loss returns ``(loss, metrics)``: ``loss`` is a scalar to *minimise*; ``metrics`` are
+detached Python floats for logging. Policy losses share one signature and are looked up by
+name in :data:`POLICY_LOSSES` (``update: pg | clip``).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .estimators.kl import kl_estimate
+
+AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
+              norm_len: int | None = None) -> torch.Tensor:
+    r"""Reduce per-token ``x [T, B]`` to a scalar; a column of ``B`` is one sequence.
+
+    * ``token_mean``: :math:`\sum_{t,b} m x / \sum_{t,b} m` (every token weighs the same;
+      DAPO, Yu et al. 2025).
+    * ``seq_mean_token_mean``: :math:`\frac1{S}\sum_b \frac{\sum_t m x}{\sum_t m}` (each
+      sequence weighs the same, so a token of a short sequence weighs more: the GRPO paper's
+      1/|o_i|, whose length bias Dr. GRPO points out).
+    * ``seq_mean_token_sum_norm``: :math:`\frac1{S}\sum_b \frac{\sum_t m x}{L}` with a constant
+      ``L = norm_len`` (default ``T``), Dr. GRPO (Liu et al. 2025, arXiv:2503.20783).
+
+    ``S`` counts the sequences with at least one unmasked token.
+    """
+    if x.shape != mask.shape:
+        raise ValueError(f"x and mask must share a shape, got {list(x.shape)} and {list(mask.shape)}")
+    mask = mask.to(x.dtype)
+    if mode == "token_mean":
+        return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    tokens = mask.sum(dim=0)
+    has_tokens = (tokens > 0).to(x.dtype)
+    n_seq = has_tokens.sum().clamp(min=1.0)
+    sums = (x * mask).sum(dim=0)
+    if mode == "seq_mean_token_mean":
+        return (sums / tokens.clamp(min=1.0) * has_tokens).sum() / n_seq
+    if mode == "seq_mean_token_sum_norm":
+        length = float(norm_len if norm_len is not None else x.shape[0])
+        return (sums / length).sum() / n_seq
+    raise ValueError(f"loss_agg must be one of {list(AGG_MODES)}, got {mode!r}")
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    mask = mask.to(x.dtype)
+    return float((x * mask).sum() / mask.sum().clamp(min=1.0))
+
+
+@torch.no_grad()
+def _ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    ratio = log_ratio.exp()
+    m = mask.bool()
+    return {
+        # k3 estimate of KL(pi_old || pi) from samples of pi_old (Schulman 2020)
+        "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, mask),
+        "ratio_mean": _masked_mean(ratio, mask),
+        "ratio_max": float(ratio[m].max()) if m.any() else float("nan"),
+    }
+
+
+def clipped_surrogate_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float | None = 0.2,
+    clip_eps_high: float | None = None,
+    agg: str = "token_mean",
+    norm_len: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    r"""PPO's clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7), negated.
+
+    .. math:: L = -\operatorname{agg}\big[\min(r_t A_t,\ \operatorname{clip}(r_t, 1-\epsilon,
+              1+\epsilon_{high}) A_t)\big],\qquad r_t = \exp(\log\pi(a_t|s_t) -
+              \log\pi_{old}(a_t|s_t))
+
+    The ratio is built from the log-probabilities of the *taken actions* (000's pseudo-code
+    uses raw logits: a known slip). ``clip_eps_high`` defaults to ``clip_eps`` (asymmetric
+    "clip-higher" of DAPO when set). ``clip_eps=None`` is the unclipped importance-weighted
+    surrogate. The gradient vanishes where A>0 and r>1+eps_high, and where A<0 and r<1-eps;
+    ``clip_frac`` is the fraction of unmasked tokens in those two regions.
+    """
+    log_ratio = logp - old_logp
+    ratio = log_ratio.exp()
+    unclipped = ratio * advantages
+    metrics = _ratio_metrics(log_ratio.detach(), mask)
+    if clip_eps is None:
+        objective = unclipped
+        metrics["clip_frac"] = 0.0
+    else:
+        if clip_eps < 0:
+            raise ValueError(f"clip_eps must be >= 0 or None, got {clip_eps!r}")
+        high = clip_eps if clip_eps_high is None else clip_eps_high
+        if high < 0:
+            raise ValueError(f"clip_eps_high must be >= 0 or None, got {clip_eps_high!r}")
+        clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * advantages
+        objective = torch.minimum(unclipped, clipped)
+        with torch.no_grad():
+            active = ((advantages > 0) & (ratio > 1.0 + high)) | ((advantages < 0) & (ratio < 1.0 - clip_eps))
+            metrics["clip_frac"] = _masked_mean(active.to(logp.dtype), mask)
+    loss = -aggregate(objective, mask, agg, norm_len)
+    metrics["policy_loss"] = float(loss.detach())
+    return loss, metrics
+
+
+def pg_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float | None = None,
+    clip_eps_high: float | None = None,
+    agg: str = "token_mean",
+    norm_len: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    r"""Vanilla policy gradient (REINFORCE, Williams 1992), negated:
+    :math:`L = -\operatorname{agg}[\log\pi(a_t|s_t) A_t]`.
+
+    ``old_logp`` is used only for diagnostics (ratio, approx KL); ``clip_eps`` is ignored.
+    Its gradient equals the surrogate's at ``r = 1`` (the first epoch).
+    """
+    loss = -aggregate(logp * advantages, mask, agg, norm_len)
+    metrics = _ratio_metrics((logp - old_logp).detach(), mask)
+    metrics["clip_frac"] = 0.0
+    metrics["policy_loss"] = float(loss.detach())
+    return loss, metrics
+
+
+PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+POLICY_LOSSES: dict[str, PolicyLoss] = {"pg": pg_loss, "clip": clipped_surrogate_loss}
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"update must be one of {sorted(POLICY_LOSSES)}, got {name!r}")
+    return POLICY_LOSSES[name]
+
+
+def value_loss(
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    old_values: torch.Tensor | None = None,
+    clip_eps: float | None = None,
+    agg: str = "token_mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    r"""Value regression :math:`\tfrac12 (V_\theta(s_t) - R_t)^2` onto fixed targets ``returns``
+    (built from ``V_old``: returns = A + V_old, 002). With ``clip_eps`` the PPO2/OpenAI-baselines
+    clipped variant :math:`\tfrac12\max((V-R)^2, (V_{old} + \operatorname{clip}(V - V_{old},
+    \pm\epsilon) - R)^2)`.
+    """
+    err = (values - returns).pow(2)
+    if clip_eps is not None:
+        if old_values is None:
+            raise ValueError("value clipping needs old_values")
+        v_clipped = old_values + torch.clamp(values - old_values, -clip_eps, clip_eps)
+        err = torch.maximum(err, (v_clipped - returns).pow(2))
+    loss = 0.5 * aggregate(err, mask, agg)
+    return loss, {"value_loss": float(loss.detach())}
+
+
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, agg: str = "token_mean",
+                  ) -> tuple[torch.Tensor, dict[str, float]]:
+    r"""Entropy term to *minimise*: :math:`-\operatorname{agg}[H(\pi(\cdot|s_t))]`; the trainer
+    adds ``ent_coef`` times it (PPO paper eq. 9, ``+ c_2 H``)."""
+    loss = -aggregate(entropy, mask, agg)
+    return loss, {"entropy": -float(loss.detach())}
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
+               estimator: str = "k3", agg: str = "token_mean",
+               ) -> tuple[torch.Tensor, dict[str, float]]:
+    r"""KL penalty as a loss term (GRPO style): :math:`\operatorname{agg}[\hat{k}(x)]` with the
+    per-sample estimator k1, k2 or k3 of :mod:`harness.estimators.kl`; the trainer multiplies
+    by ``kl.beta``. ``ref_logp`` is the target policy (pre-update or reference), detached."""
+    kl = kl_estimate(estimator, logp, ref_logp.detach())
+    loss = aggregate(kl, mask, agg)
+    return loss, {"kl": float(loss.detach())}
+
+
+def adaptive_kl_beta(beta: float, kl: float, target: float) -> float:
+    """Adaptive KL coefficient of the PPO paper (Schulman et al. 2017, §4): halve beta when
+    the measured KL < target / 1.5, double it when KL > target * 1.5."""
+    if kl < target / 1.5:
+        return beta / 2.0
+    if kl > target * 1.5:
+        return beta * 2.0
+    return beta
+
+
+@torch.no_grad()
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """1 - Var[R - V] / Var[R] over unmasked entries (nan when Var[R] = 0)."""
+    if mask is not None:
+        m = mask.bool()
+        values, returns = values[m], returns[m]
+    var_r = returns.var(unbiased=False)
+    if returns.numel() == 0 or var_r == 0:
+        return float("nan")
+    return float(1.0 - (returns - values).var(unbiased=False) / var_r)
