@@ -1,8 +1,10 @@
 """Policy, value, entropy and KL loss terms, and loss aggregation over a mask.
 
 All inputs are time-major ``[T, B]`` with a 0/1 ``mask`` (1 on steps/tokens that count).
-Every loss returns ``(loss, metrics)``: ``loss`` is a scalar to *minimise*; ``metrics`` are
-detached Python floats for logging. Policy losses share one signature and are looked up by
+Every loss returns ``(loss, metrics)``: ``loss`` is the value to *minimise*; ``metrics`` are
+detached tensors for logging. Inputs may carry leading dims (a population ``P`` of
+independent agents, ``[P, T, B]``): losses and metrics then have shape ``[P]`` and the
+trainer sums the losses, so each member's gradient is its own. Policy losses share one signature and are looked up by
 name in :data:`POLICY_LOSSES` (``update: pg | clip``).
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
               norm_len: int | None = None) -> torch.Tensor:
-    r"""Reduce per-token ``x [T, B]`` to a scalar; a column of ``B`` is one sequence.
+    r"""Reduce per-token ``x [..., T, B]`` over its last two dims; a column of ``B`` is one sequence.
 
     * ``token_mean``: :math:`\sum_{t,b} m x / \sum_{t,b} m` (every token weighs the same;
       DAPO, Yu et al. 2025).
@@ -28,39 +30,39 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
     * ``seq_mean_token_sum_norm``: :math:`\frac1{S}\sum_b \frac{\sum_t m x}{L}` with a constant
       ``L = norm_len`` (default ``T``), Dr. GRPO (Liu et al. 2025, arXiv:2503.20783).
 
-    ``S`` counts the sequences with at least one unmasked token.
+    ``S`` counts the sequences with at least one unmasked token. Leading dims (a population
+    of independent agents ``P``) are kept: the result has shape ``x.shape[:-2]``.
     """
-    if x.shape != mask.shape:
-        raise ValueError(f"x and mask must share a shape, got {list(x.shape)} and {list(mask.shape)}")
+    if x.shape != mask.shape or x.dim() < 2:
+        raise ValueError(f"x and mask must share a shape [..., T, B], got {list(x.shape)} and {list(mask.shape)}")
     mask = mask.to(x.dtype)
     if mode == "token_mean":
-        return (x * mask).sum() / mask.sum().clamp(min=1.0)
-    tokens = mask.sum(dim=0)
+        return (x * mask).sum(dim=(-2, -1)) / mask.sum(dim=(-2, -1)).clamp(min=1.0)
+    tokens = mask.sum(dim=-2)
     has_tokens = (tokens > 0).to(x.dtype)
-    n_seq = has_tokens.sum().clamp(min=1.0)
-    sums = (x * mask).sum(dim=0)
+    n_seq = has_tokens.sum(dim=-1).clamp(min=1.0)
+    sums = (x * mask).sum(dim=-2)
     if mode == "seq_mean_token_mean":
-        return (sums / tokens.clamp(min=1.0) * has_tokens).sum() / n_seq
+        return (sums / tokens.clamp(min=1.0) * has_tokens).sum(dim=-1) / n_seq
     if mode == "seq_mean_token_sum_norm":
-        length = float(norm_len if norm_len is not None else x.shape[0])
-        return (sums / length).sum() / n_seq
+        length = float(norm_len if norm_len is not None else x.shape[-2])
+        return (sums / length).sum(dim=-1) / n_seq
     raise ValueError(f"loss_agg must be one of {list(AGG_MODES)}, got {mode!r}")
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    mask = mask.to(x.dtype)
-    return float((x * mask).sum() / mask.sum().clamp(min=1.0))
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return aggregate(x.detach(), mask, "token_mean")
 
 
 @torch.no_grad()
-def _ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def _ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
     ratio = log_ratio.exp()
-    m = mask.bool()
+    big = torch.where(mask.bool(), ratio, torch.full_like(ratio, float("-inf")))
     return {
         # k3 estimate of KL(pi_old || pi) from samples of pi_old (Schulman 2020)
         "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, mask),
         "ratio_mean": _masked_mean(ratio, mask),
-        "ratio_max": float(ratio[m].max()) if m.any() else float("nan"),
+        "ratio_max": big.amax(dim=(-2, -1)),
     }
 
 
@@ -73,7 +75,7 @@ def clipped_surrogate_loss(
     clip_eps_high: float | None = None,
     agg: str = "token_mean",
     norm_len: int | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""PPO's clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7), negated.
 
     .. math:: L = -\operatorname{agg}\big[\min(r_t A_t,\ \operatorname{clip}(r_t, 1-\epsilon,
@@ -92,7 +94,7 @@ def clipped_surrogate_loss(
     metrics = _ratio_metrics(log_ratio.detach(), mask)
     if clip_eps is None:
         objective = unclipped
-        metrics["clip_frac"] = 0.0
+        metrics["clip_frac"] = torch.zeros_like(metrics["approx_kl"])
     else:
         if clip_eps < 0:
             raise ValueError(f"clip_eps must be >= 0 or None, got {clip_eps!r}")
@@ -105,7 +107,7 @@ def clipped_surrogate_loss(
             active = ((advantages > 0) & (ratio > 1.0 + high)) | ((advantages < 0) & (ratio < 1.0 - clip_eps))
             metrics["clip_frac"] = _masked_mean(active.to(logp.dtype), mask)
     loss = -aggregate(objective, mask, agg, norm_len)
-    metrics["policy_loss"] = float(loss.detach())
+    metrics["policy_loss"] = loss.detach()
     return loss, metrics
 
 
@@ -118,7 +120,7 @@ def pg_loss(
     clip_eps_high: float | None = None,
     agg: str = "token_mean",
     norm_len: int | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Vanilla policy gradient (REINFORCE, Williams 1992), negated:
     :math:`L = -\operatorname{agg}[\log\pi(a_t|s_t) A_t]`.
 
@@ -127,12 +129,12 @@ def pg_loss(
     """
     loss = -aggregate(logp * advantages, mask, agg, norm_len)
     metrics = _ratio_metrics((logp - old_logp).detach(), mask)
-    metrics["clip_frac"] = 0.0
-    metrics["policy_loss"] = float(loss.detach())
+    metrics["clip_frac"] = torch.zeros_like(metrics["approx_kl"])
+    metrics["policy_loss"] = loss.detach()
     return loss, metrics
 
 
-PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 POLICY_LOSSES: dict[str, PolicyLoss] = {"pg": pg_loss, "clip": clipped_surrogate_loss}
 
 
@@ -149,7 +151,7 @@ def value_loss(
     old_values: torch.Tensor | None = None,
     clip_eps: float | None = None,
     agg: str = "token_mean",
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Value regression :math:`\tfrac12 (V_\theta(s_t) - R_t)^2` onto fixed targets ``returns``
     (built from ``V_old``: returns = A + V_old, 002). With ``clip_eps`` the PPO2/OpenAI-baselines
     clipped variant :math:`\tfrac12\max((V-R)^2, (V_{old} + \operatorname{clip}(V - V_{old},
@@ -162,26 +164,26 @@ def value_loss(
         v_clipped = old_values + torch.clamp(values - old_values, -clip_eps, clip_eps)
         err = torch.maximum(err, (v_clipped - returns).pow(2))
     loss = 0.5 * aggregate(err, mask, agg)
-    return loss, {"value_loss": float(loss.detach())}
+    return loss, {"value_loss": loss.detach()}
 
 
 def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, agg: str = "token_mean",
-                  ) -> tuple[torch.Tensor, dict[str, float]]:
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Entropy term to *minimise*: :math:`-\operatorname{agg}[H(\pi(\cdot|s_t))]`; the trainer
     adds ``ent_coef`` times it (PPO paper eq. 9, ``+ c_2 H``)."""
     loss = -aggregate(entropy, mask, agg)
-    return loss, {"entropy": -float(loss.detach())}
+    return loss, {"entropy": -loss.detach()}
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
                estimator: str = "k3", agg: str = "token_mean",
-               ) -> tuple[torch.Tensor, dict[str, float]]:
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""KL penalty as a loss term (GRPO style): :math:`\operatorname{agg}[\hat{k}(x)]` with the
     per-sample estimator k1, k2 or k3 of :mod:`harness.estimators.kl`; the trainer multiplies
     by ``kl.beta``. ``ref_logp`` is the target policy (pre-update or reference), detached."""
     kl = kl_estimate(estimator, logp, ref_logp.detach())
     loss = aggregate(kl, mask, agg)
-    return loss, {"kl": float(loss.detach())}
+    return loss, {"kl": loss.detach()}
 
 
 def adaptive_kl_beta(beta: float, kl: float, target: float) -> float:

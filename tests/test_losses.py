@@ -15,7 +15,7 @@ def grad_at(ratio: float, adv: float, clip_eps=EPS):
     old = torch.zeros(1, 1)
     loss, m = clipped_surrogate_loss(logp, old, torch.tensor([[adv]]), torch.ones(1, 1), clip_eps=clip_eps)
     loss.backward()
-    return logp.grad.item(), loss.item(), m
+    return logp.grad.item(), loss.item(), {k: float(v) for k, v in m.items()}
 
 
 def test_c7_positive_advantage_above_band_has_zero_gradient():
@@ -59,7 +59,7 @@ def test_asymmetric_clip_high():
     logp = torch.tensor([[torch.log(torch.tensor(1.25)).item()]], requires_grad=True)
     loss, m = clipped_surrogate_loss(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1),
                                      clip_eps=0.2, clip_eps_high=0.28)
-    assert loss.item() == pytest.approx(-1.25) and m["clip_frac"] == 0.0
+    assert loss.item() == pytest.approx(-1.25) and float(m["clip_frac"]) == 0.0
 
 
 def test_pg_loss_value_and_gradient():
@@ -69,7 +69,7 @@ def test_pg_loss_value_and_gradient():
     assert loss.item() == pytest.approx(-((-1.0 * 2.0) + (-2.0 * -1.0)) / 2)
     loss.backward()
     assert logp.grad.tolist() == [[-1.0, 0.5]]
-    assert m["approx_kl"] == 0.0 and m["ratio_mean"] == 1.0
+    assert float(m["approx_kl"]) == 0.0 and float(m["ratio_mean"]) == 1.0
     assert get_policy_loss("pg") is pg_loss
     with pytest.raises(ValueError, match="update must be one of"):
         get_policy_loss("trpo")
@@ -79,8 +79,8 @@ def test_approx_kl_metric_by_hand():
     # one token with ratio 2: k3 = 2 - 1 - log 2
     logp = torch.tensor([[torch.log(torch.tensor(2.0)).item()]])
     _, m = clipped_surrogate_loss(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1))
-    assert m["approx_kl"] == pytest.approx(1 - torch.log(torch.tensor(2.0)).item(), abs=1e-6)
-    assert m["ratio_max"] == pytest.approx(2.0)
+    assert float(m["approx_kl"]) == pytest.approx(1 - torch.log(torch.tensor(2.0)).item(), abs=1e-6)
+    assert float(m["ratio_max"]) == pytest.approx(2.0)
 
 
 # Two sequences (columns): lengths 1 and 3 in T = 4.
@@ -112,7 +112,7 @@ def test_value_loss_and_clipping_by_hand():
 
 def test_entropy_kl_and_adaptive_beta():
     loss, m = entropy_bonus(torch.tensor([[1.0, 3.0]]), torch.ones(1, 2))
-    assert loss.item() == -2.0 and m["entropy"] == 2.0
+    assert loss.item() == -2.0 and float(m["entropy"]) == 2.0
     loss, m = kl_penalty(torch.zeros(1, 1), torch.tensor([[torch.log(torch.tensor(2.0)).item()]]), torch.ones(1, 1), "k1")
     assert loss.item() == pytest.approx(-0.6931471805599453, rel=1e-6)
     with pytest.raises(ValueError, match="kl.estimator"):
@@ -128,3 +128,20 @@ def test_explained_variance_by_hand():
     assert explained_variance(torch.full((4,), 2.5), ret) == pytest.approx(0.0)
     # residual var of (0, 0, 0, 2) is .75; var of ret is 1.25 -> 1 - .6 = .4
     assert explained_variance(torch.tensor([1.0, 2.0, 3.0, 2.0]), ret) == pytest.approx(0.4)
+
+
+def test_population_dim_keeps_members_apart():
+    """A leading population dim gives one loss per member, equal to each member's own loss."""
+    gen = torch.Generator().manual_seed(0)
+    logp = torch.randn(3, 5, 2, generator=gen)
+    old = torch.randn(3, 5, 2, generator=gen)
+    adv = torch.randn(3, 5, 2, generator=gen)
+    mask = (torch.rand(3, 5, 2, generator=gen) > 0.3).float()
+    for agg in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
+        batched, m = clipped_surrogate_loss(logp, old, adv, mask, agg=agg)
+        assert batched.shape == (3,)
+        for p in range(3):
+            single, ms = clipped_surrogate_loss(logp[p], old[p], adv[p], mask[p], agg=agg)
+            assert batched[p].item() == pytest.approx(single.item(), abs=1e-6)
+            assert float(m["clip_frac"][p]) == pytest.approx(float(ms["clip_frac"]))
+            assert float(m["ratio_max"][p]) == pytest.approx(float(ms["ratio_max"]))

@@ -1,0 +1,1 @@
+"""Tasks: control (gymnasium), lm (transformers), toy (exact-gradient)."""

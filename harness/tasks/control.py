@@ -1,0 +1,251 @@
+"""Gymnasium control tasks: vector envs per population member and rollout collection.
+
+Autoreset: gymnasium 1.x vector envs default to ``NEXT_STEP`` autoreset. The step that ends
+an episode returns the episode's *real* final observation; the following step() resets that
+env, ignores its action and returns the reset observation with reward 0. We keep that
+reset transition out of training (``mask = 0``) and out of the step budget, and bootstrap a
+time-limit truncation from the real final observation (CleanRL's ppo.py trains on the
+reset transition's neighbour and treats truncation as termination; its issues #198, #457).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+
+@dataclass
+class EnvInfo:
+    obs_dim: int
+    act_dim: int
+    discrete: bool
+    low: np.ndarray | None = None
+    high: np.ndarray | None = None
+
+
+def env_info(env_id: str) -> EnvInfo:
+    """Spaces of ``env_id``; refuses anything but a flat Box observation and a Discrete or Box action."""
+    try:
+        env = gym.make(env_id)
+    except Exception as exc:  # gymnasium's message names close ids
+        raise ValueError(f"task.env_id {env_id!r} is not a gymnasium environment: {exc}") from None
+    try:
+        obs, act = env.observation_space, env.action_space
+    finally:
+        env.close()
+    if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
+        raise ValueError(f"task.env_id {env_id!r}: observation space {obs} is not supported "
+                         "(a 1-D Box is)")
+    if isinstance(act, gym.spaces.Discrete):
+        return EnvInfo(obs.shape[0], int(act.n), True)
+    if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
+        return EnvInfo(obs.shape[0], act.shape[0], False, act.low.astype(np.float32), act.high.astype(np.float32))
+    raise ValueError(f"task.env_id {env_id!r}: action space {type(act).__name__} {act} is not supported "
+                     "(allowed: Discrete, 1-D Box)")
+
+
+def make_vector_env(env_id: str, num_envs: int, max_episode_steps: int | None,
+                    native: bool = True) -> gym.vector.VectorEnv:
+    """gymnasium's native vector env where it has one (one seed for all sub-envs), else
+    ``SyncVectorEnv`` (one seed per sub-env, needed for identical group starts)."""
+    kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+    if native and gym.envs.registry[env_id].vector_entry_point is not None:
+        env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
+    else:
+        env = SyncVectorEnv([lambda: gym.make(env_id, **kwargs) for _ in range(num_envs)],
+                            autoreset_mode=AutoresetMode.NEXT_STEP)
+    mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+    if mode != AutoresetMode.NEXT_STEP:  # the collection below relies on it
+        raise ValueError(f"task.env_id {env_id!r}: vector env autoreset mode {mode} is not supported")
+    return env
+
+
+def seeds_from(gen: torch.Generator, n: int) -> list[int]:
+    return torch.randint(0, 2**31 - 1, (n,), generator=gen).tolist()
+
+
+class MemberEnvs:
+    """One vector env per population member; actions/observations stacked as ``[P, N, ...]``."""
+
+    def __init__(self, env_id: str, population: int, num_envs: int, max_episode_steps: int | None,
+                 info: EnvInfo, native: bool):
+        self.envs = [make_vector_env(env_id, num_envs, max_episode_steps, native) for _ in range(population)]
+        self.info = info
+        self.population, self.num_envs = population, num_envs
+        self.native = native
+
+    def reset(self, seeds: list[int | list[int]]) -> np.ndarray:
+        return np.stack([env.reset(seed=s)[0] for env, s in zip(self.envs, seeds)]).astype(np.float32)
+
+    def step(self, actions: torch.Tensor):
+        a = actions.numpy()
+        if not self.info.discrete:  # a diverged member's NaN actions must not crash its neighbours
+            a = np.clip(np.nan_to_num(a), self.info.low, self.info.high)
+        obs, rew, term, trunc = [], [], [], []
+        for env, act in zip(self.envs, a):
+            o, r, te, tr, _ = env.step(act)
+            obs.append(o); rew.append(r); term.append(te); trunc.append(tr)  # noqa: E702
+        return (np.stack(obs).astype(np.float32), np.stack(rew).astype(np.float32),
+                np.stack(term), np.stack(trunc))
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+@dataclass
+class Rollout:
+    """Time-major storage ``[T, P, N, ...]`` of one iteration."""
+
+    obs: torch.Tensor
+    next_obs: torch.Tensor
+    actions: torch.Tensor
+    logp: torch.Tensor
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    mask: torch.Tensor
+    episode_returns: list[list[float]]  # per member, episodes finished this iteration
+    steps: torch.Tensor  # [P] real env steps taken (reset transitions excluded)
+    greedy_returns: torch.Tensor | None = None  # [P, n_groups]
+
+
+def _noise(agent, gens, shape_tail, steps) -> torch.Tensor:
+    if agent.discrete:
+        return torch.stack([torch.rand(steps, *shape_tail, generator=g) for g in gens], dim=1)
+    return torch.stack([torch.randn(steps, *shape_tail, generator=g) for g in gens], dim=1)
+
+
+class StepCollector:
+    """Fixed-length rollouts from persistent envs (a2c, ppo_gae): T steps of N envs per member."""
+
+    def __init__(self, envs: MemberEnvs, gens: list[torch.Generator], rollout_steps: int):
+        self.envs, self.gens, self.T = envs, gens, rollout_steps
+        self.obs = torch.from_numpy(envs.reset([seeds_from(g, 1)[0] for g in gens]))
+        P, N = envs.population, envs.num_envs
+        self.after_done = torch.zeros(P, N, dtype=torch.bool)  # next step is a reset transition
+        self.running = torch.zeros(P, N)
+
+    @torch.no_grad()
+    def collect(self, agent) -> Rollout:
+        T, P, N = self.T, self.envs.population, self.envs.num_envs
+        noise = _noise(agent, self.gens, (N, agent.actor.weights[-1].shape[-1]), T)
+        obs_buf, next_buf, act_buf, logp_buf = [], [], [], []
+        rew = torch.zeros(T, P, N); term = torch.zeros(T, P, N); trunc = torch.zeros(T, P, N)  # noqa: E702
+        mask = torch.zeros(T, P, N)
+        finished: list[list[float]] = [[] for _ in range(P)]
+        for t in range(T):
+            params = agent.dist_params(self.obs)
+            actions = agent.sample(params, noise[t] if agent.discrete else noise[t])
+            logp, _ = agent.log_prob_entropy(params, actions)
+            o, r, te, tr = self.envs.step(actions)
+            valid = ~self.after_done
+            o_t = torch.from_numpy(o)
+            obs_buf.append(self.obs); next_buf.append(o_t); act_buf.append(actions); logp_buf.append(logp)
+            r_t = torch.from_numpy(r) * valid
+            rew[t] = r_t
+            term[t] = torch.from_numpy(te) & valid
+            trunc[t] = torch.from_numpy(tr) & valid
+            mask[t] = valid
+            self.running += r_t
+            done = (term[t] + trunc[t]) > 0
+            if done.any():
+                for p, n in done.nonzero().tolist():
+                    finished[p].append(float(self.running[p, n]))
+                self.running[done] = 0.0
+            self.after_done = done
+            self.obs = o_t
+        return Rollout(torch.stack(obs_buf), torch.stack(next_buf), torch.stack(act_buf),
+                       torch.stack(logp_buf), rew, term, trunc, mask, finished, mask.sum(dim=(0, 2)))
+
+
+class EpisodeCollector:
+    """Whole episodes from chosen starts (Monte Carlo and group estimators).
+
+    Per member: ``episodes`` columns, group-major; columns of group g reset with one seed, so
+    they start from the identical state. With ``greedy``, one extra column per group, from the
+    same seed, acts greedily (ReMax's baseline); its steps count against the budget too.
+    Every column runs until its first episode ends; later steps are masked out.
+    """
+
+    def __init__(self, env_id: str, population: int, episodes: int, group_size: int, greedy: bool,
+                 max_episode_steps: int | None, info: EnvInfo, gens: list[torch.Generator]):
+        self.n_groups = episodes // group_size
+        self.episodes, self.group_size, self.greedy = episodes, group_size, greedy
+        width = episodes + (self.n_groups if greedy else 0)
+        self.envs = MemberEnvs(env_id, population, width, max_episode_steps, info, native=False)
+        self.gens = gens
+
+    @torch.no_grad()
+    def collect(self, agent) -> Rollout:
+        P, E, G, k = self.envs.population, self.episodes, self.n_groups, self.group_size
+        seeds = []
+        for g in self.gens:
+            group_seeds = seeds_from(g, G)
+            cols = [group_seeds[i // k] for i in range(E)]
+            if self.greedy:
+                cols += group_seeds
+            seeds.append(cols)
+        obs = torch.from_numpy(self.envs.reset(seeds))
+        W = obs.shape[1]
+        alive = torch.ones(P, W, dtype=torch.bool)
+        bufs: dict[str, list[torch.Tensor]] = {k_: [] for k_ in
+                                               ("obs", "next", "act", "logp", "rew", "term", "trunc", "mask")}
+        chunk = None
+        t = 0
+        while alive.any():
+            if t % 256 == 0:
+                chunk = _noise(agent, self.gens, (W, agent.actor.weights[-1].shape[-1]), 256)
+            params = agent.dist_params(obs)
+            actions = agent.sample(params, chunk[t % 256])
+            if self.greedy:
+                actions[:, E:] = agent.greedy(params[:, E:])
+            logp, _ = agent.log_prob_entropy(params, actions)
+            o, r, te, tr = self.envs.step(actions)
+            o_t = torch.from_numpy(o)
+            m = alive.clone()
+            bufs["obs"].append(obs); bufs["next"].append(o_t); bufs["act"].append(actions)
+            bufs["logp"].append(logp); bufs["rew"].append(torch.from_numpy(r) * m)
+            bufs["term"].append(torch.from_numpy(te) & m); bufs["trunc"].append(torch.from_numpy(tr) & m)
+            bufs["mask"].append(m.float())
+            alive &= ~torch.from_numpy(te | tr)
+            obs = o_t
+            t += 1
+        stacked = {k_: torch.stack(v) for k_, v in bufs.items()}
+        mask = stacked["mask"]
+        totals = (stacked["rew"] * mask).sum(0)  # [P, W]
+        finished = [totals[p, :E].tolist() for p in range(P)]
+        greedy_returns = totals[:, E:] if self.greedy else None
+        sl = slice(0, E)
+        return Rollout(stacked["obs"][:, :, sl], stacked["next"][:, :, sl], stacked["act"][:, :, sl],
+                       stacked["logp"][:, :, sl], stacked["rew"][:, :, sl], stacked["term"][:, :, sl].float(),
+                       stacked["trunc"][:, :, sl].float(), mask[:, :, sl], finished, mask.sum(dim=(0, 2)),
+                       greedy_returns)
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+@torch.no_grad()
+def evaluate(agent, env_id: str, episodes: int, max_episode_steps: int | None, info: EnvInfo,
+             seeds: list[int], active: torch.Tensor | None = None) -> list[float]:
+    """Mean undiscounted return of ``episodes`` greedy episodes per member (not budgeted)."""
+    envs = MemberEnvs(env_id, agent.population, episodes, max_episode_steps, info, native=False)
+    try:
+        obs = torch.from_numpy(envs.reset([[s + i for i in range(episodes)] for s in seeds]))
+        alive = torch.ones(agent.population, episodes, dtype=torch.bool)
+        total = torch.zeros(agent.population, episodes)
+        while alive.any():
+            actions = agent.greedy(agent.dist_params(obs))
+            if not info.discrete:
+                actions = torch.nan_to_num(actions)
+            o, r, te, tr = envs.step(actions)
+            total += torch.from_numpy(r) * alive
+            alive &= ~torch.from_numpy(te | tr)
+            obs = torch.from_numpy(o)
+        return total.mean(dim=1).tolist()
+    finally:
+        envs.close()

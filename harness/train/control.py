@@ -1,0 +1,270 @@
+"""Control trainer: collect, estimate advantages by registry name, update, log.
+
+One code path for every estimator: the trainer asks the :class:`EstimatorSpec` what it needs
+(``needs_critic``, ``full_episodes``, ``needs_groups``, ``needs_greedy``) and never its name.
+Seeds are a leading population axis ``P``: member ``p`` is the lone run with seed
+``seed + p`` (own weights, generators, envs, optimizer state, gradient clipping, advantage
+statistics); the members share only the batched matmuls.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from omegaconf import DictConfig
+from tqdm.auto import tqdm
+
+from ..estimators import AdvantageBatch, EstimatorParams, get_estimator
+from ..io import RunDir
+from ..losses import adaptive_kl_beta, entropy_bonus, explained_variance, get_policy_loss, kl_penalty, value_loss
+from ..models.control import ControlAgent
+from ..models.mlp import clip_grad_norm_per_member
+from ..tasks.control import EpisodeCollector, MemberEnvs, StepCollector, env_info, evaluate, seeds_from
+
+
+def _masked_mean_std(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-member mean and (biased) std over all but the leading dim, masked."""
+    dims = tuple(range(1, x.dim()))
+    n = mask.sum(dim=dims).clamp(min=1.0)
+    mean = (x * mask).sum(dim=dims) / n
+    shape = (-1,) + (1,) * (x.dim() - 1)
+    var = (((x - mean.view(shape)) ** 2) * mask).sum(dim=dims) / n
+    return mean, var.sqrt()
+
+
+def _whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mean, std = _masked_mean_std(x, mask)
+    shape = (-1,) + (1,) * (x.dim() - 1)
+    return (x - mean.view(shape)) / (std.view(shape) + 1e-8) * mask
+
+
+class ControlTrainer:
+    def __init__(self, cfg: DictConfig, runs: list[RunDir]):
+        self.cfg, self.runs = cfg, runs
+        self.P = len(runs)
+        self.seeds = [int(r.cfg.seed) for r in runs]
+        self.spec = get_estimator(cfg.estimator)
+        t = cfg.task
+        self.info = env_info(t.env_id)
+        self.gens = [torch.Generator().manual_seed(s) for s in self.seeds]
+        self.agent = ControlAgent(self.P, self.info.obs_dim, self.info.act_dim, self.info.discrete,
+                                  list(t.hidden), t.activation, self.spec.needs_critic, self.gens,
+                                  t.init_log_std)
+        self.params = list(self.agent.parameters())
+        self.optim = torch.optim.Adam(self.params, lr=cfg.lr, eps=1e-5)
+        self.policy_loss = get_policy_loss(cfg["update"])
+        self.est_params = EstimatorParams(gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, n_steps=cfg.n_steps,
+                                          std_normalize=cfg.std_normalize)
+        if self.spec.full_episodes:
+            group = cfg.group_size if self.spec.needs_groups else 1
+            self.collector = EpisodeCollector(t.env_id, self.P, t.episodes_per_iter, group,
+                                              self.spec.needs_greedy, t.max_episode_steps, self.info, self.gens)
+        else:
+            envs = MemberEnvs(t.env_id, self.P, t.num_envs, t.max_episode_steps, self.info, native=True)
+            self.collector = StepCollector(envs, self.gens, t.rollout_steps)
+        self.eval_seeds = [10_000_019 * (s + 1) % (2**31 - 1000) for s in self.seeds]
+        self.kl_beta = torch.full((self.P,), float(cfg.kl.beta))
+        self.active = torch.ones(self.P, dtype=torch.bool)
+        self.env_steps = torch.zeros(self.P, dtype=torch.long)
+
+    # ------------------------------------------------------------------ advantages
+    def advantages(self, ro):
+        """Per-member estimator call on ``[T, P*N]`` columns (members never mix: every
+        estimator works column-wise or within a group, and groups lie inside a member)."""
+        T, P, N = ro.rewards.shape
+        flat = lambda x: x.reshape(T, P * N)  # noqa: E731
+        values = next_values = None
+        if self.spec.needs_critic:
+            with torch.no_grad():
+                values = self.agent.value(ro.obs.transpose(0, 1).reshape(P, T * N, -1)).reshape(P, T, N).transpose(0, 1)
+                next_values = self.agent.value(ro.next_obs.transpose(0, 1).reshape(P, T * N, -1)).reshape(P, T, N).transpose(0, 1)
+            values, next_values = flat(values), flat(next_values)
+        greedy = ro.greedy_scores = None
+        if ro.greedy_returns is not None:
+            greedy = ro.greedy_returns.reshape(-1)
+        batch = AdvantageBatch(
+            rewards=flat(ro.rewards), terminated=flat(ro.terminated), truncated=flat(ro.truncated),
+            mask=flat(ro.mask), values=values, next_values=next_values, greedy_scores=greedy,
+            group_size=self.cfg.group_size if self.spec.needs_groups else None,
+        )
+        out = self.spec(batch, self.est_params)
+        unflat = lambda x: None if x is None else x.reshape(T, P, N)  # noqa: E731
+        return unflat(out.advantages), unflat(out.returns), unflat(values)
+
+    # ------------------------------------------------------------------ update
+    def update(self, ro, adv, returns, old_values) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        T, P, N = ro.rewards.shape
+        # member-major flat samples [P, M]
+        to_pm = lambda x: None if x is None else x.transpose(0, 1).reshape(P, T * N, *x.shape[3:])  # noqa: E731
+        obs, act, old_logp = to_pm(ro.obs), to_pm(ro.actions), to_pm(ro.logp)
+        adv, mask = to_pm(adv), to_pm(ro.mask)
+        returns, old_values = to_pm(returns), to_pm(old_values)
+        mask = mask * self.active.view(P, 1).float()
+        if cfg.normalize_advantages == "batch":
+            adv = _whiten(adv, mask)
+        M = T * N
+        n_mb = min(cfg.minibatches, M)
+        mb_size = math.ceil(M / n_mb)
+        stats: dict[str, list[torch.Tensor]] = {}
+        for _epoch in range(cfg.epochs):
+            perm = torch.stack([torch.randperm(M, generator=g) for g in self.gens]) if n_mb > 1 else None
+            for i in range(n_mb):
+                if perm is None:
+                    sel = lambda x: x  # noqa: E731
+                else:
+                    idx = perm[:, i * mb_size:(i + 1) * mb_size]
+                    sel = lambda x: None if x is None else x.gather(1, idx.view(P, -1, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:]))  # noqa: E731
+                m_obs, m_act, m_old, m_adv, m_mask = sel(obs), sel(act), sel(old_logp), sel(adv), sel(mask)
+                if cfg.normalize_advantages == "minibatch":
+                    m_adv = _whiten(m_adv, m_mask)
+                params = self.agent.dist_params(m_obs)
+                logp, entropy = self.agent.log_prob_entropy(params, m_act)
+                e = lambda x: x.unsqueeze(-1)  # noqa: E731  [P, mb] -> [P, mb, 1]: one "sequence"
+                pl, metrics = self.policy_loss(e(logp), e(m_old), e(m_adv), e(m_mask), clip_eps=cfg.clip_eps,
+                                               clip_eps_high=cfg.clip_eps_high, agg="token_mean")
+                ent_l, ent_m = entropy_bonus(e(entropy), e(m_mask))
+                loss = pl + cfg.ent_coef * ent_l
+                metrics.update(ent_m)
+                if self.spec.needs_critic:
+                    v = self.agent.value(m_obs)
+                    vl, vm = value_loss(e(v), e(sel(returns)), e(m_mask), old_values=e(sel(old_values)),
+                                        clip_eps=cfg.vf_clip_eps)
+                    loss = loss + cfg.vf_coef * vl
+                    metrics.update(vm)
+                if cfg.kl.beta > 0 or cfg.kl.adaptive:
+                    kl_l, klm = kl_penalty(e(logp), e(m_old), e(m_mask), cfg.kl.estimator)
+                    loss = loss + self.kl_beta * kl_l
+                    metrics["kl_penalty"] = klm["kl"]
+                self.optim.zero_grad(set_to_none=False)
+                loss.sum().backward()
+                metrics["grad_norm"] = clip_grad_norm_per_member(self.params, cfg.max_grad_norm, P)
+                metrics["loss"] = loss.detach()
+                self._step_active_members()
+                for k, v_ in metrics.items():
+                    stats.setdefault(k, []).append(v_)
+        out = {k: torch.stack(v).mean(0) for k, v in stats.items() if k not in ("approx_kl", "clip_frac")}
+        for k in ("approx_kl", "clip_frac"):  # last epoch: how far the update went
+            per_epoch = stats[k]
+            out[k] = torch.stack(per_epoch[-n_mb:]).mean(0)
+        a_mean, a_std = _masked_mean_std(adv, mask)
+        out["adv_mean"], out["adv_std"] = a_mean, a_std
+        if self.spec.needs_critic:
+            out["explained_variance"] = torch.tensor(
+                [explained_variance(old_values[p], returns[p], mask[p]) for p in range(P)])
+        return out
+
+    def _step_active_members(self) -> None:
+        """Adam step; frozen members (budget reached, or diverged) keep weights and state."""
+        if self.active.all():
+            self.optim.step()
+            return
+        frozen = (~self.active).nonzero().flatten()
+        saved = []
+        for p in self.params:
+            st = self.optim.state.get(p, {})
+            saved.append((p.data[frozen].clone(), {k: v[frozen].clone() for k, v in st.items()
+                                                   if torch.is_tensor(v) and v.dim() > 0}))
+        self.optim.step()
+        for p, (data, st) in zip(self.params, saved):
+            p.data[frozen] = data
+            for k, v in st.items():
+                self.optim.state[p][k][frozen] = v
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> None:
+        cfg = self.cfg
+        budget, max_iters = cfg.budget.env_steps, cfg.budget.iterations
+        t0 = time.time()
+        finished_flags = [False] * self.P
+        bar = tqdm(total=budget or max_iters, disable=not cfg.progress, unit="step" if budget else "it",
+                   desc=f"{cfg.task.name}/{cfg.estimator} seed={self.seeds[0]}" + (f"+{self.P - 1}" if self.P > 1 else ""),
+                   dynamic_ncols=True, leave=False)
+        lr0 = cfg.lr
+        iteration = 0
+        recent: list[float] = []
+        try:
+            while self.active.any():
+                iteration += 1
+                if cfg.anneal_lr and budget:
+                    frac = 1.0 - float(self.env_steps.min()) / budget
+                    for g in self.optim.param_groups:
+                        g["lr"] = lr0 * max(frac, 0.0)
+                ro = self.collector.collect(self.agent)
+                self.env_steps += ro.steps.long() * self.active
+                adv, returns, old_values = self.advantages(ro)
+                stats = self.update(ro, adv, returns, old_values)
+                if cfg.kl.adaptive:
+                    self.kl_beta = torch.tensor([adaptive_kl_beta(float(b), float(k), cfg.kl.kl_target)
+                                                 for b, k in zip(self.kl_beta, stats["approx_kl"])])
+                done_now = torch.zeros(self.P, dtype=torch.bool)
+                if budget:
+                    done_now |= self.env_steps >= budget
+                if max_iters:
+                    done_now |= torch.tensor(iteration >= max_iters)
+                evaluate_now = cfg.eval_every > 0 and (iteration % cfg.eval_every == 0 or (done_now & self.active).any())
+                evals = (evaluate(self.agent, cfg.task.env_id, cfg.eval_episodes, cfg.task.max_episode_steps,
+                                  self.info, self.eval_seeds) if evaluate_now else None)
+                wall = time.time() - t0
+                for p, r in enumerate(self.runs):
+                    if not self.active[p]:
+                        continue
+                    row = self._row(p, iteration, wall, ro, stats, evals)
+                    diverged = self._diverged(p, stats)
+                    r.log(row)
+                    if diverged:
+                        self.active[p] = False
+                        r.finish("diverged", f"{diverged} at iteration {iteration}", wall)
+                        finished_flags[p] = True
+                    elif done_now[p]:
+                        self.active[p] = False
+                        r.finish("completed", None, wall)
+                        finished_flags[p] = True
+                    elif iteration % 10 == 0:
+                        r.flush()
+                    if ro.episode_returns[p]:
+                        recent = (recent + ro.episode_returns[p])[-20:]
+                bar.n = int(self.env_steps.max()) if budget else iteration
+                bar.set_postfix(ret=f"{sum(recent) / max(len(recent), 1):.1f}",
+                                sps=f"{float(self.env_steps.sum()) / max(time.time() - t0, 1e-9):.0f}", refresh=False)
+                bar.refresh()
+        finally:
+            bar.close()
+            closer = getattr(self.collector, "close", None) or self.collector.envs.close
+            closer()
+
+    def _diverged(self, p: int, stats: dict[str, torch.Tensor]) -> str | None:
+        for k in ("loss", "grad_norm"):
+            if not math.isfinite(float(stats[k][p])):
+                return f"non-finite {k}"
+        for prm in self.params:
+            if not torch.isfinite(prm.data[p]).all():
+                return "non-finite parameters"
+        return None
+
+    def _row(self, p, iteration, wall, ro, stats, evals) -> dict:
+        cfg = self.cfg
+        eps = ro.episode_returns[p]
+        get = lambda k: float(stats[k][p]) if k in stats else None  # noqa: E731
+        return {
+            "run_id": self.runs[p].run_id, "task": cfg.task.name, "estimator": cfg.estimator,
+            "seed": self.seeds[p], "iteration": iteration, "env_steps": int(self.env_steps[p]),
+            "wall_time_s": wall,
+            "episode_return": sum(eps) / len(eps) if eps else None,
+            "eval_return": evals[p] if evals is not None else None,
+            "gamma": cfg.gamma, "gae_lambda": cfg.gae_lambda, "clip_eps": cfg.clip_eps,
+            "kl_beta": float(self.kl_beta[p]), "n_steps": cfg.n_steps,
+            "group_size": cfg.group_size if self.spec.needs_groups else None, "lr": cfg.lr,
+            "policy_loss": get("policy_loss"), "entropy": get("entropy"), "approx_kl": get("approx_kl"),
+            "clip_frac": get("clip_frac"), "grad_norm": get("grad_norm"), "adv_mean": get("adv_mean"),
+            "adv_std": get("adv_std"), "value_loss": get("value_loss"),
+            "explained_variance": get("explained_variance"),
+            "episodes": len(eps),
+        }
+
+
+def train(cfg: DictConfig, runs: list[RunDir]) -> None:
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    ControlTrainer(cfg, runs).run()

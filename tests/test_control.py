@@ -1,0 +1,198 @@
+"""Control trainer: every task x estimator runs, the output contract, autoreset and
+truncation handled by hand-worked values, identical group starts, resume, populations."""
+import json
+
+import gymnasium as gym
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import tests.scripted_env  # noqa: F401  (registers ChainTest-v0 & co.)
+from harness.app import run
+from harness.estimators import gae
+from harness.io.rundir import METRIC_COLUMNS
+from harness.tasks.control import EpisodeCollector, MemberEnvs, StepCollector, env_info
+from harness.train.control import ControlTrainer
+from tests.control_helpers import TINY, make_cfg
+
+TASKS = ["cartpole", "acrobot", "mountaincar", "pendulum"]
+ESTIMATORS = ["reinforce", "baseline", "a2c", "ppo_gae", "grpo", "rloo", "remax", "dr_grpo", "reinforce_pp"]
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_every_task_and_estimator_runs_two_iterations(task, estimator, tmp_path):
+    cfg = make_cfg([f"task={task}", f"estimator={estimator}", f"results_dir={tmp_path}", *TINY])
+    counts = run(cfg)
+    assert counts == {"skipped": 0, "completed": 1}
+    (run_dir,) = [p.parent for p in tmp_path.rglob("summary.json")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["iterations"] == 2
+    assert {"torch", "gymnasium", "python"} <= set(summary["versions"])
+    table = pq.read_table(run_dir / "metrics.parquet")
+    assert set(METRIC_COLUMNS) <= set(table.column_names)
+    df = table.to_pandas()
+    assert df["iteration"].tolist() == [1, 2]
+    assert (df["estimator"] == estimator).all() and (df["seed"] == 0).all()
+    assert df["env_steps"].is_monotonic_increasing and df["env_steps"].iloc[0] > 0
+    assert df["eval_return"].notna().all()  # eval_every=1
+    critic = estimator in ("baseline", "a2c", "ppo_gae")
+    assert df["value_loss"].notna().all() == critic
+    assert df["explained_variance"].isna().all() != critic or df["explained_variance"].isna().all()
+    assert (run_dir / "config.yaml").exists()
+
+
+# ----------------------------------------------------------------- collection, by hand
+def agent_for(env_id, population=1, critic=True):
+    from harness.models.control import ControlAgent
+
+    info = env_info(env_id)
+    gens = [torch.Generator().manual_seed(i) for i in range(population)]
+    return ControlAgent(population, info.obs_dim, info.act_dim, info.discrete, [8], "tanh", critic, gens), info, gens
+
+
+def test_autoreset_transition_is_masked_and_not_counted():
+    # ChainTest: goal 3 -> steps 0,1,2 are an episode (terminated at 2); step 3 is the reset
+    # transition of NEXT_STEP autoreset; steps 4,5,6 the next episode; T = 8.
+    agent, info, gens = agent_for("ChainTest-v0")
+    envs = MemberEnvs("ChainTest-v0", 1, 1, None, info, native=True)
+    ro = StepCollector(envs, gens, rollout_steps=8).collect(agent)
+    assert ro.mask[:, 0, 0].tolist() == [1, 1, 1, 0, 1, 1, 1, 0]
+    assert ro.terminated[:, 0, 0].tolist() == [0, 0, 1, 0, 0, 0, 1, 0]
+    assert ro.rewards[:, 0, 0].tolist() == [1, 1, 1, 0, 1, 1, 1, 0]
+    assert int(ro.steps[0]) == 6
+    assert ro.episode_returns == [[3.0, 3.0]]
+    # the obs after the terminating step is the real final obs (position 3), not a reset obs
+    assert ro.next_obs[2, 0, 0, 0].item() == 3.0
+    assert ro.obs[4, 0, 0, 0].item() == 0.0  # the new episode starts at the reset obs
+
+
+def test_truncation_bootstraps_from_the_real_final_observation():
+    # ChainTrunc: TimeLimit 2 -> truncated at step 1 with final obs position 2.
+    agent, info, gens = agent_for("ChainTrunc-v0")
+    envs = MemberEnvs("ChainTrunc-v0", 1, 1, None, info, native=True)
+    ro = StepCollector(envs, gens, rollout_steps=3).collect(agent)
+    assert ro.truncated[:, 0, 0].tolist() == [0, 1, 0] and ro.terminated.sum() == 0
+    assert ro.mask[:, 0, 0].tolist() == [1, 1, 0]
+    assert ro.next_obs[1, 0, 0, 0].item() == 2.0  # real final observation
+    # Through the trainer's advantage path with V(s) := position (a hand-set critic):
+    cfg = make_cfg(["task.env_id=ChainTrunc-v0", "estimator=ppo_gae", "gamma=0.5", "gae_lambda=1.0",
+                    "task.num_envs=1", "task.rollout_steps=3", "task.hidden=[8]", "progress=false"])
+    trainer = ControlTrainer.__new__(ControlTrainer)
+    trainer.cfg, trainer.P, trainer.spec = cfg, 1, __import__("harness.estimators", fromlist=["x"]).get_estimator("ppo_gae")
+    trainer.est_params = __import__("harness.estimators", fromlist=["x"]).EstimatorParams(gamma=0.5, gae_lambda=1.0)
+
+    class PositionCritic:
+        def value(self, obs):
+            return obs[..., 0]
+
+    trainer.agent = PositionCritic()
+    adv, returns, values = trainer.advantages(ro)
+    # t=1: r=1, truncated, bootstrap 0.5 * V(final obs = 2) = 1 -> A = 1 + 1 - V(s1 = 1) = 1
+    # t=0: r=1 + 0.5 * (A1 + V(s1)) = 1 + 0.5 * 2 = 2 -> A0 = 2 - 0 = 2
+    assert adv[0, 0, 0].item() == pytest.approx(2.0)
+    assert adv[1, 0, 0].item() == pytest.approx(1.0)
+    # a wrong implementation that bootstraps from the reset obs (position 0) would give A1 = 0
+    manual, _ = gae(torch.tensor([[1.0], [1.0]]), torch.tensor([[0.0], [1.0]]), torch.tensor([[1.0], [2.0]]),
+                    torch.tensor([[0.0], [0.0]]), torch.tensor([[0.0], [1.0]]), 0.5, 1.0)
+    assert manual.flatten().tolist() == pytest.approx([2.0, 1.0])
+
+
+def test_group_members_start_from_identical_states_and_greedy_shares_them():
+    agent, info, gens = agent_for("ChainTest-v0", critic=False)
+    col = EpisodeCollector("ChainTest-v0", 1, episodes=6, group_size=3, greedy=True,
+                           max_episode_steps=None, info=info, gens=gens)
+    ro = col.collect(agent)
+    starts = ro.obs[0, 0, :, 1].tolist()  # start_offset of each of the 6 episodes
+    assert starts[0] == starts[1] == starts[2] and starts[3] == starts[4] == starts[5]
+    # every column runs exactly one episode of 3 steps; the greedy columns count too: 8 x 3
+    assert int(ro.steps[0]) == 8 * 3
+    assert ro.mask[:, 0].sum(0).tolist() == [3.0] * 6
+    assert ro.greedy_returns.tolist() == [[3.0, 3.0]]
+    col.close()
+
+
+def test_unsupported_action_space_is_refused_by_name():
+    with pytest.raises(ValueError, match="MultiDiscrete"):
+        env_info("ChainMultiDiscrete-v0")
+
+
+# ----------------------------------------------------------------- resume and invalid input
+def test_rerun_skips_completed_and_redoes_killed(tmp_path):
+    args = ["task=cartpole", "estimator=a2c", f"results_dir={tmp_path}", *TINY]
+    assert run(make_cfg(args)) == {"skipped": 0, "completed": 1}
+    assert run(make_cfg(args)) == {"skipped": 1}
+    (summary,) = tmp_path.rglob("summary.json")
+    summary.unlink()  # as if killed before the end
+    assert run(make_cfg(args)) == {"skipped": 0, "completed": 1}
+
+
+@pytest.mark.parametrize("override,field", [
+    ("gamma=0", "gamma"), ("gamma=1.5", "gamma"), ("gae_lambda=1.2", "gae_lambda"),
+    ("clip_eps=-0.1", "clip_eps"), ("population=0", "population"), ("budget.env_steps=10", "budget.env_steps"),
+    ("normalize_advantages=always", "normalize_advantages"), ("loss_agg=sum", "loss_agg"),
+    ("kl.estimator=k4", "kl.estimator"), ("task.env_id=NoSuchEnv-v9", "task.env_id"),
+])
+def test_invalid_values_fail_before_training(override, field, tmp_path):
+    cfg = make_cfg(["task=cartpole", "estimator=ppo_gae", f"results_dir={tmp_path}", override])
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        run(cfg)
+    assert not any(tmp_path.rglob("config.yaml"))
+
+
+def test_group_size_below_two_is_refused_for_group_estimators(tmp_path):
+    cfg = make_cfg(["task=cartpole", "estimator=rloo", f"results_dir={tmp_path}", "group_size=1",
+                    "task.episodes_per_iter=4"])
+    with pytest.raises(ValueError, match="group_size"):
+        run(cfg)
+
+
+def test_unknown_estimator_is_refused_with_choices():
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="ppo_gae"):
+        make_cfg(["estimator=ppo"])
+
+
+def test_diverging_run_is_recorded_as_diverged(tmp_path):
+    cfg = make_cfg(["task=cartpole", "estimator=a2c", f"results_dir={tmp_path}", *TINY, "lr=1e30",
+                    "max_grad_norm=null", "budget.iterations=5"])
+    counts = run(cfg)
+    (summary,) = tmp_path.rglob("summary.json")
+    s = json.loads(summary.read_text())
+    if counts.get("diverged"):
+        assert s["status"] == "diverged" and "iteration" in s["reason"]
+        df = pq.read_table(summary.parent / "metrics.parquet").to_pandas()
+        assert len(df) == s["iterations"] >= 1
+    else:  # lr=1e30 must blow up a2c within 5 iterations
+        pytest.fail(f"expected a diverged run, got {counts}")
+
+
+# ----------------------------------------------------------------- seeds as a batch axis
+@pytest.mark.parametrize("estimator", ["ppo_gae", "rloo"])
+def test_population_member_equals_lone_run(estimator, tmp_path):
+    common = ["task=cartpole", f"estimator={estimator}", *TINY, "budget.iterations=1", "eval_every=0"]
+    pop = make_cfg(common + ["seed=3", "population=3", f"results_dir={tmp_path}/pop"])
+    lone = make_cfg(common + ["seed=4", f"results_dir={tmp_path}/lone"])
+    from harness.app import member_configs
+    from harness.io import RunDir
+
+    t_pop = ControlTrainer(pop, [RunDir(m) for m in member_configs(pop)])
+    t_lone = ControlTrainer(lone, [RunDir(m) for m in member_configs(lone)])
+    ro_pop, ro_lone = t_pop.collector.collect(t_pop.agent), t_lone.collector.collect(t_lone.agent)
+    assert torch.equal(ro_pop.actions[:, 1], ro_lone.actions[:, 0])
+    assert torch.equal(ro_pop.obs[:, 1], ro_lone.obs[:, 0])
+    s_pop = t_pop.update(ro_pop, *t_pop.advantages(ro_pop))
+    s_lone = t_lone.update(ro_lone, *t_lone.advantages(ro_lone))
+    for key in ("policy_loss", "loss", "grad_norm", "entropy"):
+        assert float(s_pop[key][1]) == pytest.approx(float(s_lone[key][0]), abs=1e-5), key
+    for a, b in zip(t_pop.agent.parameters(), t_lone.agent.parameters()):
+        assert torch.allclose(a.data[1], b.data[0], atol=1e-5)
+
+
+def test_population_writes_the_same_run_directories_as_lone_runs(tmp_path):
+    common = ["task=cartpole", "estimator=ppo_gae", *TINY, f"results_dir={tmp_path}"]
+    run(make_cfg(common + ["seed=0", "population=2"]))
+    dirs = sorted(p.parent.name for p in tmp_path.rglob("summary.json"))
+    assert len(dirs) == 2 and dirs[0].startswith("seed0-") and dirs[1].startswith("seed1-")
+    assert run(make_cfg(common + ["seed=1"])) == {"skipped": 1}
