@@ -53,9 +53,10 @@ class Config:
     results_dir: str = "results"
     mode: str = "train"  # train
     device: str = "cpu"  # auto | cpu | cuda
-    threads: Optional[int] = None  # torch intra-op threads; None: torch's default
+    threads: Optional[int] = None  # torch intra-op threads; None: 1 for control, torch's default otherwise
     budget: BudgetConfig = field(default_factory=BudgetConfig)
-    eval_every: int = 10  # iterations; 0 disables evaluation
+    eval_every: int = 10  # iterations; 0 disables iteration-based evaluation
+    eval_every_steps: Optional[int] = None  # also evaluate each time env_steps crosses a multiple
     eval_episodes: int = 10
     progress: bool = True
     # update
@@ -153,6 +154,8 @@ def validate(cfg: DictConfig) -> None:
         bad("threads", ">= 1 or null", cfg.threads)
     if cfg.eval_every < 0:
         bad("eval_every", ">= 0 (0 disables evaluation)", cfg.eval_every)
+    if cfg.eval_every_steps is not None and cfg.eval_every_steps < 1:
+        bad("eval_every_steps", ">= 1 or null", cfg.eval_every_steps)
     if cfg.eval_episodes < 1:
         bad("eval_episodes", ">= 1", cfg.eval_episodes)
     b = cfg.budget

@@ -75,6 +75,7 @@ def clipped_surrogate_loss(
     clip_eps_high: float | None = None,
     agg: str = "token_mean",
     norm_len: int | None = None,
+    with_metrics: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""PPO's clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7), negated.
 
@@ -87,14 +88,16 @@ def clipped_surrogate_loss(
     "clip-higher" of DAPO when set). ``clip_eps=None`` is the unclipped importance-weighted
     surrogate. The gradient vanishes where A>0 and r>1+eps_high, and where A<0 and r<1-eps;
     ``clip_frac`` is the fraction of unmasked tokens in those two regions.
+    ``with_metrics=False`` skips the diagnostics (a trainer's hot loop), leaving ``policy_loss``.
     """
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
     unclipped = ratio * advantages
-    metrics = _ratio_metrics(log_ratio.detach(), mask)
+    metrics = _ratio_metrics(log_ratio.detach(), mask) if with_metrics else {}
     if clip_eps is None:
         objective = unclipped
-        metrics["clip_frac"] = torch.zeros_like(metrics["approx_kl"])
+        if with_metrics:
+            metrics["clip_frac"] = torch.zeros_like(metrics["approx_kl"])
     else:
         if clip_eps < 0:
             raise ValueError(f"clip_eps must be >= 0 or None, got {clip_eps!r}")
@@ -103,9 +106,9 @@ def clipped_surrogate_loss(
             raise ValueError(f"clip_eps_high must be >= 0 or None, got {clip_eps_high!r}")
         clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * advantages
         objective = torch.minimum(unclipped, clipped)
-        with torch.no_grad():
+        if with_metrics:
             active = ((advantages > 0) & (ratio > 1.0 + high)) | ((advantages < 0) & (ratio < 1.0 - clip_eps))
-            metrics["clip_frac"] = _masked_mean(active.to(logp.dtype), mask)
+            metrics["clip_frac"] = _masked_mean(active.to(logp.dtype), mask)  # detached inside
     loss = -aggregate(objective, mask, agg, norm_len)
     metrics["policy_loss"] = loss.detach()
     return loss, metrics
@@ -120,6 +123,7 @@ def pg_loss(
     clip_eps_high: float | None = None,
     agg: str = "token_mean",
     norm_len: int | None = None,
+    with_metrics: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Vanilla policy gradient (REINFORCE, Williams 1992), negated:
     :math:`L = -\operatorname{agg}[\log\pi(a_t|s_t) A_t]`.
@@ -128,8 +132,10 @@ def pg_loss(
     Its gradient equals the surrogate's at ``r = 1`` (the first epoch).
     """
     loss = -aggregate(logp * advantages, mask, agg, norm_len)
-    metrics = _ratio_metrics((logp - old_logp).detach(), mask)
-    metrics["clip_frac"] = torch.zeros_like(metrics["approx_kl"])
+    metrics = {}
+    if with_metrics:
+        metrics = _ratio_metrics((logp - old_logp).detach(), mask)
+        metrics["clip_frac"] = torch.zeros_like(metrics["approx_kl"])
     metrics["policy_loss"] = loss.detach()
     return loss, metrics
 

@@ -94,14 +94,14 @@ def run_status(path: Path) -> str | None:
 
 
 def versions() -> dict[str, str]:
-    import gymnasium
-    import torch
+    """Installed versions, read from package metadata (importing transformers would cost seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    out = {"python": platform.python_version(), "torch": torch.__version__, "gymnasium": gymnasium.__version__}
-    for name in ("transformers", "hydra", "pyarrow", "numpy"):
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "gymnasium", "transformers", "hydra-core", "pyarrow", "numpy"):
         try:
-            out[name] = __import__(name).__version__
-        except Exception:  # pragma: no cover - optional
+            out[dist.replace("-core", "")] = version(dist)
+        except PackageNotFoundError:  # pragma: no cover - optional
             pass
     return out
 

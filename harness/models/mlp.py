@@ -17,7 +17,9 @@ ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
 
 class PopulationMLP(nn.Module):
     def __init__(self, population: int, sizes: list[int], activation: str,
-                 out_gain: float, generators: list[torch.Generator]):
+                 out_gains: list[float], generators: list[torch.Generator]):
+        """Row ``p`` is initialised from ``generators[p]`` with output-layer gain ``out_gains[p]``
+        (rows may share a generator: it is drawn from in row order, layer by layer)."""
         super().__init__()
         self.act = ACTIVATIONS[activation]
         self.weights = nn.ParameterList()
@@ -25,22 +27,30 @@ class PopulationMLP(nn.Module):
         for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
             last = i == len(sizes) - 2
             w = torch.empty(population, n_in, n_out)
-            gain = out_gain if last else math.sqrt(2.0)
             for p, gen in enumerate(generators):  # orthogonal init, as CleanRL / SB3
                 w_out_in = torch.empty(n_out, n_in)
+                gain = out_gains[p] if last else math.sqrt(2.0)
                 torch.nn.init.orthogonal_(w_out_in, gain=gain, generator=gen)
                 w[p] = w_out_in.T
             self.weights.append(nn.Parameter(w))
             self.biases.append(nn.Parameter(torch.zeros(population, 1, n_out)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [P, N, in] -> [P, N, out]``."""
+    def forward(self, x: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        """``x [R, N, in] -> [R, N, out]`` for the rows ``rows`` (all by default)."""
         n = len(self.weights)
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            if rows is not None:
+                w, b = w[rows], b[rows]
             x = torch.baddbmm(b, x, w)
             if i < n - 1:
                 x = self.act(x)
         return x
+
+
+def member_view(t: torch.Tensor, population: int) -> torch.Tensor:
+    """View a tensor whose leading dim stacks ``k`` blocks of ``population`` rows (e.g. actor
+    rows then critic rows) as ``[k, P, ...]``, so index ``[:, p]`` is everything of member p."""
+    return t.view(t.shape[0] // population, population, *t.shape[1:])
 
 
 @torch.no_grad()
@@ -48,12 +58,18 @@ def clip_grad_norm_per_member(params: list[torch.Tensor], max_norm: float | None
                               population: int) -> torch.Tensor:
     """Scale each member's gradient so its global norm is <= max_norm; returns the norms ``[P]``."""
     grads = [p.grad for p in params if p.grad is not None]
+    if population == 1:  # one fused norm over all tensors
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        if max_norm is not None:
+            torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
+        return norm.view(1)
     sq = torch.zeros(population, dtype=grads[0].dtype)
     for g in grads:
-        sq += g.reshape(population, -1).pow(2).sum(dim=1)
+        sq += member_view(g, population).pow(2).transpose(0, 1).reshape(population, -1).sum(dim=1)
     norms = sq.sqrt()
     if max_norm is not None:
         scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
         for g in grads:
-            g.mul_(scale.view(population, *([1] * (g.dim() - 1))))
+            gv = member_view(g, population)
+            gv.mul_(scale.view(1, population, *([1] * (gv.dim() - 2))))
     return norms

@@ -126,40 +126,47 @@ class StepCollector:
         self.envs, self.gens, self.T = envs, gens, rollout_steps
         self.obs = torch.from_numpy(envs.reset([seeds_from(g, 1)[0] for g in gens]))
         P, N = envs.population, envs.num_envs
-        self.after_done = torch.zeros(P, N, dtype=torch.bool)  # next step is a reset transition
-        self.running = torch.zeros(P, N)
+        self.after_done = np.zeros((P, N), bool)  # the next step is a reset transition
+        self.running = np.zeros((P, N), np.float32)
 
     @torch.no_grad()
     def collect(self, agent) -> Rollout:
         T, P, N = self.T, self.envs.population, self.envs.num_envs
-        noise = _noise(agent, self.gens, (N, agent.actor.weights[-1].shape[-1]), T)
+        noise = _noise(agent, self.gens, (N, agent.act_dim), T)
         obs_buf, next_buf, act_buf, logp_buf = [], [], [], []
-        rew = torch.zeros(T, P, N); term = torch.zeros(T, P, N); trunc = torch.zeros(T, P, N)  # noqa: E702
-        mask = torch.zeros(T, P, N)
+        # bookkeeping in numpy: these arrays are tiny and numpy's per-call cost is lower
+        rew = np.zeros((T, P, N), np.float32)
+        term = np.zeros((T, P, N), bool)
+        trunc = np.zeros((T, P, N), bool)
+        valid = np.zeros((T, P, N), bool)
         finished: list[list[float]] = [[] for _ in range(P)]
+        after_done, running = self.after_done, self.running
+        obs = self.obs
         for t in range(T):
-            params = agent.dist_params(self.obs)
-            actions = agent.sample(params, noise[t] if agent.discrete else noise[t])
-            logp, _ = agent.log_prob_entropy(params, actions)
+            params = agent.dist_params(obs)
+            actions = agent.sample(params, noise[t])
+            logp = agent.log_prob(params, actions)
             o, r, te, tr = self.envs.step(actions)
-            valid = ~self.after_done
-            o_t = torch.from_numpy(o)
-            obs_buf.append(self.obs); next_buf.append(o_t); act_buf.append(actions); logp_buf.append(logp)
-            r_t = torch.from_numpy(r) * valid
-            rew[t] = r_t
-            term[t] = torch.from_numpy(te) & valid
-            trunc[t] = torch.from_numpy(tr) & valid
-            mask[t] = valid
-            self.running += r_t
-            done = (term[t] + trunc[t]) > 0
+            ok = ~after_done
+            next_obs = torch.from_numpy(o)
+            obs_buf.append(obs); next_buf.append(next_obs); act_buf.append(actions); logp_buf.append(logp)
+            rew[t] = np.where(ok, r, 0.0)
+            term[t] = te & ok
+            trunc[t] = tr & ok
+            valid[t] = ok
+            running += rew[t]
+            done = term[t] | trunc[t]
             if done.any():
-                for p, n in done.nonzero().tolist():
-                    finished[p].append(float(self.running[p, n]))
-                self.running[done] = 0.0
-            self.after_done = done
-            self.obs = o_t
+                for p, n in zip(*np.nonzero(done)):
+                    finished[p].append(float(running[p, n]))
+                running[done] = 0.0
+            after_done = done
+            obs = next_obs
+        self.after_done, self.running, self.obs = after_done, running, obs
+        mask = torch.from_numpy(valid).float()
         return Rollout(torch.stack(obs_buf), torch.stack(next_buf), torch.stack(act_buf),
-                       torch.stack(logp_buf), rew, term, trunc, mask, finished, mask.sum(dim=(0, 2)))
+                       torch.stack(logp_buf), torch.from_numpy(rew), torch.from_numpy(term).float(),
+                       torch.from_numpy(trunc).float(), mask, finished, mask.sum(dim=(0, 2)))
 
 
 class EpisodeCollector:
@@ -198,12 +205,12 @@ class EpisodeCollector:
         t = 0
         while alive.any():
             if t % 256 == 0:
-                chunk = _noise(agent, self.gens, (W, agent.actor.weights[-1].shape[-1]), 256)
+                chunk = _noise(agent, self.gens, (W, agent.act_dim), 256)
             params = agent.dist_params(obs)
             actions = agent.sample(params, chunk[t % 256])
             if self.greedy:
                 actions[:, E:] = agent.greedy(params[:, E:])
-            logp, _ = agent.log_prob_entropy(params, actions)
+            logp = agent.log_prob(params, actions)
             o, r, te, tr = self.envs.step(actions)
             o_t = torch.from_numpy(o)
             m = alive.clone()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from types import SimpleNamespace
 
 import torch
 from omegaconf import DictConfig
@@ -19,7 +20,7 @@ from ..estimators import AdvantageBatch, EstimatorParams, get_estimator
 from ..io import RunDir
 from ..losses import adaptive_kl_beta, entropy_bonus, explained_variance, get_policy_loss, kl_penalty, value_loss
 from ..models.control import ControlAgent
-from ..models.mlp import clip_grad_norm_per_member
+from ..models.mlp import clip_grad_norm_per_member, member_view
 from ..tasks.control import EpisodeCollector, MemberEnvs, StepCollector, env_info, evaluate, seeds_from
 
 
@@ -52,7 +53,8 @@ class ControlTrainer:
                                   list(t.hidden), t.activation, self.spec.needs_critic, self.gens,
                                   t.init_log_std)
         self.params = list(self.agent.parameters())
-        self.optim = torch.optim.Adam(self.params, lr=cfg.lr, eps=1e-5)
+        # fused Adam: one kernel for all parameters (elementwise, so still per-member state)
+        self.optim = torch.optim.Adam(self.params, lr=cfg.lr, eps=1e-5, fused=True)
         self.policy_loss = get_policy_loss(cfg["update"])
         self.est_params = EstimatorParams(gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, n_steps=cfg.n_steps,
                                           std_normalize=cfg.std_normalize)
@@ -65,6 +67,12 @@ class ControlTrainer:
             self.collector = StepCollector(envs, self.gens, t.rollout_steps)
         self.eval_seeds = [10_000_019 * (s + 1) % (2**31 - 1000) for s in self.seeds]
         self.kl_beta = torch.full((self.P,), float(cfg.kl.beta))
+        # plain-Python copies of the knobs read in the hot loop (OmegaConf access is slow)
+        self.hp = SimpleNamespace(
+            normalize=cfg.normalize_advantages, minibatches=int(cfg.minibatches), epochs=int(cfg.epochs),
+            clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, vf_clip_eps=cfg.vf_clip_eps,
+            ent_coef=float(cfg.ent_coef), vf_coef=float(cfg.vf_coef), max_grad_norm=cfg.max_grad_norm,
+            use_kl=bool(cfg.kl.beta > 0 or cfg.kl.adaptive), kl_estimator=cfg.kl.estimator)
         self.active = torch.ones(self.P, dtype=torch.bool)
         self.env_steps = torch.zeros(self.P, dtype=torch.long)
 
@@ -94,7 +102,8 @@ class ControlTrainer:
 
     # ------------------------------------------------------------------ update
     def update(self, ro, adv, returns, old_values) -> dict[str, torch.Tensor]:
-        cfg = self.cfg
+        """``epochs`` passes over the batch in ``minibatches``; diagnostics from the last epoch."""
+        h = self.hp
         T, P, N = ro.rewards.shape
         # member-major flat samples [P, M]
         to_pm = lambda x: None if x is None else x.transpose(0, 1).reshape(P, T * N, *x.shape[3:])  # noqa: E731
@@ -102,13 +111,20 @@ class ControlTrainer:
         adv, mask = to_pm(adv), to_pm(ro.mask)
         returns, old_values = to_pm(returns), to_pm(old_values)
         mask = mask * self.active.view(P, 1).float()
-        if cfg.normalize_advantages == "batch":
-            adv = _whiten(adv, mask)
         M = T * N
-        n_mb = min(cfg.minibatches, M)
+        n_mb = min(h.minibatches, M)
+        # one minibatch: per-minibatch whitening is the batch's, the same every epoch
+        normalize_each = h.normalize == "minibatch" and n_mb > 1
+        if h.normalize == "batch" or (h.normalize == "minibatch" and n_mb == 1):
+            adv_used = _whiten(adv, mask)
+        else:
+            adv_used = adv
         mb_size = math.ceil(M / n_mb)
+        critic = self.spec.needs_critic
         stats: dict[str, list[torch.Tensor]] = {}
-        for _epoch in range(cfg.epochs):
+        e = lambda x: x.unsqueeze(-1)  # noqa: E731  [P, mb] -> [P, mb, 1]: one "sequence"
+        for epoch in range(h.epochs):
+            last_epoch = epoch == h.epochs - 1
             perm = torch.stack([torch.randperm(M, generator=g) for g in self.gens]) if n_mb > 1 else None
             for i in range(n_mb):
                 if perm is None:
@@ -116,41 +132,45 @@ class ControlTrainer:
                 else:
                     idx = perm[:, i * mb_size:(i + 1) * mb_size]
                     sel = lambda x: None if x is None else x.gather(1, idx.view(P, -1, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:]))  # noqa: E731
-                m_obs, m_act, m_old, m_adv, m_mask = sel(obs), sel(act), sel(old_logp), sel(adv), sel(mask)
-                if cfg.normalize_advantages == "minibatch":
+                m_obs, m_act, m_old, m_adv, m_mask = sel(obs), sel(act), sel(old_logp), sel(adv_used), sel(mask)
+                if normalize_each:
                     m_adv = _whiten(m_adv, m_mask)
-                params = self.agent.dist_params(m_obs)
-                logp, entropy = self.agent.log_prob_entropy(params, m_act)
-                e = lambda x: x.unsqueeze(-1)  # noqa: E731  [P, mb] -> [P, mb, 1]: one "sequence"
-                pl, metrics = self.policy_loss(e(logp), e(m_old), e(m_adv), e(m_mask), clip_eps=cfg.clip_eps,
-                                               clip_eps_high=cfg.clip_eps_high, agg="token_mean")
-                ent_l, ent_m = entropy_bonus(e(entropy), e(m_mask))
-                loss = pl + cfg.ent_coef * ent_l
-                metrics.update(ent_m)
-                if self.spec.needs_critic:
-                    v = self.agent.value(m_obs)
+                params, v = self.agent.dist_params_and_value(m_obs)
+                if h.ent_coef > 0 or last_epoch:
+                    logp, entropy = self.agent.log_prob_entropy(params, m_act)
+                else:
+                    logp = self.agent.log_prob(params, m_act)
+                pl, metrics = self.policy_loss(e(logp), e(m_old), e(m_adv), e(m_mask), clip_eps=h.clip_eps,
+                                               clip_eps_high=h.clip_eps_high, agg="token_mean",
+                                               with_metrics=last_epoch)
+                loss = pl
+                if h.ent_coef > 0 or last_epoch:
+                    ent_l, ent_m = entropy_bonus(e(entropy), e(m_mask))
+                    if h.ent_coef > 0:
+                        loss = loss + h.ent_coef * ent_l
+                    metrics.update(ent_m)
+                if critic:
                     vl, vm = value_loss(e(v), e(sel(returns)), e(m_mask), old_values=e(sel(old_values)),
-                                        clip_eps=cfg.vf_clip_eps)
-                    loss = loss + cfg.vf_coef * vl
+                                        clip_eps=h.vf_clip_eps)
+                    loss = loss + h.vf_coef * vl
                     metrics.update(vm)
-                if cfg.kl.beta > 0 or cfg.kl.adaptive:
-                    kl_l, klm = kl_penalty(e(logp), e(m_old), e(m_mask), cfg.kl.estimator)
+                if h.use_kl:
+                    kl_l, klm = kl_penalty(e(logp), e(m_old), e(m_mask), h.kl_estimator)
                     loss = loss + self.kl_beta * kl_l
                     metrics["kl_penalty"] = klm["kl"]
-                self.optim.zero_grad(set_to_none=False)
+                self.optim.zero_grad()
                 loss.sum().backward()
-                metrics["grad_norm"] = clip_grad_norm_per_member(self.params, cfg.max_grad_norm, P)
-                metrics["loss"] = loss.detach()
+                grad_norm = clip_grad_norm_per_member(self.params, h.max_grad_norm, P)
                 self._step_active_members()
-                for k, v_ in metrics.items():
-                    stats.setdefault(k, []).append(v_)
-        out = {k: torch.stack(v).mean(0) for k, v in stats.items() if k not in ("approx_kl", "clip_frac")}
-        for k in ("approx_kl", "clip_frac"):  # last epoch: how far the update went
-            per_epoch = stats[k]
-            out[k] = torch.stack(per_epoch[-n_mb:]).mean(0)
+                if last_epoch:
+                    metrics["grad_norm"] = grad_norm
+                    metrics["loss"] = loss.detach()
+                    for k, v_ in metrics.items():
+                        stats.setdefault(k, []).append(v_)
+        out = {k: torch.stack(v).mean(0) for k, v in stats.items()}
         a_mean, a_std = _masked_mean_std(adv, mask)
         out["adv_mean"], out["adv_std"] = a_mean, a_std
-        if self.spec.needs_critic:
+        if critic:
             out["explained_variance"] = torch.tensor(
                 [explained_variance(old_values[p], returns[p], mask[p]) for p in range(P)])
         return out
@@ -161,16 +181,18 @@ class ControlTrainer:
             self.optim.step()
             return
         frozen = (~self.active).nonzero().flatten()
+        P = self.P
         saved = []
         for p in self.params:
             st = self.optim.state.get(p, {})
-            saved.append((p.data[frozen].clone(), {k: v[frozen].clone() for k, v in st.items()
-                                                   if torch.is_tensor(v) and v.dim() > 0}))
+            saved.append((member_view(p.data, P)[:, frozen].clone(),
+                          {k: member_view(v, P)[:, frozen].clone() for k, v in st.items()
+                           if torch.is_tensor(v) and v.dim() > 0}))
         self.optim.step()
         for p, (data, st) in zip(self.params, saved):
-            p.data[frozen] = data
+            member_view(p.data, P)[:, frozen] = data
             for k, v in st.items():
-                self.optim.state[p][k][frozen] = v
+                member_view(self.optim.state[p][k], P)[:, frozen] = v
 
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
@@ -183,6 +205,7 @@ class ControlTrainer:
                    dynamic_ncols=True, leave=False)
         lr0 = cfg.lr
         iteration = 0
+        last_eval_steps = 0
         recent: list[float] = []
         try:
             while self.active.any():
@@ -203,7 +226,14 @@ class ControlTrainer:
                     done_now |= self.env_steps >= budget
                 if max_iters:
                     done_now |= torch.tensor(iteration >= max_iters)
-                evaluate_now = cfg.eval_every > 0 and (iteration % cfg.eval_every == 0 or (done_now & self.active).any())
+                steps_now = int(self.env_steps.max())
+                crossed = bool(cfg.eval_every_steps) and (steps_now // cfg.eval_every_steps
+                                                          > last_eval_steps // cfg.eval_every_steps)
+                evaluate_now = (cfg.eval_every > 0 or bool(cfg.eval_every_steps)) and (
+                    (cfg.eval_every > 0 and iteration % cfg.eval_every == 0) or crossed
+                    or bool((done_now & self.active).any()))
+                if evaluate_now:
+                    last_eval_steps = steps_now
                 evals = (evaluate(self.agent, cfg.task.env_id, cfg.eval_episodes, cfg.task.max_episode_steps,
                                   self.info, self.eval_seeds) if evaluate_now else None)
                 wall = time.time() - t0
@@ -239,7 +269,7 @@ class ControlTrainer:
             if not math.isfinite(float(stats[k][p])):
                 return f"non-finite {k}"
         for prm in self.params:
-            if not torch.isfinite(prm.data[p]).all():
+            if not torch.isfinite(member_view(prm.data, self.P)[:, p]).all():
                 return "non-finite parameters"
         return None
 
@@ -265,6 +295,7 @@ class ControlTrainer:
 
 
 def train(cfg: DictConfig, runs: list[RunDir]) -> None:
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
+    # Small MLPs: intra-op threads only add synchronisation (measured in
+    # benchmarks/control_speed.py), so control runs default to one thread.
+    torch.set_num_threads(int(cfg.threads or 1))
     ControlTrainer(cfg, runs).run()
