@@ -1,0 +1,406 @@
+"""Seaborn/matplotlib figures for a results folder.
+
+Every figure is drawn on a ``matplotlib.figure.Figure`` created directly (no pyplot state,
+so nothing leaks between figures and it renders with the Agg canvas whatever the
+interactive backend is), carries its own title, axis labels with units and legend, and
+uses :func:`estimator_palette` so an estimator has the same colour in every figure.
+Plot functions take the tables :mod:`analysis.report` computes, so a figure and the
+table printed next to it come from the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
+
+from . import stats
+
+__all__ = [
+    "KNOWN_ESTIMATOR_COLORS",
+    "estimator_palette",
+    "x_label",
+    "human_count",
+    "plot_learning_curves",
+    "plot_final_scores",
+    "plot_probability_of_improvement",
+    "plot_performance_profiles",
+    "plot_stability",
+    "plot_sensitivity",
+    "plot_failure_counts",
+]
+
+# tab10, fixed per known estimator (critic-free group methods in purples/olive, REINFORCE
+# family in blues) so a colour means the same estimator in every report.
+KNOWN_ESTIMATOR_COLORS: dict[str, str] = {
+    "reinforce": "#1f77b4",
+    "baseline": "#ff7f0e",
+    "a2c": "#2ca02c",
+    "ppo_gae": "#d62728",
+    "grpo": "#9467bd",
+    "rloo": "#8c564b",
+    "remax": "#e377c2",
+    "dr_grpo": "#bcbd22",
+    "reinforce_pp": "#17becf",
+}
+# Names outside the list above take these, in sorted order (none repeats a known colour).
+_EXTRA_COLORS = [
+    "#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d",
+    "#31a354", "#756bb1", "#636363", "#9c9ede", "#cedb9c", "#e7cb94", "#e7969c", "#de9ed6",
+]
+
+STABILITY_METRICS = {
+    "approx_kl": "approx. KL(old ‖ new) (nats)",
+    "clip_frac": "clip fraction (share of samples)",
+    "entropy": "policy entropy (nats)",
+    "grad_norm": "gradient norm (L2)",
+    "explained_variance": "explained variance of V (1 = perfect)",
+}
+CURVE_METRICS = {
+    "eval_return": "evaluation return (per episode)",
+    "episode_return": "training episode return",
+}
+_X_LABELS = {
+    "env_steps": "environment steps",
+    "tokens": "sampled tokens",
+    "wall_time_s": "wall-clock time (s)",
+    "iteration": "training iteration",
+}
+_DPI = 130
+
+
+def estimator_palette(estimators: Iterable[str]) -> dict[str, str]:
+    """Colour per estimator: fixed for known names, the rest in sorted order."""
+    names = sorted(set(estimators))
+    palette = {n: KNOWN_ESTIMATOR_COLORS[n] for n in names if n in KNOWN_ESTIMATOR_COLORS}
+    unknown = [n for n in names if n not in KNOWN_ESTIMATOR_COLORS]
+    for i, n in enumerate(unknown):
+        palette[n] = _EXTRA_COLORS[i % len(_EXTRA_COLORS)]
+    return palette
+
+
+def x_label(x: str) -> str:
+    return _X_LABELS.get(x, x)
+
+
+def human_count(n: float) -> str:
+    """100000 -> '100k', 1500000 -> '1.5M'."""
+    if not np.isfinite(n):
+        return "?"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{suffix}"
+    return f"{n:.3g}"
+
+
+def _budget_title(task: str, budgets: Mapping[str, tuple[str, float]] | None) -> str:
+    if not budgets or task not in budgets:
+        return task
+    col, b = budgets[task]
+    return f"{task} · budget {human_count(b)} {x_label(col).replace('environment ', 'env ')}"
+
+
+# ----------------------------------------------------------------------------- layout
+
+def _figure(nrows: int, ncols: int, w: float = 4.2, h: float = 3.2, **kw):
+    with sns.axes_style("whitegrid"), sns.plotting_context("paper", font_scale=1.05):
+        # at least 8 in wide so the two-line suptitle of a one-panel figure fits
+        fig = Figure(figsize=(max(8.0, w * ncols + 1.8), h * nrows + 0.6), layout="constrained",
+                     dpi=_DPI)
+        axes = np.atleast_2d(fig.subplots(nrows, ncols, squeeze=False, **kw))
+    return fig, axes
+
+
+def _legend(fig: Figure, palette: Mapping[str, str], names: Iterable[str], title="estimator",
+            marker=None, lw: float = 2.2) -> None:
+    names = [n for n in sorted(set(names)) if n in palette]
+    handles = [Line2D([], [], color=palette[n], lw=lw, marker=marker, ms=8 if not lw else 6)
+               for n in names]
+    if handles:
+        fig.legend(handles, names, title=title, loc="outside right center", frameon=False)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=_DPI)
+    return path
+
+
+def _empty(path: Path, title: str, message: str) -> Path:
+    fig, axes = _figure(1, 1, w=6, h=2.2)
+    ax = axes[0, 0]
+    ax.axis("off")
+    ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True, transform=ax.transAxes)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _grid_shape(n: int, max_cols: int = 3) -> tuple[int, int]:
+    ncols = min(n, max_cols)
+    return math.ceil(n / ncols), ncols
+
+
+# ----------------------------------------------------------------------------- curves
+
+def _format_x(ax, x: str) -> None:
+    if x in ("env_steps", "tokens"):
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: "0" if v == 0 else human_count(v)))
+
+
+def _draw_bands(ax, bands: pd.DataFrame, palette: Mapping[str, str]) -> None:
+    for est, b in bands.groupby("estimator", sort=True):
+        color = palette.get(est, "black")
+        sparse = len(b) < 4  # too few grid points for a line to be visible on its own
+        sns.lineplot(x=b["x"].to_numpy(), y=b["mean"].to_numpy(), ax=ax, color=color,
+                     lw=1.8, errorbar=None, legend=False, marker="o" if sparse else None)
+        if sparse:
+            ax.errorbar(b["x"], b["mean"], yerr=[b["mean"] - b["low"], b["high"] - b["mean"]],
+                        fmt="none", ecolor=color, capsize=3)
+        ax.fill_between(b["x"], b["low"], b["high"], color=color, alpha=0.2, lw=0)
+
+
+def _task_x(df: pd.DataFrame, x: str) -> str:
+    if x == "env_steps" and not df["env_steps"].notna().any() and df["tokens"].notna().any():
+        return "tokens"
+    return x
+
+
+def plot_learning_curves(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
+                         x: str = "env_steps", budgets: Mapping[str, tuple[str, float]] | None = None,
+                         reps: int = 1000, seed: int = 0) -> Path:
+    """Rows: eval_return and training episode_return (when logged); columns: tasks.
+    Mean over runs with a 95% bootstrap band, runs interpolated onto a common grid."""
+    metrics = [m for m in CURVE_METRICS if df[m].notna().any()]
+    tasks = sorted(df["task"].unique())
+    title = "Learning curves"
+    if not metrics or not tasks:
+        return _empty(path, title, "no eval_return or episode_return logged")
+    fig, axes = _figure(len(metrics), len(tasks))
+    for j, task in enumerate(tasks):
+        tdf = df[df["task"] == task]
+        tx = _task_x(tdf, x)
+        for i, metric in enumerate(metrics):
+            ax = axes[i, j]
+            bands = stats.curve_bands(tdf, metric, tx, reps=reps, seed=seed)
+            _draw_bands(ax, bands, palette)
+            ax.set_xlabel(x_label(tx))
+            _format_x(ax, tx)
+            ax.set_ylabel(CURVE_METRICS[metric])
+            ax.set_title(_budget_title(task, budgets) if i == 0 else f"{task}: {metric}",
+                         fontsize="medium")
+            if bands.empty:
+                ax.text(0.5, 0.5, f"no {metric}", ha="center", transform=ax.transAxes)
+    n_runs = df.drop_duplicates(["task", "estimator", "run_dir", "seed"]).groupby(
+        ["task", "estimator"]).size()
+    n_txt = (f"{n_runs.min()}" if n_runs.min() == n_runs.max() else f"{n_runs.min()}–{n_runs.max()}")
+    fig.suptitle(f"{title} vs {x_label(x)}\nmean over runs with 95% bootstrap band "
+                 f"({n_txt} runs per estimator and task)")
+    _legend(fig, palette, df["estimator"].unique())
+    return _save(fig, path)
+
+
+def plot_stability(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
+                   x: str = "env_steps", budgets: Mapping[str, tuple[str, float]] | None = None,
+                   reps: int = 500, seed: int = 0) -> Path:
+    """One row per logged diagnostic (approx_kl, clip_frac, entropy, grad_norm,
+    explained_variance; absent or all-null ones skipped), one column per task."""
+    metrics = [m for m in STABILITY_METRICS if m in df and df[m].notna().any()]
+    tasks = sorted(df["task"].unique())
+    title = "Training stability diagnostics"
+    if not metrics or not tasks:
+        return _empty(path, title, "none of " + ", ".join(STABILITY_METRICS) + " was logged")
+    fig, axes = _figure(len(metrics), len(tasks), h=2.6)
+    for j, task in enumerate(tasks):
+        tdf = df[df["task"] == task]
+        tx = _task_x(tdf, x)
+        for i, metric in enumerate(metrics):
+            ax = axes[i, j]
+            bands = stats.curve_bands(tdf, metric, tx, reps=reps, seed=seed)
+            _draw_bands(ax, bands, palette)
+            ax.set_ylabel(STABILITY_METRICS[metric])
+            ax.set_xlabel(x_label(tx) if i == len(metrics) - 1 else "")
+            _format_x(ax, tx)
+            if i == 0:
+                ax.set_title(_budget_title(task, budgets), fontsize="medium")
+            if bands.empty:
+                ax.text(0.5, 0.5, f"{metric} not logged", ha="center", va="center",
+                        transform=ax.transAxes, color="0.4")
+    fig.suptitle(f"{title} vs {x_label(x)}\nmean over runs with 95% bootstrap band")
+    _legend(fig, palette, df["estimator"].unique())
+    return _save(fig, path)
+
+
+# ----------------------------------------------------------------------------- scores
+
+def plot_final_scores(table: pd.DataFrame, runs: pd.DataFrame, path: Path,
+                      palette: Mapping[str, str], *, last_n: int = 5,
+                      aggregate: pd.DataFrame | None = None,
+                      budgets: Mapping[str, tuple[str, float]] | None = None) -> Path:
+    """IQM of final scores with 95% stratified-bootstrap intervals, one panel per task
+    (dots: individual runs), plus min-max-normalised scores over all tasks."""
+    tasks = sorted(table["task"].unique())
+    panels = [(t, table[table["task"] == t]) for t in tasks]
+    if aggregate is not None and not aggregate.empty and len(tasks) > 1:
+        panels.append(("All tasks (min–max normalised per task)", aggregate))
+    title = f"Final score: IQM of the last {last_n} evaluations per run, 95% CI"
+    if not panels:
+        return _empty(path, title, "no run has a final score")
+    estimators = sorted(table["estimator"].unique())
+    nrows, ncols = _grid_shape(len(panels))
+    fig, axes = _figure(nrows, ncols, h=0.45 * len(estimators) + 1.6)
+    rng = np.random.default_rng(0)
+    for k, (name, t) in enumerate(panels):
+        ax = axes.flat[k]
+        for pos, est in enumerate(estimators):
+            row = t[t["estimator"] == est]
+            if row.empty or not np.isfinite(row["iqm"].iloc[0]):
+                continue
+            row = row.iloc[0]
+            c = palette.get(est, "black")
+            if name in tasks:
+                pts = runs[(runs["task"] == name) & (runs["estimator"] == est)]["score"].dropna()
+                ax.scatter(pts, pos + rng.uniform(-0.15, 0.15, len(pts)), s=9, color=c,
+                           alpha=0.45, lw=0, zorder=2)
+            ax.errorbar(row["iqm"], pos, xerr=[[row["iqm"] - row["iqm_low"]],
+                                               [row["iqm_high"] - row["iqm"]]],
+                        fmt="o", color=c, capsize=4, lw=2, ms=6, zorder=3)
+        ax.set_yticks(range(len(estimators)), estimators)
+        ax.set_ylim(len(estimators) - 0.5, -0.5)
+        ax.set_title(_budget_title(name, budgets), fontsize="medium")
+        ax.set_xlabel("normalised score (0 = worst run, 1 = best)" if name not in tasks
+                      else "final return (IQM, 95% CI; dots = runs)")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(title)
+    _legend(fig, palette, estimators, marker="o")
+    return _save(fig, path)
+
+
+def plot_probability_of_improvement(poi: pd.DataFrame, path: Path,
+                                    palette: Mapping[str, str], *, n_tasks: int) -> Path:
+    """Matrix of P(row estimator > column estimator), averaged over tasks."""
+    title = "Probability of improvement"
+    if poi.empty:
+        return _empty(path, title, "needs at least two estimators sharing a task")
+    order = sorted(set(poi["x"]) | set(poi["y"]))
+    mat = poi.pivot(index="x", columns="y", values="p").reindex(index=order, columns=order)
+    n = len(order)
+    with sns.axes_style("white"), sns.plotting_context("paper", font_scale=1.05):
+        fig = Figure(figsize=(0.85 * n + 3.2, 0.7 * n + 1.8), layout="constrained", dpi=_DPI)
+        ax = fig.subplots()
+        ax.set_facecolor("0.92")  # the diagonal (X = Y) is left blank
+        with warnings.catch_warnings():  # seaborn 0.13 calls a soon-deprecated cmap API
+            warnings.simplefilter("ignore", PendingDeprecationWarning)
+            sns.heatmap(mat, ax=ax, vmin=0, vmax=1, center=0.5, cmap="vlag_r", annot=True, fmt=".2f",
+                        square=True, linewidths=0.5,
+                        cbar_kws={"label": "P(X > Y) + ½ P(X = Y)"}, annot_kws={"fontsize": "small"})
+    ax.tick_params(axis="y", rotation=0)
+    ax.tick_params(axis="x", rotation=30)
+    ax.set_xlabel("algorithm Y")
+    ax.set_ylabel("algorithm X")
+    for lab in list(ax.get_xticklabels()) + list(ax.get_yticklabels()):
+        lab.set_color(palette.get(lab.get_text(), "black"))
+    ax.set_title(f"{title} of X over Y on final score,\naveraged over {n_tasks} task(s) "
+                 "(95% CIs in report.md)", fontsize="medium")
+    return _save(fig, path)
+
+
+def plot_performance_profiles(profiles: pd.DataFrame, path: Path,
+                              palette: Mapping[str, str], *,
+                              budgets: Mapping[str, tuple[str, float]] | None = None) -> Path:
+    """Score distributions: fraction of runs with final score > tau, 95% CI bands.
+    ``profiles`` has columns panel, estimator, tau, fraction, low, high."""
+    title = "Performance profiles (score distributions)"
+    if profiles.empty:
+        return _empty(path, title, "no final scores")
+    panels = list(dict.fromkeys(profiles["panel"]))
+    nrows, ncols = _grid_shape(len(panels))
+    fig, axes = _figure(nrows, ncols)
+    for k, name in enumerate(panels):
+        ax = axes.flat[k]
+        p = profiles[profiles["panel"] == name]
+        for est, e in p.groupby("estimator", sort=True):
+            c = palette.get(est, "black")
+            ax.step(e["tau"], e["fraction"], where="post", color=c, lw=1.8)
+            ax.fill_between(e["tau"], e["low"], e["high"], step="post", color=c, alpha=0.15, lw=0)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(_budget_title(name, budgets), fontsize="medium")
+        ax.set_xlabel("normalised score threshold τ" if name not in (budgets or {})
+                      else "final return threshold τ")
+        ax.set_ylabel("fraction of runs with score > τ")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"{title}, 95% stratified-bootstrap bands")
+    _legend(fig, palette, profiles["estimator"].unique())
+    return _save(fig, path)
+
+
+def plot_sensitivity(sens: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
+                     last_n: int = 5,
+                     budgets: Mapping[str, tuple[str, float]] | None = None) -> Path:
+    """Final score (IQM, 95% CI) against each swept hyperparameter, per task.
+    ``sens`` has columns task, estimator, hyperparameter, value, n, iqm, iqm_low, iqm_high."""
+    title = "Hyperparameter sensitivity"
+    if sens.empty:
+        return _empty(path, title, "no hyperparameter among " + ", ".join(stats.HYPERPARAMETERS)
+                      + " varies within any estimator × task")
+    panels = list(sens.groupby(["hyperparameter", "task"], sort=True).groups)
+    nrows, ncols = _grid_shape(len(panels))
+    fig, axes = _figure(nrows, ncols)
+    for k, (hp, task) in enumerate(panels):
+        ax = axes.flat[k]
+        p = sens[(sens["hyperparameter"] == hp) & (sens["task"] == task)]
+        for est, e in p.groupby("estimator", sort=True):
+            e = e.sort_values("value")
+            c = palette.get(est, "black")
+            ax.errorbar(e["value"], e["iqm"], yerr=[e["iqm"] - e["iqm_low"], e["iqm_high"] - e["iqm"]],
+                        color=c, marker="o", capsize=3, lw=1.6, ms=5)
+            for v, y, n in zip(e["value"], e["iqm"], e["n"]):
+                ax.annotate(f"n={n}", (v, y), textcoords="offset points", xytext=(5, 4),
+                            fontsize="x-small", color=c)
+        vals = p["value"].to_numpy(dtype=float)
+        if (vals > 0).all() and vals.max() / vals.min() >= 10:
+            ax.set_xscale("log")
+        ax.set_xlabel(hp)
+        ax.set_ylabel(f"final return (IQM of last {last_n} evals)")
+        ax.set_title(f"{_budget_title(task, budgets)}\nswept: {hp}", fontsize="medium")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"{title}: final score vs swept value, IQM with 95% bootstrap CI "
+                 "(n = runs per value)")
+    _legend(fig, palette, sens["estimator"].unique(), marker="o")
+    return _save(fig, path)
+
+
+def plot_failure_counts(counts: pd.DataFrame, path: Path, palette: Mapping[str, str]) -> Path:
+    """Bars: diverged and collapsed runs per estimator, summed over tasks, labelled k/n.
+    ``counts`` has columns estimator, n_runs, diverged, collapsed."""
+    title = "Diverged and collapsed runs"
+    if counts.empty:
+        return _empty(path, title, "no runs")
+    counts = counts.sort_values("estimator")
+    ests = counts["estimator"].tolist()
+    fig, axes = _figure(1, 2, w=max(3.2, 0.55 * len(ests) + 1.5), h=3.2)
+    for ax, col, what in ((axes[0, 0], "diverged", "diverged (NaN/inf; status = diverged)"),
+                          (axes[0, 1], "collapsed", "collapsed (fell below ½ of its best)")):
+        sns.barplot(x=counts["estimator"], y=counts[col], hue=counts["estimator"], ax=ax,
+                    palette=dict(palette), legend=False, order=ests, hue_order=ests)
+        for pos, (k, n) in enumerate(zip(counts[col], counts["n_runs"])):
+            ax.text(pos, k, f"{int(k)}/{int(n)}", ha="center", va="bottom", fontsize="small")
+        ax.set_ylim(0, max(1, counts["n_runs"].max()) * 1.12)
+        ax.set_xlabel("estimator")
+        ax.set_ylabel("runs (count, all tasks)")
+        ax.set_title(what, fontsize="medium")
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(f"{title} per estimator (labels: count / runs)")
+    _legend(fig, palette, ests, marker="s", lw=0)
+    return _save(fig, path)

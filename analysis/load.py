@@ -1,0 +1,291 @@
+"""Load a results folder into one tidy pandas frame.
+
+A results folder holds run directories at any depth (usually
+``RESULTS/<task>/<estimator>/<run_name>/``). A run directory is one that holds a
+``metrics.parquet`` (one row per training iteration) and, once the run has ended, a
+``summary.json`` whose ``status`` is ``completed``, ``diverged`` or ``failed``.
+
+Rules (the output contract in DESIGN.md "Outputs"):
+
+* every ``metrics.parquet`` is read on its own, so one corrupt or half-copied file is
+  reported by path (:class:`AnalysisWarning`) and skipped, never fatal;
+* schemas are unified with Arrow's permissive promotion (int -> float, string widths,
+  a column absent in an older run becomes null), so runs of different vintages stack;
+* each row gets ``run_dir`` (path of its run directory relative to the folder, POSIX
+  separators) and ``status`` from ``summary.json`` (``incomplete`` when there is none yet,
+  ``unknown`` when it exists but cannot be parsed), plus ``reason``;
+* diverged runs are kept: dropping them would hide the instability being measured.
+
+The unit of analysis ("a run") is ``(run_dir, seed)``: a population run (several seeds
+trained in one process) writes several seeds into one directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "AnalysisWarning",
+    "RUN_KEYS",
+    "METRIC_COLUMNS",
+    "HYPERPARAMETERS",
+    "DIAGNOSTICS",
+    "find_run_dirs",
+    "load",
+    "load_runs",
+]
+
+METRICS_FILE = "metrics.parquet"
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.yaml"
+
+#: Columns that identify one run (one seed of one run directory).
+RUN_KEYS = ["run_dir", "seed"]
+
+HYPERPARAMETERS = ["gamma", "gae_lambda", "clip_eps", "kl_beta", "n_steps", "group_size", "lr"]
+DIAGNOSTICS = [
+    "policy_loss", "entropy", "approx_kl", "clip_frac", "grad_norm", "adv_mean", "adv_std",
+    "value_loss", "explained_variance",
+]
+LM_COLUMNS = ["reward", "gold_reward", "kl_ref", "response_len", "tokens"]
+_STRING_COLUMNS = ["run_id", "task", "estimator"]
+_NUMERIC_CORE = ["seed", "iteration", "env_steps", "wall_time_s", "episode_return", "eval_return"]
+
+#: Every column of the output contract; each is present in the loaded frame (null if absent).
+METRIC_COLUMNS = _STRING_COLUMNS + _NUMERIC_CORE + HYPERPARAMETERS + DIAGNOSTICS + LM_COLUMNS
+
+STATUSES = ["completed", "diverged", "failed", "incomplete", "unknown"]
+
+
+class AnalysisWarning(UserWarning):
+    """A file under the results folder was unreadable and was skipped."""
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, AnalysisWarning, stacklevel=3)
+
+
+def find_run_dirs(path: str | os.PathLike) -> list[Path]:
+    """Every directory under ``path`` (itself included) holding metrics.parquet or summary.json.
+
+    Sorted, so loading order (and hence row order) is deterministic.
+    """
+    root = Path(path)
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if METRICS_FILE in filenames or SUMMARY_FILE in filenames:
+            found.append(Path(dirpath))
+    return sorted(found)
+
+
+def _rel(run_dir: Path, root: Path) -> str:
+    return run_dir.relative_to(root).as_posix()
+
+
+def _read_summary(run_dir: Path) -> dict:
+    """status/reason/run_id of one run; ``incomplete`` without summary.json."""
+    path = run_dir / SUMMARY_FILE
+    if not path.exists():
+        return {"status": "incomplete", "reason": None, "summary_run_id": None}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            summary = json.load(fh)
+        if not isinstance(summary, dict):
+            raise ValueError("top level is not a JSON object")
+    except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
+        _warn(f"skipping unreadable {path}: {err}")
+        return {"status": "unknown", "reason": f"unreadable {SUMMARY_FILE}", "summary_run_id": None}
+    status = summary.get("status")
+    if status not in ("completed", "diverged", "failed"):
+        status = "unknown"
+    reason, run_id = summary.get("reason"), summary.get("run_id")
+    return {"status": status, "reason": None if reason is None else str(reason),
+            "summary_run_id": None if run_id is None else str(run_id)}
+
+
+def _get(cfg, *keys):
+    for key in keys:
+        if not isinstance(cfg, dict) or key not in cfg:
+            return None
+        cfg = cfg[key]
+    return cfg
+
+
+def _read_config(run_dir: Path) -> dict:
+    """task/estimator/seed from config.yaml, used only to fill nulls in the metrics."""
+    path = run_dir / CONFIG_FILE
+    if not path.exists():
+        return {}
+    try:
+        import yaml  # shipped with omegaconf/hydra
+
+        with open(path, encoding="utf-8") as fh:
+            cfg = yaml.safe_load(fh)
+    except Exception as err:  # noqa: BLE001 - any parse failure means "no config"
+        _warn(f"ignoring unreadable {path}: {err}")
+        return {}
+    if not isinstance(cfg, dict):
+        return {}
+    out = {}
+    task = cfg.get("task")
+    if isinstance(task, dict):
+        task = _get(task, "name") or _get(task, "env_id") or _get(task, "id")
+    estimator = cfg.get("estimator")
+    if isinstance(estimator, dict):
+        estimator = _get(estimator, "name")
+    if isinstance(task, str):
+        out["task"] = task
+    if isinstance(estimator, str):
+        out["estimator"] = estimator
+    if isinstance(cfg.get("seed"), (int, float)) and not isinstance(cfg.get("seed"), bool):
+        out["seed"] = cfg["seed"]
+    return out
+
+
+def _read_metrics(path: Path) -> pa.Table | None:
+    try:
+        table = pq.read_table(path)
+        table.validate(full=True)
+        return table
+    except Exception as err:  # noqa: BLE001 - ArrowInvalid, OSError, ...: any means corrupt
+        _warn(f"skipping corrupt {path}: {type(err).__name__}: {err}")
+        return None
+
+
+def _concat(tables: list[pa.Table]) -> pd.DataFrame:
+    """Stack per-run tables: Arrow permissive promotion, pandas as the fallback."""
+    # Dictionary-encoded columns (pandas categoricals) do not promote against plain ones.
+    tables = [t.unify_dictionaries() if any(pa.types.is_dictionary(f.type) for f in t.schema) else t
+              for t in tables]
+    decoded = []
+    for t in tables:
+        cols = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in t.columns]
+        decoded.append(pa.table(cols, names=t.column_names))
+    try:
+        table = pa.concat_tables(decoded, promote_options="permissive")
+        return table.to_pandas()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
+        # e.g. a column that is a string in one run and a float in another.
+        _warn(f"metrics schemas do not unify in Arrow ({err}); stacking with pandas instead")
+        frames = [t.to_pandas() for t in decoded]
+        return pd.concat([f for f in frames if len(f.columns)], ignore_index=True, sort=False)
+
+
+def _empty_frame() -> pd.DataFrame:
+    df = pd.DataFrame({c: pd.Series(dtype=object if c in _STRING_COLUMNS else float)
+                       for c in METRIC_COLUMNS})
+    for c in ["run_dir", "status", "reason"]:
+        df[c] = pd.Series(dtype=object)
+    return df
+
+
+def load_runs(path: str | os.PathLike) -> pd.DataFrame:
+    """One row per run directory: ``run_dir, status, reason, run_id, has_metrics``.
+
+    Includes directories that only hold summary.json (a run that failed before logging)
+    so they can be counted even though they contribute no metrics.
+    """
+    root = Path(path)
+    rows = []
+    for run_dir in find_run_dirs(root):
+        info = _read_summary(run_dir)
+        rows.append({
+            "run_dir": _rel(run_dir, root),
+            "status": info["status"],
+            "reason": info["reason"],
+            "run_id": info["summary_run_id"],
+            "has_metrics": (run_dir / METRICS_FILE).exists(),
+            **{f"config_{k}": v for k, v in _read_config(run_dir).items()},
+        })
+    return pd.DataFrame(rows, columns=None if rows else
+                        ["run_dir", "status", "reason", "run_id", "has_metrics"])
+
+
+def load(path: str | os.PathLike) -> pd.DataFrame:
+    """Every ``metrics.parquet`` under ``path`` as one tidy frame (one row per iteration).
+
+    Columns: every column of the output contract (null where a run did not log it), any
+    extra columns runs logged, and ``run_dir`` (relative to ``path``), ``status``
+    (completed | diverged | failed | incomplete | unknown) and ``reason``.
+
+    Missing task/estimator/seed values are filled from the run's config.yaml, then from the
+    ``<task>/<estimator>/<run>`` layout; a missing run_id from summary.json, then run_dir.
+    Unreadable files raise :class:`AnalysisWarning` naming the path and are skipped.
+    ``df.attrs["skipped"]`` lists skipped metrics files; ``df.attrs["runs"]`` is
+    :func:`load_runs` of the folder (includes run directories without metrics).
+
+    Raises FileNotFoundError / NotADirectoryError for a missing path or a file.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"{root} does not exist")
+    if not root.is_dir():
+        raise NotADirectoryError(f"{root} is not a folder")
+
+    runs = load_runs(root)
+    tables, skipped = [], []
+    for rec in runs.to_dict("records"):
+        if not rec["has_metrics"]:
+            continue
+        run_dir = root / rec["run_dir"]
+        reason = rec["reason"] if isinstance(rec["reason"], str) else None  # NaN from pandas
+        table = _read_metrics(run_dir / METRICS_FILE)
+        if table is None:
+            skipped.append((run_dir / METRICS_FILE).as_posix())
+            continue
+        n = table.num_rows
+        table = table.drop_columns([c for c in ("run_dir", "status", "reason") if c in table.column_names])
+        table = table.append_column("run_dir", pa.array([rec["run_dir"]] * n, pa.string()))
+        table = table.append_column("status", pa.array([rec["status"]] * n, pa.string()))
+        table = table.append_column("reason", pa.array([reason] * n, pa.string()))
+        tables.append((rec, table))
+
+    if not tables:
+        df = _empty_frame()
+    else:
+        df = _concat([t for _, t in tables])
+        for c in METRIC_COLUMNS:
+            if c not in df.columns:
+                df[c] = None if c in _STRING_COLUMNS else np.nan
+        df = _fill_identity(df, runs, root)
+
+    for c in METRIC_COLUMNS:
+        if c not in _STRING_COLUMNS:
+            df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
+        else:
+            df[c] = df[c].astype(object).where(df[c].notna(), None)
+    lead = ["run_dir", "status"] + METRIC_COLUMNS
+    df = df[lead + [c for c in df.columns if c not in lead]]
+    sort_cols = ["task", "estimator", "run_dir", "seed", "iteration"]
+    df = df.sort_values(sort_cols, kind="stable", na_position="last").reset_index(drop=True)
+    df.attrs["skipped"] = skipped
+    df.attrs["runs"] = runs
+    return df
+
+
+def _fill_identity(df: pd.DataFrame, runs: pd.DataFrame, root: Path) -> pd.DataFrame:
+    info = runs.set_index("run_dir")
+    for col in ["task", "estimator", "seed"]:
+        cfg_col = f"config_{col}"
+        if cfg_col in info.columns:
+            df[col] = df[col].where(df[col].notna(), df["run_dir"].map(info[cfg_col]))
+    # Layout fallback: RESULTS/<task>/<estimator>/<run_name>/
+    parts = df["run_dir"].map(lambda p: Path(p).parts)
+    layout_task = parts.map(lambda p: p[-3] if len(p) >= 3 else None)
+    layout_est = parts.map(lambda p: p[-2] if len(p) >= 3 else None)
+    df["task"] = df["task"].where(df["task"].notna(), layout_task)
+    df["estimator"] = df["estimator"].where(df["estimator"].notna(), layout_est)
+    df["task"] = df["task"].where(df["task"].notna(), "unknown_task")
+    df["estimator"] = df["estimator"].where(df["estimator"].notna(), "unknown_estimator")
+    df["run_id"] = df["run_id"].where(df["run_id"].notna(), df["run_dir"].map(info["run_id"]))
+    df["run_id"] = df["run_id"].where(df["run_id"].notna(), df["run_dir"])
+    return df

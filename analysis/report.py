@@ -1,0 +1,357 @@
+"""Build ``report.md`` plus figures and CSV tables for a results folder.
+
+:func:`compute_tables` does all statistics (pure, testable); :func:`build_report` draws the
+figures from those tables and writes the markdown, so every number in report.md is the
+number behind the figure linked next to it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import permutations
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import figures as figs
+from . import stats
+from .load import load
+
+__all__ = ["NoRunsError", "Tables", "compute_tables", "build_report", "FIGURES"]
+
+#: figure key -> (file name, caption)
+FIGURES = {
+    "learning_curves": ("learning_curves.png", "Learning curves"),
+    "final_scores": ("final_scores.png", "Final scores (IQM, 95% CI)"),
+    "probability_of_improvement": ("probability_of_improvement.png", "Probability of improvement"),
+    "performance_profiles": ("performance_profiles.png", "Performance profiles"),
+    "stability": ("stability.png", "Training stability diagnostics"),
+    "sensitivity": ("sensitivity.png", "Hyperparameter sensitivity"),
+    "failures": ("failures.png", "Diverged and collapsed runs"),
+}
+
+EXPECTED = "a folder containing run directories with metrics.parquet"
+
+
+class NoRunsError(ValueError):
+    """The folder holds no readable run (message says what was expected)."""
+
+
+@dataclass
+class Tables:
+    """Every table behind the report."""
+
+    metrics: pd.DataFrame            # loaded frame, one row per iteration
+    runs: pd.DataFrame               # one row per run: score, auc, collapsed, hyperparameters
+    scores: pd.DataFrame             # task x estimator: n, IQM/mean/AUC with CIs, counts
+    aggregate: pd.DataFrame          # estimator over tasks, min-max normalised scores
+    poi: pd.DataFrame                # ordered estimator pairs: P(X > Y) with CI
+    profiles: pd.DataFrame           # panel, estimator, tau, fraction, low, high
+    sensitivity: pd.DataFrame        # task, estimator, hyperparameter, value, n, IQM with CI
+    failures: pd.DataFrame           # estimator: n_runs, diverged, collapsed, failed, incomplete
+    budgets: dict = field(default_factory=dict)   # task -> (x column, largest logged x)
+    skipped: list = field(default_factory=list)   # unreadable metrics files
+    run_dirs: pd.DataFrame | None = None          # every run directory, with or without metrics
+
+
+def _ci(scores, statistic: str, reps: int, seed: int, prefix: str) -> dict:
+    iv = stats.stratified_bootstrap(scores, statistic, reps=reps, seed=seed)
+    return {prefix: iv.point, f"{prefix}_low": iv.low, f"{prefix}_high": iv.high}
+
+
+def _status_counts(g: pd.DataFrame) -> dict:
+    s = g["status"].value_counts()
+    return {k: int(s.get(k, 0)) for k in ("completed", "diverged", "failed", "incomplete", "unknown")}
+
+
+def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAULT_REPS,
+                   seed: int = stats.DEFAULT_SEED) -> Tables:
+    """All statistics of a loaded results frame (see :func:`analysis.load`)."""
+    runs = stats.run_table(df, last_n=last_n)
+    runs["norm_score"] = stats.normalize_by_task(runs, "score")
+    tasks = sorted(runs["task"].unique())
+    estimators = sorted(runs["estimator"].unique())
+    budgets = {t: (g["x_col"].iloc[0], float(g["budget"].iloc[0]))
+               for t, g in runs.groupby("task", sort=True)}
+
+    # Per task x estimator ----------------------------------------------------------
+    rows = []
+    for (task, est), g in runs.groupby(["task", "estimator"], sort=True):
+        sc = g["score"].to_numpy(dtype=float)
+        rows.append({
+            "task": task, "estimator": est, "n_runs": len(g),
+            "n_scored": int(np.isfinite(sc).sum()),
+            **_ci([sc], "iqm", reps, seed, "iqm"),
+            **_ci([sc], "mean", reps, seed, "mean"),
+            **_ci([g["auc"].to_numpy(dtype=float)], "iqm", reps, seed, "auc"),
+            "collapsed": int(g["collapsed"].sum()),
+            **_status_counts(g),
+            "n_configs": int(g[stats.HYPERPARAMETERS].drop_duplicates().shape[0]),
+        })
+    scores = pd.DataFrame(rows)
+
+    # Over tasks, min-max normalised ----------------------------------------------------
+    agg_rows = []
+    if len(tasks) > 1:
+        for est, g in runs.groupby("estimator", sort=True):
+            by_task = {t: gt["norm_score"].to_numpy(dtype=float)
+                       for t, gt in g.groupby("task", sort=True)}
+            agg_rows.append({"task": "all (normalised)", "estimator": est,
+                             "n_tasks": len(by_task), "n_runs": len(g),
+                             **_ci(by_task, "iqm", reps, seed, "iqm"),
+                             **_ci(by_task, "mean", reps, seed, "mean")})
+    aggregate = pd.DataFrame(agg_rows)
+
+    # Probability of improvement ---------------------------------------------------------
+    by_est = {e: {t: gt["score"].to_numpy(dtype=float) for t, gt in g.groupby("task", sort=True)}
+              for e, g in runs.groupby("estimator", sort=True)}
+    poi_rows = []
+    for a, b in permutations(estimators, 2):
+        common = [t for t in by_est[a] if t in by_est[b]]
+        if not common:
+            continue
+        iv = stats.probability_of_improvement_interval(by_est[a], by_est[b], reps=reps, seed=seed)
+        poi_rows.append({"x": a, "y": b, "n_tasks": len(common), "p": iv.point,
+                         "low": iv.low, "high": iv.high})
+    poi = pd.DataFrame(poi_rows, columns=["x", "y", "n_tasks", "p", "low", "high"])
+
+    # Performance profiles ----------------------------------------------------------------
+    prof = []
+    for task, g in runs.groupby("task", sort=True):
+        sc = g["score"].dropna()
+        if sc.empty:
+            continue
+        lo, hi = float(sc.min()), float(sc.max())
+        pad = 0.05 * (hi - lo) if hi > lo else max(1.0, abs(lo) * 0.05)
+        taus = np.linspace(lo - pad, hi + pad, 80)
+        for est, ge in g.groupby("estimator", sort=True):
+            p = stats.performance_profile([ge["score"].to_numpy(dtype=float)], taus,
+                                          reps=reps, seed=seed)
+            prof.append(p.assign(panel=task, estimator=est))
+    if len(tasks) > 1:
+        taus = np.linspace(-0.02, 1.02, 80)
+        for est, g in runs.groupby("estimator", sort=True):
+            by_task = {t: gt["norm_score"].to_numpy(dtype=float) for t, gt in g.groupby("task")}
+            p = stats.performance_profile(by_task, taus, reps=reps, seed=seed)
+            prof.append(p.assign(panel="All tasks (min–max normalised per task)", estimator=est))
+    profiles = (pd.concat(prof, ignore_index=True) if prof else
+                pd.DataFrame(columns=["tau", "fraction", "low", "high", "panel", "estimator"]))
+
+    # Sensitivity ---------------------------------------------------------------------------
+    sens_rows = []
+    for (task, est), hps in stats.swept_hyperparameters(runs).items():
+        g = runs[(runs["task"] == task) & (runs["estimator"] == est)]
+        for hp in hps:
+            for value, gv in g.groupby(hp, sort=True):
+                sens_rows.append({"task": task, "estimator": est, "hyperparameter": hp,
+                                  "value": float(value), "n": len(gv),
+                                  **_ci([gv["score"].to_numpy(dtype=float)], "iqm", reps, seed, "iqm")})
+    sensitivity = pd.DataFrame(sens_rows, columns=["task", "estimator", "hyperparameter", "value",
+                                                   "n", "iqm", "iqm_low", "iqm_high"])
+
+    # Failure counts -------------------------------------------------------------------------
+    fail_rows = []
+    for est, g in runs.groupby("estimator", sort=True):
+        fail_rows.append({"estimator": est, "n_runs": len(g), "collapsed": int(g["collapsed"].sum()),
+                          **_status_counts(g)})
+    failures = pd.DataFrame(fail_rows)
+
+    return Tables(metrics=df, runs=runs, scores=scores, aggregate=aggregate, poi=poi,
+                  profiles=profiles, sensitivity=sensitivity, failures=failures, budgets=budgets,
+                  skipped=list(df.attrs.get("skipped", [])), run_dirs=df.attrs.get("runs"))
+
+
+# ----------------------------------------------------------------------------- markdown
+
+def fmt(x: float) -> str:
+    """Numbers for tables: 4 significant figures, at least 2 decimals above 1."""
+    if x is None or not np.isfinite(x):
+        return "–"
+    ax = abs(x)
+    if ax >= 1000:
+        return f"{x:.1f}"
+    if ax >= 1:
+        return f"{x:.2f}"
+    if ax == 0:
+        return "0"
+    return f"{x:.3g}"
+
+
+def _ci_str(lo: float, hi: float) -> str:
+    return f"[{fmt(lo)}, {fmt(hi)}]"
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps: int,
+              seed: int, figure_files: dict[str, str]) -> str:
+    runs = t.runs
+    n = len(runs)
+    st = _status_counts(runs)
+    no_metrics = 0
+    if t.run_dirs is not None and len(t.run_dirs):
+        no_metrics = int((~t.run_dirs["has_metrics"]).sum())
+    L = []
+    L.append(f"# Benchmark report: `{results}`\n")
+    L.append(f"Generated {_dt.datetime.now().isoformat(timespec='seconds')} by "
+             f"`python -m analysis report {results} --x {x} --last-n {last_n}` "
+             f"(bootstrap: {reps} replicates, seed {seed}, 95% percentile intervals).\n")
+    L.append("## Runs\n")
+    L.append(f"{n} runs over {runs['task'].nunique()} task(s) and {runs['estimator'].nunique()} "
+             f"estimator(s): {st['completed']} completed, {st['diverged']} diverged, "
+             f"{st['failed']} failed, **{st['incomplete']} incomplete** (no summary.json yet: "
+             f"still running or killed; read as they stand)"
+             + (f", {st['unknown']} with an unreadable summary.json" if st["unknown"] else "")
+             + ".")
+    if no_metrics:
+        L.append(f"\n{no_metrics} run director{'y' if no_metrics == 1 else 'ies'} have a "
+                 "summary.json but no metrics.parquet and are not scored.")
+    if t.skipped:
+        L.append("\nSkipped unreadable metrics files:\n")
+        L += [f"- `{p}`" for p in t.skipped]
+    L.append("\nBudgets (largest logged sample count per task): "
+             + ", ".join(f"{task}: {figs.human_count(b)} {figs.x_label(col)}"
+                         for task, (col, b) in t.budgets.items()) + ".\n")
+
+    def fig(key):
+        name, caption = FIGURES[key]
+        return f"![{caption}]({figure_files[key]})\n"
+
+    L.append("## Final scores\n")
+    L.append(fig("final_scores"))
+    L.append(f"Final score of a run: mean `eval_return` over its last {last_n} evaluations "
+             "(`episode_return` for a run that never evaluated). IQM = interquartile mean over "
+             "runs; AUC = normalised area under the learning curve (mean return over the "
+             "budget, higher = more sample-efficient). Intervals: 95% stratified bootstrap. "
+             "IQM trims floor(n/4) runs at each end, so with fewer than 4 runs it equals the "
+             "mean. Diverged and incomplete runs are kept, scored on the evaluations they "
+             "logged.\n")
+    rows = []
+    for r in t.scores.itertuples():
+        rows.append([r.task, r.estimator, f"{r.n_scored}/{r.n_runs}", fmt(r.iqm),
+                     _ci_str(r.iqm_low, r.iqm_high), fmt(r.mean), _ci_str(r.mean_low, r.mean_high),
+                     fmt(r.auc), _ci_str(r.auc_low, r.auc_high), r.diverged, r.collapsed,
+                     r.incomplete, r.n_configs])
+    L.append(_md_table(["task", "estimator", "runs (scored/all)", "IQM", "IQM 95% CI", "mean",
+                        "mean 95% CI", "AUC (IQM)", "AUC 95% CI", "diverged", "collapsed",
+                        "incomplete", "configs pooled"], rows))
+    if (t.scores["n_configs"] > 1).any():
+        L.append("\n'configs pooled' > 1: the row pools runs with different hyperparameters "
+                 "(see Sensitivity).")
+    if not t.aggregate.empty:
+        L.append("\n### All tasks, min–max normalised\n")
+        L.append("Each run's final score is mapped to (s − min) / (max − min) with min/max over all "
+                 "runs of all estimators on that task; the bootstrap is stratified over tasks.\n")
+        rows = [[r.estimator, r.n_tasks, r.n_runs, fmt(r.iqm), _ci_str(r.iqm_low, r.iqm_high),
+                 fmt(r.mean), _ci_str(r.mean_low, r.mean_high)] for r in t.aggregate.itertuples()]
+        L.append(_md_table(["estimator", "tasks", "runs", "IQM", "IQM 95% CI", "mean",
+                            "mean 95% CI"], rows))
+    L.append("\n## Learning curves\n")
+    L.append(fig("learning_curves"))
+    L.append("Mean over runs with a 95% bootstrap band; each run is linearly interpolated onto a "
+             "common grid of 50 points per task, only inside its logged range.\n")
+    L.append("## Probability of improvement\n")
+    L.append(fig("probability_of_improvement"))
+    L.append("P(X > Y) + ½ P(X = Y) over pairs of runs on the final score, per task, averaged over "
+             "the tasks both estimators ran; 95% CI from resampling each estimator's runs "
+             "within each task.\n")
+    rows = [[r.x, r.y, r.n_tasks, f"{r.p:.3f}", f"[{r.low:.3f}, {r.high:.3f}]"]
+            for r in t.poi.itertuples()]
+    L.append(_md_table(["X", "Y", "tasks", "P(X > Y)", "95% CI"], rows) if rows else "_fewer than two estimators_")
+    L.append("\n## Performance profiles\n")
+    L.append(fig("performance_profiles"))
+    L.append("Fraction of runs whose final score is above τ (averaged over tasks in the "
+             "normalised panel), with 95% stratified-bootstrap bands.\n")
+    L.append("## Stability\n")
+    L.append(fig("stability"))
+    L.append(fig("failures"))
+    L.append("Diverged: the trainer recorded status `diverged` (NaN/inf loss or parameters). "
+             "Collapsed: with s = score − min(0, m) where m is the task's lowest observed "
+             "score (eval_return, else episode_return), let s* be the run's best s, first "
+             "reached at evaluation t*; the run collapsed if s* > 0 and some later evaluation "
+             "has s < s*/2.\n")
+    rows = [[r.estimator, r.n_runs, r.diverged, r.collapsed, r.failed, r.incomplete]
+            for r in t.failures.itertuples()]
+    L.append(_md_table(["estimator", "runs", "diverged", "collapsed", "failed", "incomplete"], rows))
+    L.append("\n## Sensitivity\n")
+    L.append(fig("sensitivity"))
+    if t.sensitivity.empty:
+        L.append("No hyperparameter among " + ", ".join(stats.HYPERPARAMETERS)
+                 + " varies within an estimator × task.\n")
+    else:
+        L.append("Hyperparameters detected as swept (more than one value within an "
+                 "estimator × task); final-score IQM per value with 95% bootstrap CI.\n")
+        rows = [[r.task, r.estimator, r.hyperparameter, f"{r.value:g}", r.n, fmt(r.iqm),
+                 _ci_str(r.iqm_low, r.iqm_high)] for r in t.sensitivity.itertuples()]
+        L.append(_md_table(["task", "estimator", "hyperparameter", "value", "runs", "IQM",
+                            "95% CI"], rows))
+    L.append("\n## Files\n")
+    L.append("Per-run table: `runs.csv`; tables above: `scores.csv`, `aggregate.csv`, "
+             "`probability_of_improvement.csv`, `sensitivity.csv`, `failures.csv`.\n")
+    return "\n".join(L) + "\n"
+
+
+def build_report(results: str | Path, out: str | Path | None = None, *, x: str = "env_steps",
+                 last_n: int = 5, reps: int = stats.DEFAULT_REPS, seed: int = stats.DEFAULT_SEED,
+                 progress: Callable[[str], None] | None = None) -> Tables:
+    """Load ``results``, compute every table, draw every figure, write report.md.
+
+    Writes into ``out`` (default ``<results>/report/``): ``report.md``, the PNGs of
+    :data:`FIGURES` and CSVs of the tables. Returns the :class:`Tables`; the report path
+    is ``Path(out) / 'report.md'``. Raises :class:`NoRunsError` if nothing is readable.
+    """
+    results = Path(results)
+    if not results.exists():
+        raise NoRunsError(f"{results}: does not exist; expected {EXPECTED}")
+    if not results.is_dir():
+        raise NoRunsError(f"{results}: is a file, not a folder; expected {EXPECTED}")
+    df = load(results)
+    if df.empty:
+        skipped = df.attrs.get("skipped", [])
+        what = (f"all {len(skipped)} metrics.parquet files are unreadable" if skipped else
+                "no metrics.parquet with rows found")
+        raise NoRunsError(f"{results}: {what}; expected {EXPECTED}")
+    if x not in df.columns or not df[x].notna().any():
+        raise NoRunsError(f"{results}: no run logged {x!r}; use --x with a logged column")
+    progress = progress or (lambda s: None)
+    out = Path(out) if out is not None else results / "report"
+    out.mkdir(parents=True, exist_ok=True)
+
+    t = compute_tables(df, last_n=last_n, reps=reps, seed=seed)
+    palette = figs.estimator_palette(t.runs["estimator"])
+    files = {k: name for k, (name, _) in FIGURES.items()}
+    draw = {
+        "learning_curves": lambda p: figs.plot_learning_curves(df, p, palette, x=x, budgets=t.budgets,
+                                                               seed=seed),
+        "final_scores": lambda p: figs.plot_final_scores(t.scores, t.runs, p, palette, last_n=last_n,
+                                                         aggregate=t.aggregate, budgets=t.budgets),
+        "probability_of_improvement": lambda p: figs.plot_probability_of_improvement(
+            t.poi, p, palette, n_tasks=t.runs["task"].nunique()),
+        "performance_profiles": lambda p: figs.plot_performance_profiles(t.profiles, p, palette,
+                                                                         budgets=t.budgets),
+        "stability": lambda p: figs.plot_stability(df, p, palette, x=x, budgets=t.budgets, seed=seed),
+        "sensitivity": lambda p: figs.plot_sensitivity(t.sensitivity, p, palette, last_n=last_n,
+                                                       budgets=t.budgets),
+        "failures": lambda p: figs.plot_failure_counts(t.failures, p, palette),
+    }
+    for key, fn in draw.items():
+        path = fn(out / files[key])
+        progress(f"figure: {path}")
+
+    t.runs.to_csv(out / "runs.csv", index=False)
+    t.scores.to_csv(out / "scores.csv", index=False)
+    t.aggregate.to_csv(out / "aggregate.csv", index=False)
+    t.poi.to_csv(out / "probability_of_improvement.csv", index=False)
+    t.sensitivity.to_csv(out / "sensitivity.csv", index=False)
+    t.failures.to_csv(out / "failures.csv", index=False)
+    md = _markdown(t, results=results, out=out, x=x, last_n=last_n, reps=reps, seed=seed,
+                   figure_files=files)
+    (out / "report.md").write_text(md, encoding="utf-8")
+    return t

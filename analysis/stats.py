@@ -1,0 +1,484 @@
+"""Aggregate statistics following rliable (Agarwal et al. 2021, "Deep RL at the Edge of the
+Statistical Precipice", NeurIPS), written with numpy/scipy only.
+
+Scores are organised by task. Every function accepts either
+
+* a 2-D array ``scores[run, task]`` (rliable's ``num_runs x num_tasks`` matrix), or
+* a sequence or mapping of 1-D arrays, one per task (tasks may have different run counts).
+
+Conventions shared with rliable (``rliable/metrics.py``, ``rliable/library.py``):
+
+* IQM: ``scipy.stats.trim_mean(all scores pooled, 0.25)`` - drop ``floor(0.25 n)`` scores at
+  each end, average the rest (rliable ``aggregate_iqm``).
+* mean: mean over tasks of the per-task mean over runs (rliable ``aggregate_mean``).
+* Stratified bootstrap: each replicate resamples runs with replacement *within each task
+  independently*, keeping each task's run count (rliable ``StratifiedBootstrap``);
+  intervals are percentile intervals of the replicates (``np.percentile``, linear).
+* Probability of improvement: for each task ``P(X > Y) + 0.5 P(X = Y)`` over all run pairs
+  (the Mann-Whitney U statistic divided by ``n_x n_y``), averaged over tasks; its interval
+  resamples X's and Y's runs independently within each task
+  (rliable ``StratifiedIndependentBootstrap``).
+* Performance profile: fraction of runs whose score is strictly above ``tau``
+  (rliable ``run_score_deviation``), here averaged over tasks so each task weighs the same
+  (identical to rliable's pooled fraction when tasks have equal run counts).
+
+Randomness: one ``numpy.random.default_rng(seed)`` per call (default seed 0), tasks drawn in
+the order given, so every interval is reproducible.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+import scipy.stats
+
+from .load import HYPERPARAMETERS, RUN_KEYS
+
+__all__ = [
+    "Interval",
+    "as_task_list",
+    "iqm",
+    "aggregate_iqm",
+    "aggregate_mean",
+    "stratified_bootstrap",
+    "probability_of_improvement",
+    "probability_of_improvement_interval",
+    "performance_profile",
+    "area_under_curve",
+    "is_collapsed",
+    "final_scores",
+    "run_table",
+    "normalize_by_task",
+    "curve_bands",
+    "swept_hyperparameters",
+    "DEFAULT_REPS",
+    "DEFAULT_SEED",
+    "CONFIDENCE",
+]
+
+DEFAULT_REPS = 2000
+DEFAULT_SEED = 0
+CONFIDENCE = 0.95
+
+_trapezoid = getattr(np, "trapezoid", None) or np.trapz  # numpy < 2 only has trapz
+
+Scores = np.ndarray | Sequence[np.ndarray] | Mapping[str, np.ndarray]
+
+
+class Interval(NamedTuple):
+    """Point estimate with a percentile bootstrap interval."""
+
+    point: float
+    low: float
+    high: float
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def as_task_list(scores: Scores) -> list[np.ndarray]:
+    """Normalise scores to a list of 1-D float arrays, one per task (NaNs dropped).
+
+    A 2-D array is read as rliable's ``[run, task]`` matrix; a 1-D array as one task.
+    """
+    if isinstance(scores, Mapping):
+        arrays = list(scores.values())
+    elif isinstance(scores, np.ndarray):
+        if scores.ndim == 1:
+            arrays = [scores]
+        elif scores.ndim == 2:
+            arrays = [scores[:, j] for j in range(scores.shape[1])]
+        else:
+            raise ValueError(f"scores must be [run, task]; got shape {scores.shape}")
+    else:
+        arrays = list(scores)
+    out = []
+    for a in arrays:
+        a = np.asarray(a, dtype=float).ravel()
+        out.append(a[np.isfinite(a)])
+    return out
+
+
+# ----------------------------------------------------------------------------- statistics
+# Each statistic takes a list of per-task arrays shaped [reps, n_task] and returns [reps]:
+# the same code serves the point estimate (reps = 1) and every bootstrap replicate.
+
+def _iqm_stat(tasks: list[np.ndarray]) -> np.ndarray:
+    pooled = np.concatenate(tasks, axis=1)
+    return scipy.stats.trim_mean(pooled, proportiontocut=0.25, axis=1)
+
+
+def _mean_stat(tasks: list[np.ndarray]) -> np.ndarray:
+    return np.mean(np.stack([t.mean(axis=1) for t in tasks], axis=0), axis=0)
+
+
+_STATISTICS: dict[str, Callable[[list[np.ndarray]], np.ndarray]] = {
+    "iqm": _iqm_stat,
+    "mean": _mean_stat,
+}
+
+
+def iqm(values) -> float:
+    """Interquartile mean of a flat set of values: ``scipy.stats.trim_mean(values, 0.25)``."""
+    values = np.asarray(values, dtype=float).ravel()
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return float("nan")
+    return float(scipy.stats.trim_mean(values, 0.25))
+
+
+def _nonempty(tasks: list[np.ndarray]) -> list[np.ndarray]:
+    return [t for t in tasks if t.size]
+
+
+def aggregate_iqm(scores: Scores) -> float:
+    """IQM of all runs of all tasks pooled (rliable ``aggregate_iqm``)."""
+    tasks = _nonempty(as_task_list(scores))
+    if not tasks:
+        return float("nan")
+    return float(_iqm_stat([t[None, :] for t in tasks])[0])
+
+
+def aggregate_mean(scores: Scores) -> float:
+    """Mean over tasks of the mean over runs (rliable ``aggregate_mean``)."""
+    tasks = _nonempty(as_task_list(scores))
+    if not tasks:
+        return float("nan")
+    return float(_mean_stat([t[None, :] for t in tasks])[0])
+
+
+def _resample(rng: np.random.Generator, values: np.ndarray, reps: int) -> np.ndarray:
+    """[reps, n] draws with replacement from ``values`` (one task's runs)."""
+    idx = rng.integers(0, values.size, size=(reps, values.size))
+    return values[idx]
+
+
+def _percentiles(replicates: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    tail = 100.0 * (1.0 - confidence) / 2.0
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns give NaN bounds
+        lo, hi = np.nanpercentile(replicates, [tail, 100.0 - tail], axis=0)
+    return lo, hi
+
+
+def stratified_bootstrap(
+    scores: Scores,
+    statistic: str | Callable[[list[np.ndarray]], np.ndarray] = "iqm",
+    *,
+    reps: int = DEFAULT_REPS,
+    seed: int = DEFAULT_SEED,
+    confidence: float = CONFIDENCE,
+) -> Interval:
+    """Point estimate and stratified-bootstrap percentile interval of an aggregate statistic.
+
+    ``statistic`` is ``"iqm"``, ``"mean"`` or a callable taking a list (one entry per task)
+    of ``[reps, n_task]`` arrays and returning ``[reps]`` values. Each replicate draws
+    ``n_task`` runs with replacement from each task's own runs, so per-task counts are kept
+    and no run moves between tasks. The interval is the ``(1-confidence)/2`` and
+    ``(1+confidence)/2`` percentiles of the replicates. Tasks without scores are ignored;
+    no scores at all gives NaNs.
+    """
+    stat = _STATISTICS[statistic] if isinstance(statistic, str) else statistic
+    tasks = _nonempty(as_task_list(scores))
+    if not tasks:
+        return Interval(float("nan"), float("nan"), float("nan"))
+    point = float(np.asarray(stat([t[None, :] for t in tasks]))[0])
+    rng = np.random.default_rng(seed)
+    replicates = np.asarray(stat([_resample(rng, t, reps) for t in tasks]), dtype=float)
+    lo, hi = _percentiles(replicates, confidence)
+    return Interval(point, float(lo), float(hi))
+
+
+# ----------------------------------------------------------------------------- improvement
+
+def _paired_tasks(scores_x: Scores, scores_y: Scores) -> list[tuple[np.ndarray, np.ndarray]]:
+    if isinstance(scores_x, Mapping) and isinstance(scores_y, Mapping):
+        keys = [k for k in scores_x if k in scores_y]
+        xs = as_task_list({k: scores_x[k] for k in keys})
+        ys = as_task_list({k: scores_y[k] for k in keys})
+    else:
+        xs, ys = as_task_list(scores_x), as_task_list(scores_y)
+        if len(xs) != len(ys):
+            raise ValueError(f"X has {len(xs)} tasks and Y has {len(ys)}; they must match")
+    return [(x, y) for x, y in zip(xs, ys) if x.size and y.size]
+
+
+def _improvement(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """P(X > Y) + 0.5 P(X = Y) for batches: x [reps, nx], y [reps, ny] -> [reps]."""
+    greater = (x[:, :, None] > y[:, None, :]).mean(axis=(1, 2))
+    ties = (x[:, :, None] == y[:, None, :]).mean(axis=(1, 2))
+    return greater + 0.5 * ties
+
+
+def probability_of_improvement(scores_x: Scores, scores_y: Scores) -> float:
+    """Average over tasks of ``P(X_m > Y_m) + 0.5 P(X_m = Y_m)`` (rliable).
+
+    Per task this is the Mann-Whitney ``U`` of X against Y divided by ``n_x n_y``: the
+    share of (x-run, y-run) pairs X wins, ties counting half. With mappings, only tasks
+    present in both (with at least one run each) are averaged.
+    """
+    pairs = _paired_tasks(scores_x, scores_y)
+    if not pairs:
+        return float("nan")
+    return float(np.mean([_improvement(x[None], y[None])[0] for x, y in pairs]))
+
+
+def probability_of_improvement_interval(
+    scores_x: Scores,
+    scores_y: Scores,
+    *,
+    reps: int = DEFAULT_REPS,
+    seed: int = DEFAULT_SEED,
+    confidence: float = CONFIDENCE,
+    chunk: int = 250,
+) -> Interval:
+    """Probability of improvement with a percentile interval from a stratified bootstrap
+    that resamples X's and Y's runs independently within each task."""
+    pairs = _paired_tasks(scores_x, scores_y)
+    if not pairs:
+        return Interval(float("nan"), float("nan"), float("nan"))
+    point = probability_of_improvement(
+        [x for x, _ in pairs], [y for _, y in pairs])
+    rng = np.random.default_rng(seed)
+    per_task = np.zeros((len(pairs), reps))
+    for i, (x, y) in enumerate(pairs):
+        xb, yb = _resample(rng, x, reps), _resample(rng, y, reps)
+        for start in range(0, reps, chunk):  # bounds memory at chunk * nx * ny
+            sl = slice(start, start + chunk)
+            per_task[i, sl] = _improvement(xb[sl], yb[sl])
+    lo, hi = _percentiles(per_task.mean(axis=0), confidence)
+    return Interval(point, float(lo), float(hi))
+
+
+# ----------------------------------------------------------------------------- profiles
+
+def performance_profile(
+    scores: Scores,
+    taus,
+    *,
+    reps: int = DEFAULT_REPS,
+    seed: int = DEFAULT_SEED,
+    confidence: float = CONFIDENCE,
+) -> pd.DataFrame:
+    """Score distribution: for each ``tau``, the fraction of runs with score ``> tau``.
+
+    The fraction is computed per task and averaged over tasks. Returns a frame with
+    columns ``tau, fraction, low, high`` (stratified-bootstrap percentile interval).
+    """
+    taus = np.asarray(taus, dtype=float).ravel()
+    tasks = _nonempty(as_task_list(scores))
+    if not tasks:
+        nan = np.full(taus.shape, np.nan)
+        return pd.DataFrame({"tau": taus, "fraction": nan, "low": nan, "high": nan})
+
+    def frac(batch: list[np.ndarray]) -> np.ndarray:  # -> [reps, n_tau]
+        return np.mean([(t[:, :, None] > taus).mean(axis=1) for t in batch], axis=0)
+
+    point = frac([t[None, :] for t in tasks])[0]
+    rng = np.random.default_rng(seed)
+    lo, hi = _percentiles(frac([_resample(rng, t, reps) for t in tasks]), confidence)
+    return pd.DataFrame({"tau": taus, "fraction": point, "low": lo, "high": hi})
+
+
+# ----------------------------------------------------------------------------- per-run
+
+def area_under_curve(x, y, budget: float) -> float:
+    """Normalised area under a learning curve, in units of return.
+
+    ``(1 / budget) * integral_0^budget f(s) ds`` where ``f`` joins the points ``(x, y)``
+    (sorted by x, non-finite points dropped) linearly - the trapezoid rule - and is held
+    at its first value before the first point and at its last value after the last point.
+    A run evaluated from 0 to the budget gets exactly ``trapezoid(y, x) / budget``: the
+    average return over the budget, so an estimator that learns sooner scores higher.
+    """
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if x.size == 0 or not np.isfinite(budget) or budget <= 0:
+        return float("nan")
+    order = np.argsort(x, kind="stable")
+    x, y = np.clip(x[order], 0.0, budget), y[order]
+    x = np.concatenate([[0.0], x, [budget]])
+    y = np.concatenate([[y[0]], y, [y[-1]]])
+    return float(_trapezoid(y, x) / budget)
+
+
+def is_collapsed(returns, shift: float = 0.0) -> bool:
+    """Collapse rule: after its best evaluation, the run falls below half of that best.
+
+    With ``s_t = returns_t - shift`` (NaNs ignored) and ``t*`` the first time ``s`` reaches
+    its maximum ``s*``: collapsed iff ``s* > 0`` and some ``s_t < s*/2`` with ``t > t*``.
+    For tasks whose returns can be negative pass ``shift`` = the task's minimum observed
+    return, so ``s >= 0`` and "half of the best" means half-way back to the worst score.
+    """
+    s = np.asarray(returns, dtype=float) - shift
+    s = s[np.isfinite(s)]
+    if s.size < 2:
+        return False
+    t_best = int(np.argmax(s))
+    best = s[t_best]
+    return bool(best > 0 and np.any(s[t_best + 1:] < 0.5 * best))
+
+
+def _x_column(df: pd.DataFrame) -> str:
+    """Sample axis of a frame: env_steps, else tokens (LM), else iteration."""
+    for col in ("env_steps", "tokens", "iteration"):
+        if col in df.columns and df[col].notna().any():
+            return col
+    return "iteration"
+
+
+def _score_column(run: pd.DataFrame) -> str | None:
+    for col in ("eval_return", "episode_return"):
+        if np.isfinite(run[col].to_numpy(dtype=float)).any():
+            return col
+    return None
+
+
+def final_scores(df: pd.DataFrame, last_n: int = 5) -> pd.DataFrame:
+    """Per-run final score: mean of the last ``last_n`` finite ``eval_return`` values
+    (by iteration), or of ``episode_return`` for a run with no evaluation.
+
+    Returns one row per run (``run_dir, seed``) with ``task, estimator, status, score,
+    score_source`` (``eval_return`` | ``episode_return`` | None) and ``n_points``.
+    """
+    rows = []
+    for (run_dir, seed), run in df.groupby(RUN_KEYS, dropna=False, sort=True):
+        run = run.sort_values("iteration", kind="stable")
+        col = _score_column(run)
+        if col is None:
+            score, n = float("nan"), 0
+        else:
+            vals = run[col].to_numpy(dtype=float)
+            vals = vals[np.isfinite(vals)][-last_n:]
+            score, n = float(vals.mean()), int(vals.size)
+        rows.append({"run_dir": run_dir, "seed": seed, "task": run["task"].iloc[0],
+                     "estimator": run["estimator"].iloc[0], "status": run["status"].iloc[0],
+                     "score": score, "score_source": col, "n_points": n})
+    return pd.DataFrame(rows, columns=["run_dir", "seed", "task", "estimator", "status",
+                                       "score", "score_source", "n_points"])
+
+
+def run_table(df: pd.DataFrame, last_n: int = 5) -> pd.DataFrame:
+    """Everything per run the report needs: final score, AUC, collapse flag, hyperparameters.
+
+    Adds to :func:`final_scores`: ``x_col`` and ``budget`` (the task's largest logged
+    env_steps - or tokens, or iteration), ``auc`` (:func:`area_under_curve` of the score
+    curve over that axis), ``collapsed`` (:func:`is_collapsed` on the score curve, shifted
+    by the task's minimum observed score when that is negative), ``iterations`` and one
+    column per hyperparameter (its first logged value).
+    """
+    scores = final_scores(df, last_n=last_n).set_index(RUN_KEYS)
+    extra = []
+    for task, tdf in df.groupby("task", sort=True):
+        x_col = _x_column(tdf)
+        budget = float(np.nanmax(tdf[x_col].to_numpy(dtype=float))) if tdf[x_col].notna().any() else np.nan
+        score_min = {}
+        for col in ("eval_return", "episode_return"):
+            v = tdf[col].to_numpy(dtype=float)
+            v = v[np.isfinite(v)]
+            score_min[col] = float(v.min()) if v.size else 0.0
+        for (run_dir, seed), run in tdf.groupby(RUN_KEYS, dropna=False, sort=True):
+            run = run.sort_values("iteration", kind="stable")
+            col = _score_column(run)
+            row = {"run_dir": run_dir, "seed": seed, "x_col": x_col, "budget": budget,
+                   "iterations": int(run["iteration"].notna().sum()) or len(run)}
+            if col is None:
+                row.update(auc=np.nan, collapsed=False)
+            else:
+                ys = run[col].to_numpy(dtype=float)
+                row["auc"] = area_under_curve(run[x_col].to_numpy(dtype=float), ys, budget)
+                row["collapsed"] = is_collapsed(ys, shift=min(score_min[col], 0.0))
+            for hp in HYPERPARAMETERS:
+                v = run[hp].dropna()
+                row[hp] = float(v.iloc[0]) if len(v) else np.nan
+            extra.append(row)
+    extra = pd.DataFrame(extra)
+    if extra.empty:
+        return scores.reset_index()
+    return scores.join(extra.set_index(RUN_KEYS)).reset_index()
+
+
+def normalize_by_task(runs: pd.DataFrame, column: str = "score") -> pd.Series:
+    """Min-max normalise ``column`` within each task over all runs of all estimators:
+    ``(s - min_task) / (max_task - min_task)``; 0.5 where a task's scores are all equal."""
+    g = runs.groupby("task")[column]
+    lo, hi = g.transform("min"), g.transform("max")
+    span = hi - lo
+    out = (runs[column] - lo) / span.where(span > 0)
+    return out.where(span > 0, 0.5).where(runs[column].notna())
+
+
+def swept_hyperparameters(runs: pd.DataFrame) -> dict[tuple[str, str], list[str]]:
+    """Hyperparameters that take more than one value across the runs of an
+    (estimator, task) pair: ``{(task, estimator): [names]}``."""
+    out = {}
+    for (task, est), g in runs.groupby(["task", "estimator"], sort=True):
+        swept = [hp for hp in HYPERPARAMETERS if hp in g and g[hp].dropna().nunique() > 1]
+        if swept:
+            out[(task, est)] = swept
+    return out
+
+
+# ----------------------------------------------------------------------------- curves
+
+def curve_bands(
+    df: pd.DataFrame,
+    metric: str,
+    x: str = "env_steps",
+    *,
+    n_grid: int = 50,
+    reps: int = 1000,
+    seed: int = DEFAULT_SEED,
+    confidence: float = CONFIDENCE,
+) -> pd.DataFrame:
+    """Mean learning curve with a bootstrap band, per task and estimator.
+
+    Runs log at different steps, so each run's finite ``(x, metric)`` points are linearly
+    interpolated onto a per-task grid of ``n_grid`` points from 0 to the task's largest
+    ``x`` (no extrapolation: a run counts only inside its logged range; a run with a single
+    point counts at the nearest grid point). At every grid
+    point the band is the percentile interval of the mean over runs resampled with
+    replacement. Columns: ``task, estimator, x, mean, low, high, n_runs``.
+    """
+    cols = ["task", "estimator", "x", "mean", "low", "high", "n_runs"]
+    if metric not in df.columns or x not in df.columns:
+        return pd.DataFrame(columns=cols)
+    sub = df[np.isfinite(df[metric].to_numpy(dtype=float)) & np.isfinite(df[x].to_numpy(dtype=float))]
+    out = []
+    rng = np.random.default_rng(seed)
+    for task, tdf in sub.groupby("task", sort=True):
+        xmax = float(tdf[x].max())
+        if xmax <= 0:
+            continue
+        grid = np.linspace(0.0, xmax, n_grid)
+        for est, edf in tdf.groupby("estimator", sort=True):
+            curves = []
+            for _, run in edf.groupby(RUN_KEYS, dropna=False, sort=True):
+                run = run.sort_values(x, kind="stable").drop_duplicates(x, keep="last")
+                xs, ys = run[x].to_numpy(dtype=float), run[metric].to_numpy(dtype=float)
+                if len(xs) == 1:  # a lone point (one evaluation) sits on its nearest grid point
+                    c = np.full(n_grid, np.nan)
+                    c[np.argmin(np.abs(grid - xs[0]))] = ys[0]
+                else:
+                    c = np.interp(grid, xs, ys)
+                    c[(grid < xs[0]) | (grid > xs[-1])] = np.nan
+                curves.append(c)
+            curves = np.asarray(curves)  # [runs, grid]
+            n_runs = np.isfinite(curves).sum(axis=0)
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # grid points no run covers
+                mean = np.nanmean(curves, axis=0)
+                idx = rng.integers(0, len(curves), size=(reps, len(curves)))
+                boot = np.nanmean(curves[idx], axis=1)  # [reps, grid]
+            lo, hi = _percentiles(boot, confidence)
+            keep = n_runs > 0
+            out.append(pd.DataFrame({"task": task, "estimator": est, "x": grid[keep],
+                                     "mean": mean[keep], "low": lo[keep], "high": hi[keep],
+                                     "n_runs": n_runs[keep]}))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=cols)

@@ -1,0 +1,122 @@
+"""Loader on synthetic results folders: schema drift, diverged, corrupt and incomplete runs."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from tests.analysis_fixtures import _summary, curve_columns, write_run
+
+import analysis
+from analysis import AnalysisWarning
+
+TASK = "CartPole-v1"
+
+
+def _cols(est, seed, iterations=6, **kw):
+    return curve_columns(TASK, est, seed, iterations=iterations, eval_every=2, **kw)
+
+
+def test_differing_columns_are_null_filled_and_types_promoted(tmp_path):
+    new = _cols("ppo_gae", 0)                                # has value_loss, entropy...
+    old = {k: v for k, v in _cols("rloo", 1, critic=False).items()
+           if k not in ("entropy", "gae_lambda", "approx_kl")}
+    old["env_steps"] = np.asarray(old["env_steps"], dtype=float)   # float where new has int
+    old["legacy_metric"] = np.arange(6.0)                    # a column only the old run has
+    write_run(tmp_path / TASK / "ppo_gae" / "s0", new, summary=_summary("a", "completed", 6))
+    write_run(tmp_path / TASK / "rloo" / "s1", old, summary=_summary("b", "completed", 6))
+
+    df = analysis.load(tmp_path)
+    assert len(df) == 12
+    a, b = df[df.estimator == "ppo_gae"], df[df.estimator == "rloo"]
+    assert b["entropy"].isna().all() and a["entropy"].notna().all()
+    assert b["value_loss"].isna().all() and a["value_loss"].notna().all()
+    assert a["legacy_metric"].isna().all() and b["legacy_metric"].tolist() == list(range(6))
+    assert df["env_steps"].tolist()[:6] == list(new["env_steps"])
+    # every contract column exists even if no run logged it
+    for col in ("kl_ref", "gold_reward", "group_size", "tokens"):
+        assert col in df.columns and df[col].isna().all()
+    assert set(df["run_dir"]) == {f"{TASK}/ppo_gae/s0", f"{TASK}/rloo/s1"}
+    assert (df["status"] == "completed").all()
+
+
+def test_diverged_run_is_kept_and_marked(tmp_path):
+    write_run(tmp_path / TASK / "ppo_gae" / "ok", _cols("ppo_gae", 0),
+              summary=_summary("ok", "completed", 6))
+    write_run(tmp_path / TASK / "ppo_gae" / "bad", _cols("ppo_gae", 1, iterations=10, diverge_at=4),
+              summary=_summary("bad", "diverged", 4))
+    df = analysis.load(tmp_path)
+    bad = df[df.run_dir == f"{TASK}/ppo_gae/bad"]
+    assert len(bad) == 4
+    assert (bad["status"] == "diverged").all()
+    assert (bad["reason"] == "non-finite loss").all()
+    assert np.isinf(bad["approx_kl"]).any()        # the evidence of divergence survives
+
+
+def test_corrupt_parquet_is_warned_by_path_and_skipped(tmp_path):
+    write_run(tmp_path / TASK / "a2c" / "good", _cols("a2c", 0), summary=_summary("g", "completed", 6))
+    bad = write_run(tmp_path / TASK / "a2c" / "bad", _cols("a2c", 1),
+                    summary=_summary("b", "completed", 6)) / "metrics.parquet"
+    bad.write_bytes(bad.read_bytes()[: len(bad.read_bytes()) // 2])       # half-copied file
+    junk = tmp_path / TASK / "a2c" / "junk"
+    junk.mkdir()
+    (junk / "metrics.parquet").write_bytes(b"not a parquet file at all")
+    with pytest.warns(AnalysisWarning) as record:
+        df = analysis.load(tmp_path)
+    messages = " ".join(str(w.message) for w in record)
+    assert str(bad) in messages and str(junk / "metrics.parquet") in messages
+    assert set(df["run_dir"]) == {f"{TASK}/a2c/good"}
+    assert len(df) == 6
+    assert sorted(df.attrs["skipped"]) == sorted([bad.as_posix(), (junk / "metrics.parquet").as_posix()])
+
+
+def test_incomplete_and_unreadable_summary(tmp_path):
+    write_run(tmp_path / TASK / "rloo" / "running", _cols("rloo", 0))          # no summary.json
+    d = write_run(tmp_path / TASK / "rloo" / "torn", _cols("rloo", 1))
+    (d / "summary.json").write_text('{"run_id": "x", "stat')                # torn JSON
+    with pytest.warns(AnalysisWarning, match="summary.json"):
+        df = analysis.load(tmp_path)
+    status = df.groupby("run_dir")["status"].first()
+    assert status[f"{TASK}/rloo/running"] == "incomplete"
+    assert status[f"{TASK}/rloo/torn"] == "unknown"
+
+
+def test_identity_filled_from_config_then_layout(tmp_path):
+    cols = {k: v for k, v in _cols("grpo", 0).items() if k not in ("task", "estimator", "seed", "run_id")}
+    write_run(tmp_path / "Acrobot-v1" / "grpo" / "r0", cols,
+              config="seed: 7\ntask:\n  name: Acrobot-v1\nestimator:\n  name: grpo\n")
+    write_run(tmp_path / "Pendulum-v1" / "remax" / "r1", cols)            # no config at all
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AnalysisWarning)                   # nothing is unreadable
+        df = analysis.load(tmp_path)
+    first = df.groupby("run_dir").first()
+    assert first.loc["Acrobot-v1/grpo/r0", ["task", "estimator", "seed"]].tolist() == ["Acrobot-v1", "grpo", 7.0]
+    assert first.loc["Pendulum-v1/remax/r1", ["task", "estimator"]].tolist() == ["Pendulum-v1", "remax"]
+    assert first.loc["Pendulum-v1/remax/r1", "run_id"] == "Pendulum-v1/remax/r1"
+
+
+def test_population_run_counts_each_seed(tmp_path):
+    a, b = _cols("ppo_gae", 0), _cols("ppo_gae", 1)
+    both = {k: list(a[k]) + list(b[k]) for k in a}
+    write_run(tmp_path / TASK / "ppo_gae" / "pop", both, summary=_summary("p", "completed", 6))
+    runs = analysis.run_table(analysis.load(tmp_path))
+    assert len(runs) == 2 and sorted(runs["seed"]) == [0.0, 1.0]
+
+
+def test_missing_and_empty_folders(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        analysis.load(tmp_path / "nope")
+    df = analysis.load(tmp_path)
+    assert df.empty and "eval_return" in df.columns and "run_dir" in df.columns
+
+
+def test_run_without_metrics_is_listed(tmp_path):
+    d = tmp_path / TASK / "ppo_gae" / "crashed"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps(_summary("c", "failed", 0)))
+    write_run(tmp_path / TASK / "ppo_gae" / "ok", _cols("ppo_gae", 0), summary=_summary("o", "completed", 6))
+    df = analysis.load(tmp_path)
+    runs = df.attrs["runs"].set_index("run_dir")
+    assert runs.loc[f"{TASK}/ppo_gae/crashed", "status"] == "failed"
+    assert not runs.loc[f"{TASK}/ppo_gae/crashed", "has_metrics"]
+    assert set(df["run_dir"]) == {f"{TASK}/ppo_gae/ok"}

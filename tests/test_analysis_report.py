@@ -1,0 +1,118 @@
+"""`python -m analysis report` on a synthetic sweep, and its one-line errors."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+
+from analysis.cli import main
+from analysis.report import FIGURES
+from tests.analysis_fixtures import make_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return make_sweep(tmp_path_factory.mktemp("results"), extras=True)
+
+
+def _direct_final_scores(root: Path, last_n: int = 5) -> pd.DataFrame:
+    """Final score per run straight from the parquet files, without the analysis package."""
+    rows = []
+    for path in sorted(root.rglob("metrics.parquet")):
+        m = pd.read_parquet(path).sort_values("iteration")
+        ev = m["eval_return"].dropna()
+        ev = ev[np.isfinite(ev)]
+        rows.append({"task": m["task"].iloc[0], "estimator": m["estimator"].iloc[0],
+                     "score": ev.tail(last_n).mean()})
+    return pd.DataFrame(rows)
+
+
+def _table_rows(md: str, section: str, first_cells: tuple[str, str]) -> list[str]:
+    body = md.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    prefix = "| " + " | ".join(first_cells) + " |"
+    return [line for line in body.splitlines() if line.startswith(prefix)]
+
+
+def test_report_on_synthetic_sweep(sweep, capsys):
+    assert main(["report", str(sweep), "--reps", "300"]) == 0
+    out_dir = sweep / "report"
+    stdout = capsys.readouterr().out
+    assert stdout.strip().splitlines()[-1] == f"report: {out_dir / 'report.md'}"
+    assert stdout.count("figure: ") == len(FIGURES)
+
+    for name, _ in FIGURES.values():
+        png = out_dir / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert png.stat().st_size > 10_000, name        # not a blank canvas
+    md = (out_dir / "report.md").read_text()
+    for link in re.findall(r"\]\(([^)]+\.png)\)", md):
+        assert (out_dir / link).exists(), link          # links are relative to report.md
+    assert "**1 incomplete**" in md and "1 diverged" in md
+
+    # IQM in report.md == scipy trim_mean of per-run final scores computed directly.
+    direct = _direct_final_scores(sweep)
+    checked = 0
+    for (task, est), g in direct.groupby(["task", "estimator"]):
+        expected = scipy.stats.trim_mean(g["score"].to_numpy(), 0.25)
+        (row,) = _table_rows(md, "Final scores", (task, est))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2] == f"{len(g)}/{len(g)}"
+        assert float(cells[3]) == pytest.approx(expected, abs=0.006)   # printed to 2 decimals
+        lo, hi = map(float, cells[4].strip("[]").split(","))
+        assert lo <= float(cells[3]) <= hi
+        checked += 1
+    assert checked == 6
+    # The 4 CartPole runs per estimator: IQM drops 1 at each end -> differs from the mean.
+    g = direct[(direct.task == "CartPole-v1") & (direct.estimator == "rloo")]["score"].sort_values()
+    assert scipy.stats.trim_mean(g, 0.25) == pytest.approx(g.iloc[1:3].mean())
+
+    # diverged / collapsed counts per estimator (fixture: ppo_gae 1 diverged, rloo 1 collapsed)
+    fails = pd.read_csv(out_dir / "failures.csv").set_index("estimator")
+    assert fails.loc["ppo_gae", "diverged"] == 1 and fails.loc["rloo", "collapsed"] == 1
+    assert fails["diverged"].sum() == 1 and fails["collapsed"].sum() == 1
+    assert fails.loc["reinforce", "incomplete"] == 1
+
+    # the swept gae_lambda of ppo_gae is found, nothing else
+    sens = pd.read_csv(out_dir / "sensitivity.csv")
+    assert set(sens["hyperparameter"]) == {"gae_lambda"} and set(sens["estimator"]) == {"ppo_gae"}
+
+
+def test_report_wall_time_axis_and_out_dir(sweep, tmp_path):
+    out = tmp_path / "figs"
+    assert main(["report", str(sweep), "--x", "wall_time_s", "--last-n", "2", "--reps", "100",
+                 "--out", str(out)]) == 0
+    assert (out / "report.md").exists() and (out / "learning_curves.png").exists()
+    assert "--last-n 2" in (out / "report.md").read_text()
+
+
+def _cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "analysis", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_empty_folder_is_a_one_line_error(tmp_path):
+    r = _cli("report", str(tmp_path))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "run directories with metrics.parquet" in lines[0] and str(tmp_path) in lines[0]
+    assert not (tmp_path / "report").exists()
+
+
+def test_missing_folder_and_file_are_one_line_errors(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("x")
+    for target in (tmp_path / "missing", f):
+        assert main(["report", str(target)]) == 2
+    r = _cli("report", str(tmp_path / "missing"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "does not exist" in r.stderr and "metrics.parquet" in r.stderr
