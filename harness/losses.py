@@ -208,7 +208,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     if mask is not None:
         m = mask.bool()
         values, returns = values[m], returns[m]
+    if returns.numel() < 2:
+        return float("nan")
     var_r = returns.var(unbiased=False)
-    if returns.numel() == 0 or var_r == 0:
+    if var_r == 0:
         return float("nan")
     return float(1.0 - (returns - values).var(unbiased=False) / var_r)

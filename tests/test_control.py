@@ -198,3 +198,24 @@ def test_population_writes_the_same_run_directories_as_lone_runs(tmp_path):
     dirs = sorted(p.parent.name for p in tmp_path.rglob("summary.json"))
     assert len(dirs) == 2 and dirs[0].startswith("seed0-") and dirs[1].startswith("seed1-")
     assert run(make_cfg(common + ["seed=1"])) == {"skipped": 1}
+
+
+def test_grad_clipping_is_per_member_and_per_network():
+    """Hand-set gradients: member 0 actor norm 5 (clipped to 1), critic norm 0.6 (kept);
+    member 1 actor norm 0.5 (kept), critic norm 10 (clipped to 1)."""
+    from harness.models.mlp import clip_grad_norm_per_member
+
+    w = torch.zeros(4, 2, requires_grad=True)  # rows: actor p0, actor p1, critic p0, critic p1
+    log_std = torch.zeros(2, 1, requires_grad=True)  # actor-only parameter, one row per member
+    w.grad = torch.tensor([[3.0, 0.0], [0.3, 0.0], [0.6, 0.0], [6.0, 0.0]])
+    log_std.grad = torch.tensor([[4.0], [0.4]])
+    norms = clip_grad_norm_per_member([w, log_std], 1.0, population=2)
+    assert norms.flatten().tolist() == pytest.approx([5.0, 0.5, 0.6, 6.0])
+    assert w.grad[:, 0].tolist() == pytest.approx([0.6, 0.3, 0.6, 1.0], abs=1e-5)
+    assert log_std.grad.flatten().tolist() == pytest.approx([0.8, 0.4], abs=1e-5)
+    # population of one takes the fused path: same rule
+    w1 = torch.zeros(2, 2, requires_grad=True)
+    w1.grad = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
+    norms = clip_grad_norm_per_member([w1], 1.0, population=1)
+    assert norms.flatten().tolist() == pytest.approx([5.0, 0.5])
+    assert w1.grad.flatten().tolist() == pytest.approx([0.6, 0.8, 0.3, 0.4], abs=1e-5)

@@ -56,20 +56,29 @@ def member_view(t: torch.Tensor, population: int) -> torch.Tensor:
 @torch.no_grad()
 def clip_grad_norm_per_member(params: list[torch.Tensor], max_norm: float | None,
                               population: int) -> torch.Tensor:
-    """Scale each member's gradient so its global norm is <= max_norm; returns the norms ``[P]``."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if population == 1:  # one fused norm over all tensors
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    """Clip each (network block, member) gradient to global norm ``max_norm``.
+
+    Parameters stack ``k`` blocks of ``population`` rows (:func:`member_view`): block 0 is the
+    actor, block 1 the critic. Each block of each member is clipped on its own, as if actor and
+    critic were separate networks with their own clipping: a large value-loss gradient cannot
+    shrink the policy's step. Returns the pre-clip norms ``[k_max, P]`` (row 0: the actor).
+    """
+    P = population
+    views = [member_view(p.grad, P) for p in params if p.grad is not None]
+    k_max = max(v.shape[0] for v in views)
+    if P == 1:  # fused norms per block
+        blocks = [[v[k, 0] for v in views if v.shape[0] > k] for k in range(k_max)]
+        norms = torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm(b))) for b in blocks])
         if max_norm is not None:
-            torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
-        return norm.view(1)
-    sq = torch.zeros(population, dtype=grads[0].dtype)
-    for g in grads:
-        sq += member_view(g, population).pow(2).transpose(0, 1).reshape(population, -1).sum(dim=1)
+            for b, n in zip(blocks, norms):
+                torch._foreach_mul_(b, (max_norm / (n + 1e-6)).clamp(max=1.0))
+        return norms.view(k_max, 1)
+    sq = torch.zeros(k_max, P, dtype=views[0].dtype)
+    for v in views:
+        sq[: v.shape[0]] += v.pow(2).reshape(v.shape[0], P, -1).sum(dim=-1)
     norms = sq.sqrt()
     if max_norm is not None:
         scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-        for g in grads:
-            gv = member_view(g, population)
-            gv.mul_(scale.view(1, population, *([1] * (gv.dim() - 2))))
+        for v in views:
+            v.mul_(scale[: v.shape[0]].view(v.shape[0], P, *([1] * (v.dim() - 2))))
     return norms

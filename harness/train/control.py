@@ -163,7 +163,9 @@ class ControlTrainer:
                 grad_norm = clip_grad_norm_per_member(self.params, h.max_grad_norm, P)
                 self._step_active_members()
                 if last_epoch:
-                    metrics["grad_norm"] = grad_norm
+                    metrics["grad_norm"] = grad_norm[0]  # the policy's (actor block)
+                    if critic:
+                        metrics["value_grad_norm"] = grad_norm[1]
                     metrics["loss"] = loss.detach()
                     for k, v_ in metrics.items():
                         stats.setdefault(k, []).append(v_)
@@ -290,7 +292,7 @@ class ControlTrainer:
             "clip_frac": get("clip_frac"), "grad_norm": get("grad_norm"), "adv_mean": get("adv_mean"),
             "adv_std": get("adv_std"), "value_loss": get("value_loss"),
             "explained_variance": get("explained_variance"),
-            "episodes": len(eps),
+            "value_grad_norm": get("value_grad_norm"), "episodes": len(eps),
         }
 
 
