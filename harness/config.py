@@ -73,6 +73,7 @@ class Config:
     ent_coef: float = 0.0
     vf_coef: float = 0.5
     max_grad_norm: Optional[float] = 0.5
+    grad_clip: str = "joint"  # joint: actor+critic one norm (SB3, CleanRL) | per_network
     # estimator knobs
     gamma: float = 0.99
     gae_lambda: float = 0.95
@@ -146,6 +147,8 @@ def validate(cfg: DictConfig) -> None:
         bad("ent_coef", ">= 0", cfg.ent_coef)
     if cfg.vf_coef < 0:
         bad("vf_coef", ">= 0", cfg.vf_coef)
+    if cfg.grad_clip not in ("joint", "per_network"):
+        bad("grad_clip", "one of ['joint', 'per_network']", cfg.grad_clip)
     if cfg.max_grad_norm is not None and not cfg.max_grad_norm > 0:
         bad("max_grad_norm", "> 0 or null", cfg.max_grad_norm)
     if cfg.device not in DEVICES:

@@ -209,13 +209,27 @@ def test_grad_clipping_is_per_member_and_per_network():
     log_std = torch.zeros(2, 1, requires_grad=True)  # actor-only parameter, one row per member
     w.grad = torch.tensor([[3.0, 0.0], [0.3, 0.0], [0.6, 0.0], [6.0, 0.0]])
     log_std.grad = torch.tensor([[4.0], [0.4]])
-    norms = clip_grad_norm_per_member([w, log_std], 1.0, population=2)
+    norms = clip_grad_norm_per_member([w, log_std], 1.0, population=2, per_network=True)
     assert norms.flatten().tolist() == pytest.approx([5.0, 0.5, 0.6, 6.0])
     assert w.grad[:, 0].tolist() == pytest.approx([0.6, 0.3, 0.6, 1.0], abs=1e-5)
     assert log_std.grad.flatten().tolist() == pytest.approx([0.8, 0.4], abs=1e-5)
     # population of one takes the fused path: same rule
     w1 = torch.zeros(2, 2, requires_grad=True)
     w1.grad = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
-    norms = clip_grad_norm_per_member([w1], 1.0, population=1)
+    norms = clip_grad_norm_per_member([w1], 1.0, population=1, per_network=True)
     assert norms.flatten().tolist() == pytest.approx([5.0, 0.5])
     assert w1.grad.flatten().tolist() == pytest.approx([0.6, 0.8, 0.3, 0.4], abs=1e-5)
+
+
+@pytest.mark.parametrize("population", [1, 2])
+def test_joint_grad_clipping_uses_one_norm_per_member(population):
+    """Joint: actor (3, 4) and critic (0, 12) of a member share the norm 13 -> all scaled by 1/13."""
+    from harness.models.mlp import clip_grad_norm_per_member
+
+    rows = [[3.0, 4.0]] * population + [[0.0, 12.0]] * population
+    w = torch.zeros(2 * population, 2, requires_grad=True)
+    w.grad = torch.tensor(rows)
+    norms = clip_grad_norm_per_member([w], 1.0, population=population, per_network=False)
+    assert norms[:, 0].tolist() == pytest.approx([5.0, 12.0])  # reported per block
+    assert w.grad[0].tolist() == pytest.approx([3 / 13, 4 / 13], abs=1e-5)
+    assert w.grad[population].tolist() == pytest.approx([0.0, 12 / 13], abs=1e-5)

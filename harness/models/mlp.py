@@ -55,13 +55,14 @@ def member_view(t: torch.Tensor, population: int) -> torch.Tensor:
 
 @torch.no_grad()
 def clip_grad_norm_per_member(params: list[torch.Tensor], max_norm: float | None,
-                              population: int) -> torch.Tensor:
-    """Clip each (network block, member) gradient to global norm ``max_norm``.
+                              population: int, per_network: bool = False) -> torch.Tensor:
+    """Clip each member's gradient to global norm ``max_norm``, members apart.
 
     Parameters stack ``k`` blocks of ``population`` rows (:func:`member_view`): block 0 is the
-    actor, block 1 the critic. Each block of each member is clipped on its own, as if actor and
-    critic were separate networks with their own clipping: a large value-loss gradient cannot
-    shrink the policy's step. Returns the pre-clip norms ``[k_max, P]`` (row 0: the actor).
+    actor, block 1 the critic. ``per_network=False`` clips actor and critic together (one
+    norm per member, as SB3 and CleanRL do); ``per_network=True`` clips each block on its own,
+    so a large value-loss gradient cannot shrink the policy's step. Returns the pre-clip norms
+    per block ``[k_max, P]`` (row 0: the actor).
     """
     P = population
     views = [member_view(p.grad, P) for p in params if p.grad is not None]
@@ -70,7 +71,8 @@ def clip_grad_norm_per_member(params: list[torch.Tensor], max_norm: float | None
         blocks = [[v[k, 0] for v in views if v.shape[0] > k] for k in range(k_max)]
         norms = torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm(b))) for b in blocks])
         if max_norm is not None:
-            for b, n in zip(blocks, norms):
+            total = norms if per_network else torch.linalg.vector_norm(norms).expand(k_max)
+            for b, n in zip(blocks, total):
                 torch._foreach_mul_(b, (max_norm / (n + 1e-6)).clamp(max=1.0))
         return norms.view(k_max, 1)
     sq = torch.zeros(k_max, P, dtype=views[0].dtype)
@@ -78,7 +80,8 @@ def clip_grad_norm_per_member(params: list[torch.Tensor], max_norm: float | None
         sq[: v.shape[0]] += v.pow(2).reshape(v.shape[0], P, -1).sum(dim=-1)
     norms = sq.sqrt()
     if max_norm is not None:
-        scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+        total = norms if per_network else sq.sum(dim=0, keepdim=True).sqrt().expand(k_max, P)
+        scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
         for v in views:
             v.mul_(scale[: v.shape[0]].view(v.shape[0], P, *([1] * (v.dim() - 2))))
     return norms

@@ -72,6 +72,7 @@ class ControlTrainer:
             normalize=cfg.normalize_advantages, minibatches=int(cfg.minibatches), epochs=int(cfg.epochs),
             clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, vf_clip_eps=cfg.vf_clip_eps,
             ent_coef=float(cfg.ent_coef), vf_coef=float(cfg.vf_coef), max_grad_norm=cfg.max_grad_norm,
+            clip_per_network=cfg.grad_clip == "per_network",
             use_kl=bool(cfg.kl.beta > 0 or cfg.kl.adaptive), kl_estimator=cfg.kl.estimator)
         self.active = torch.ones(self.P, dtype=torch.bool)
         self.env_steps = torch.zeros(self.P, dtype=torch.long)
@@ -160,7 +161,7 @@ class ControlTrainer:
                     metrics["kl_penalty"] = klm["kl"]
                 self.optim.zero_grad()
                 loss.sum().backward()
-                grad_norm = clip_grad_norm_per_member(self.params, h.max_grad_norm, P)
+                grad_norm = clip_grad_norm_per_member(self.params, h.max_grad_norm, P, h.clip_per_network)
                 self._step_active_members()
                 if last_epoch:
                     metrics["grad_norm"] = grad_norm[0]  # the policy's (actor block)
