@@ -233,3 +233,27 @@ def test_joint_grad_clipping_uses_one_norm_per_member(population):
     assert norms[:, 0].tolist() == pytest.approx([5.0, 12.0])  # reported per block
     assert w.grad[0].tolist() == pytest.approx([3 / 13, 4 / 13], abs=1e-5)
     assert w.grad[population].tolist() == pytest.approx([0.0, 12 / 13], abs=1e-5)
+
+
+def test_population_members_stopping_at_different_iterations_match_lone_runs(tmp_path):
+    """Whole-episode collection: members reach the step budget at different iterations; the
+    ones that stop are frozen, and every member's metrics equal its lone run's."""
+    import pandas as pd
+
+    common = ["task=cartpole", "estimator=rloo", "task.episodes_per_iter=4", "group_size=2", "task.hidden=[16]",
+              "budget.env_steps=1500", "eval_every=2", "eval_episodes=2", "progress=false"]
+    run(make_cfg(common + ["seed=0", "population=3", f"results_dir={tmp_path}/pop"]))
+    frames = {}
+    for seed in range(3):
+        run(make_cfg(common + [f"seed={seed}", f"results_dir={tmp_path}/lone"]))
+    iterations = set()
+    for seed in range(3):
+        (p_pop,) = (tmp_path / "pop").rglob(f"seed{seed}-*/metrics.parquet")
+        (p_lone,) = (tmp_path / "lone").rglob(f"seed{seed}-*/metrics.parquet")
+        a = pd.read_parquet(p_pop).drop(columns=["wall_time_s"])
+        b = pd.read_parquet(p_lone).drop(columns=["wall_time_s"])
+        assert p_pop.parent.name == p_lone.parent.name  # same run directory name
+        pd.testing.assert_frame_equal(a, b, atol=1e-5, rtol=1e-5)
+        iterations.add(len(a))
+        frames[seed] = a
+    assert len(iterations) > 1, "members should stop at different iterations for this test to bite"

@@ -208,7 +208,7 @@ class ControlTrainer:
                    dynamic_ncols=True, leave=False)
         lr0 = cfg.lr
         iteration = 0
-        last_eval_steps = 0
+        last_eval_steps = [0] * self.P
         recent: list[float] = []
         try:
             while self.active.any():
@@ -229,16 +229,21 @@ class ControlTrainer:
                     done_now |= self.env_steps >= budget
                 if max_iters:
                     done_now |= torch.tensor(iteration >= max_iters)
-                steps_now = int(self.env_steps.max())
-                crossed = bool(cfg.eval_every_steps) and (steps_now // cfg.eval_every_steps
-                                                          > last_eval_steps // cfg.eval_every_steps)
-                evaluate_now = (cfg.eval_every > 0 or bool(cfg.eval_every_steps)) and (
-                    (cfg.eval_every > 0 and iteration % cfg.eval_every == 0) or crossed
-                    or bool((done_now & self.active).any()))
-                if evaluate_now:
-                    last_eval_steps = steps_now
+                # per member: a member's eval schedule must not depend on its neighbours
+                eval_flags = []
+                for p in range(self.P):
+                    steps_p = int(self.env_steps[p])
+                    crossed = bool(cfg.eval_every_steps) and (
+                        steps_p // cfg.eval_every_steps > last_eval_steps[p] // cfg.eval_every_steps)
+                    periodic = cfg.eval_every > 0 and iteration % cfg.eval_every == 0
+                    last = bool(done_now[p]) and (cfg.eval_every > 0 or bool(cfg.eval_every_steps))
+                    eval_flags.append(bool(self.active[p]) and (periodic or crossed or last))
+                    if eval_flags[-1]:
+                        last_eval_steps[p] = steps_p
                 evals = (evaluate(self.agent, cfg.task.env_id, cfg.eval_episodes, cfg.task.max_episode_steps,
-                                  self.info, self.eval_seeds) if evaluate_now else None)
+                                  self.info, self.eval_seeds) if any(eval_flags) else None)
+                if evals is not None:
+                    evals = [v if f else None for v, f in zip(evals, eval_flags)]
                 wall = time.time() - t0
                 for p, r in enumerate(self.runs):
                     if not self.active[p]:
@@ -285,7 +290,7 @@ class ControlTrainer:
             "seed": self.seeds[p], "iteration": iteration, "env_steps": int(self.env_steps[p]),
             "wall_time_s": wall,
             "episode_return": sum(eps) / len(eps) if eps else None,
-            "eval_return": evals[p] if evals is not None else None,
+            "eval_return": evals[p] if evals is not None else None,  # None unless member p evaluated
             "gamma": cfg.gamma, "gae_lambda": cfg.gae_lambda, "clip_eps": cfg.clip_eps,
             "kl_beta": float(self.kl_beta[p]), "n_steps": cfg.n_steps,
             "group_size": cfg.group_size if self.spec.needs_groups else None, "lr": cfg.lr,
