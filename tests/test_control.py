@@ -257,3 +257,18 @@ def test_population_members_stopping_at_different_iterations_match_lone_runs(tmp
         iterations.add(len(a))
         frames[seed] = a
     assert len(iterations) > 1, "members should stop at different iterations for this test to bite"
+
+
+@pytest.mark.parametrize("estimator", ["ppo_gae", "grpo"])
+def test_same_config_and_seed_give_identical_metrics(estimator, tmp_path):
+    """Determinism on CPU (same thread count): metrics equal bit for bit, wall clock aside."""
+    import pandas as pd
+
+    args = ["task=cartpole", f"estimator={estimator}", *TINY, "budget.iterations=3", "seed=7"]
+    run(make_cfg(args + [f"results_dir={tmp_path}/a"]))
+    run(make_cfg(args + [f"results_dir={tmp_path}/b"]))
+    (pa_,) = (tmp_path / "a").rglob("metrics.parquet")
+    (pb_,) = (tmp_path / "b").rglob("metrics.parquet")
+    a = pd.read_parquet(pa_).drop(columns=["wall_time_s"])
+    b = pd.read_parquet(pb_).drop(columns=["wall_time_s"])
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
