@@ -66,11 +66,50 @@ def _run_report(args) -> int:
     return 0
 
 
+def _add_claims(sub) -> None:
+    p = sub.add_parser("claims", help="run the claim experiments and write claims.md",
+                       description="Verdicts for claims C1-C22 (CLAIMS.md) from runs the harness produced in DIR: "
+                                   "DIR/claims.md, DIR/claims.json and DIR/claims_figures/.")
+    p.add_argument("results", metavar="DIR", help="folder for the claim experiments' runs and the report")
+    p.add_argument("--run", action="store_true", help="run what is missing first (finished runs are reused)")
+    p.add_argument("--quick", action="store_true",
+                   help="smaller budgets and wider intervals (<= 10 min on 2 cores, LM claims skipped); runs what "
+                        "is missing unless --report-only")
+    p.add_argument("--report-only", action="store_true", help="with --quick: report on existing quick runs only")
+    p.add_argument("--only", default=None, metavar="IDS", help="comma-separated claim ids, e.g. C3,C5,C6")
+    p.set_defaults(func=_run_claims)
+
+
+def _run_claims(args) -> int:
+    import time
+
+    from . import claims
+
+    only = None
+    if args.only:
+        only = {c.strip().upper() for c in args.only.split(",") if c.strip()}
+        unknown = sorted(only - set(claims.CLAIMS_BY_ID))
+        if unknown:
+            print(f"error: unknown claim id(s) {unknown}; valid: C1-C22", file=sys.stderr)
+            return 2
+    run = args.run or (args.quick and not args.report_only)
+    t0 = time.time()
+    out, verdicts = claims.build_claims_report(args.results, run=run, quick=args.quick, only=only, progress=print)
+    print(claims.format_table(verdicts))
+    counts = {v: sum(x.verdict == v and not x.not_run for x in verdicts) for v in claims.VERDICTS}
+    not_run = sum(bool(x.not_run) for x in verdicts)
+    print(f"{len(verdicts)} claims: " + ", ".join(f"{n} {k}" for k, n in counts.items())
+          + f", {not_run} not run  ({time.time() - t0:.0f} s)")
+    print(f"report: {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m analysis",
                                      description="Analyse benchmark results folders.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_report(sub)
+    _add_claims(sub)
     return parser
 
 

@@ -41,8 +41,17 @@ def get_trainer(family: str):
     return train
 
 
+def get_worker(cfg: DictConfig):
+    """What runs on the members: the task family's trainer, or the gradient probes (mode=probe)."""
+    if cfg.mode == "probe":
+        from .probes import run_probe
+
+        return run_probe
+    return get_trainer(cfg.task.family)
+
+
 def run(cfg: DictConfig) -> dict[str, int]:
-    """Validate, skip finished members, train the rest; returns counts by outcome.
+    """Validate, skip finished members, train (or probe) the rest; returns counts by outcome.
 
     A run that raises is recorded as ``failed`` (with the traceback's last line as reason) and
     the sweep goes on; a non-finite loss or parameter is recorded as ``diverged`` by the trainer.
@@ -56,12 +65,12 @@ def run(cfg: DictConfig) -> dict[str, int]:
             log.info("skip %s (already %s)", r.path, r.status())
     if not todo:
         return counts
-    trainer = get_trainer(cfg.task.family)
+    worker = get_worker(cfg)
     for r in todo:
         r.start()
     t0 = time.time()
     try:
-        trainer(cfg, todo)
+        worker(cfg, todo)
     except Exception as exc:  # record, never drop
         reason = f"{type(exc).__name__}: {exc}"
         log.error("run failed: %s\n%s", reason, traceback.format_exc())

@@ -51,7 +51,7 @@ class Config:
     seed: int = 0
     population: int = 1
     results_dir: str = "results"
-    mode: str = "train"  # train
+    mode: str = "train"  # train | probe (gradient bias/variance at a frozen policy)
     device: str = "cpu"  # auto | cpu | cuda
     threads: Optional[int] = None  # torch intra-op threads; None: 1 for control, torch's default otherwise
     budget: BudgetConfig = field(default_factory=BudgetConfig)
@@ -82,6 +82,8 @@ class Config:
     std_normalize: bool = True
     kl: KLConfig = field(default_factory=KLConfig)
     lm: Any = None  # the LM task's own node (conf/task/lm_*.yaml)
+    toy: Any = None  # the toy task's own node (conf/task/toy.yaml)
+    probe: Any = None  # mode=probe settings (harness.probes)
 
 
 def register_configs() -> None:
@@ -91,6 +93,7 @@ def register_configs() -> None:
 
 NORMALIZE = ("none", "batch", "minibatch")
 FAMILIES = ("control", "lm", "toy")
+MODES = ("train", "probe")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -107,6 +110,8 @@ def validate(cfg: DictConfig) -> None:
     spec = get_estimator(cfg.estimator)
     if cfg.task.family not in FAMILIES:
         bad("task.family", f"one of {list(FAMILIES)}", cfg.task.family)
+    if cfg.mode not in MODES:
+        bad("mode", f"one of {list(MODES)}", cfg.mode)
     if not 0.0 < cfg.gamma <= 1.0:
         bad("gamma", "in (0, 1]", cfg.gamma)
     if not 0.0 <= cfg.gae_lambda <= 1.0:
@@ -177,9 +182,9 @@ def validate(cfg: DictConfig) -> None:
         if spec.needs_groups and t.episodes_per_iter % cfg.group_size:
             bad("task.episodes_per_iter", f"a multiple of group_size={cfg.group_size}",
                 t.episodes_per_iter)
-        if b.env_steps is None and b.iterations is None:
+        if b.env_steps is None and b.iterations is None and cfg.mode == "train":
             bad("budget.env_steps", "set (or budget.iterations)", None)
-        if b.env_steps is not None:
+        if b.env_steps is not None and cfg.mode == "train":
             per_iter = t.num_envs * t.rollout_steps
             if not spec.full_episodes and b.env_steps < per_iter:
                 bad("budget.env_steps",
@@ -196,3 +201,11 @@ def validate(cfg: DictConfig) -> None:
         from .tasks.lm import validate_lm
 
         validate_lm(cfg)
+    if cfg.task.family == "toy":
+        from .tasks.toy import validate_toy
+
+        validate_toy(cfg)
+    if cfg.mode == "probe":
+        from .probes import validate_probe
+
+        validate_probe(cfg)

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 FINISHED = ("completed", "diverged")
 _NOT_HASHED = ("seed", "results_dir", "population", "progress", "threads")
+_NOT_HASHED_NESTED = (("lm", "cache_dir"),)  # where a cache lives does not change the run
 
 # Columns every metrics.parquet carries (nulls where a value does not apply).
 METRIC_COLUMNS: dict[str, pa.DataType] = {
@@ -72,6 +73,12 @@ def _hashed_part(cfg: DictConfig) -> dict:
     d = OmegaConf.to_container(cfg, resolve=True)
     for key in _NOT_HASHED:
         d.pop(key, None)
+    for key in ("toy", "probe"):  # task-specific nodes added later: keep older hashes valid
+        if d.get(key) is None:
+            d.pop(key, None)
+    for parent, key in _NOT_HASHED_NESTED:
+        if isinstance(d.get(parent), dict):
+            d[parent].pop(key, None)
     d.pop("hydra", None)
     return d
 

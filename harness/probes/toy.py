@@ -1,0 +1,423 @@
+"""Gradient probes on the exact-gradient toy task.
+
+At a frozen policy (the initial one, random logits, or a training run's ``policy.pt``) the
+probe draws ``M = probe.batches`` independent batches of ``task.episodes_per_iter`` sequences
+(prompts x ``group_size``, the trainer's layout), runs the estimator chosen by name and the
+shared loss code on each batch, and differentiates that batch's loss with respect to the
+logits. The estimate of a batch is
+
+.. math:: \\hat g = \\frac1B \\sum_i \\sum_t A_{it} \\nabla_\\theta \\log \\pi(a_{it} \\mid s_{it})
+
+(``pg_loss`` aggregated with ``seq_mean_token_sum_norm`` and ``norm_len=1``: sum over tokens,
+mean over sequences, whose expectation is ``grad J`` for an unbiased advantage). It is compared
+with the exact gradient: bias (debiased squared norm, and the weight along the truth), total
+variance, cosine, SNR, each with a bootstrap interval over batches (:mod:`.stats`).
+
+Common random numbers: the prompts and the uniforms that drive sampling come from a generator
+seeded by ``seed`` alone, so every estimator probed with the same seed and batch layout sees the
+*same* sequences, and a variance ratio between two of them is a paired comparison.
+
+Targets (``probe.target``):
+
+* ``policy_gradient``: the estimator's policy gradient vs ``grad J``. Critic-based estimators
+  use ``probe.critic``: ``fitted`` (tabular mean of returns over ``probe.critic_samples``
+  independent sequences of the frozen policy; the fit is recorded as ``critic_rmse`` against the
+  exact ``V^pi`` and ``critic_ev``), ``exact`` (``V^pi``), or ``noisy`` (``V^pi`` plus
+  ``probe.critic_noise`` x N(0, 1) per state: a critic of controlled quality, C5).
+  ``probe.negative_control=true`` subtracts an action-dependent baseline
+  ``probe.control_scale * [a_t == 0]`` from the advantages: a deliberately biased estimator the
+  probe must flag (labelled ``<estimator>+action_baseline``).
+* ``importance``: samples from the proposal ``q = softmax(theta + shift * xi)`` (``xi`` fixed
+  N(0, 1) logits, ``probe.proposal_shift``), gradient of the unclipped importance-weighted
+  surrogate (``clipped_surrogate_loss(clip_eps=None)`` with ``old_logp = log q``); the value
+  estimate is the sequence-level ``mean(w R)``. Exact ``E_q[w^2]`` is recorded (C13).
+* ``kl``: the per-token KL estimator ``kl.estimator`` (k1 | k2 | k3) to the reference policy
+  (the initial logits, or the checkpoint's reference): value = mean over sequences of
+  ``sum_t k_t`` vs the exact ``KL(pi || ref)`` over sequences, gradient = that of
+  ``kl_penalty`` in the loss vs the exact ``grad KL`` (C22). Labelled ``kl_<k>``.
+"""
+from __future__ import annotations
+
+import io
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..estimators import AdvantageBatch, EstimatorParams, EstimatorSpec, get_estimator
+from ..io import RunDir, atomic_write_bytes
+from ..losses import clipped_surrogate_loss, kl_penalty, pg_loss
+from ..tasks.toy import DTYPE, ToyBatch, ToyTask, build_task, time_major, validate_toy
+from . import stats as pstats
+
+TARGETS = ("policy_gradient", "importance", "kl")
+CRITICS = ("fitted", "exact", "noisy")
+
+
+TOY_DEFAULT_BATCHES = 2000
+
+
+@dataclass
+class ProbeSettings:
+    batches: int | None = None  # None: 2000 on the toy task, 200 on control tasks
+    target: str = "policy_gradient"
+    checkpoint: str | None = None
+    init_scale: float = 0.0
+    init_seed: int = 0
+    critic: str = "fitted"
+    critic_noise: float = 0.0
+    critic_samples: int = 8192
+    critic_seed: int = 1
+    proposal_shift: float = 0.0
+    proposal_seed: int = 2
+    negative_control: bool = False
+    control_scale: float = 0.5
+    reps: int = 1000
+    store_batches: bool = True
+    reference_batches: int = 0  # control: batches of the REINFORCE reference (0: 2 x batches)
+    critic_episodes: int = 256  # control: episodes to fit the critic (and as many held out)
+    chunk: int = 100  # control: batches collected at once (population members)
+
+
+def settings_from_config(cfg) -> ProbeSettings:
+    """``ProbeSettings`` from the optional ``probe`` node (unknown keys refused, naming them)."""
+    node = cfg.get("probe") if "probe" in cfg else None
+    if not node:
+        s = ProbeSettings()
+    else:
+        known = {f.name for f in fields(ProbeSettings)}
+        extra = sorted(set(node.keys()) - known)
+        if extra:
+            raise ValueError(f"probe has unknown keys {extra}; known: {sorted(known)}")
+        s = ProbeSettings(**{k: node[k] for k in node.keys()})
+    check_settings(s)
+    return s
+
+
+def check_settings(s: ProbeSettings) -> None:
+    def bad(name, allowed, value):
+        raise ValueError(f"probe.{name} must be {allowed}, got {value!r}")
+
+    if s.batches is not None and (s.batches < 4 or s.batches % 2):
+        bad("batches", "an even integer >= 4 (or null: the family's default)", s.batches)
+    if s.reference_batches < 0:
+        bad("reference_batches", ">= 0 (0: twice probe.batches)", s.reference_batches)
+    if s.target not in TARGETS:
+        bad("target", f"one of {list(TARGETS)}", s.target)
+    if s.critic not in CRITICS:
+        bad("critic", f"one of {list(CRITICS)}", s.critic)
+    if s.critic_noise < 0:
+        bad("critic_noise", ">= 0", s.critic_noise)
+    if s.critic_samples < 1:
+        bad("critic_samples", ">= 1", s.critic_samples)
+    if s.reps < 10:
+        bad("reps", ">= 10", s.reps)
+
+
+# ----------------------------------------------------------------------------- policy
+
+def load_policy(task: ToyTask, s: ProbeSettings) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """``(theta, theta_ref, description)``: a checkpoint (run directory or file) or init logits."""
+    if s.checkpoint:
+        path = Path(s.checkpoint)
+        if path.is_dir():
+            path = path / "policy.pt"
+        if not path.is_file():
+            raise ValueError(f"probe.checkpoint: no policy checkpoint at {path}")
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+        theta = ck["theta"].to(DTYPE)
+        if tuple(theta.shape) != task.param_shape:
+            raise ValueError(f"probe.checkpoint {path} holds logits {list(theta.shape)}, the task needs "
+                             f"{list(task.param_shape)} (another toy preset?)")
+        ref = ck.get("theta_ref")
+        ref = task.init_logits() if ref is None else ref.to(DTYPE)
+        return theta, ref, f"checkpoint:{path}"
+    theta = task.init_logits(s.init_scale, s.init_seed)
+    desc = "initial (uniform)" if not s.init_scale else f"random logits scale={s.init_scale} seed={s.init_seed}"
+    return theta, task.init_logits(), desc
+
+
+def reach_probabilities(task: ToyTask, theta: torch.Tensor) -> torch.Tensor:
+    """P(the response passes through state s), prompts uniform, ``[S]``."""
+    probs = torch.softmax(theta, -1)
+    reach = torch.zeros(task.n_states, dtype=DTYPE)
+    reach[task.root] = 1.0 / task.n_prompts
+    for states in task.levels[:-1]:
+        ch = task.child[states]  # [n, V]
+        ok = ch >= 0
+        contrib = reach[states, None] * probs[states]
+        reach = reach.index_add(0, ch[ok], contrib[ok])
+    return reach
+
+
+def fit_critic(task: ToyTask, theta: torch.Tensor, s: ProbeSettings, seed: int) -> tuple[torch.Tensor, dict]:
+    """Critic for critic-based estimators at the frozen policy, and how well it fits V^pi."""
+    V_exact = task.values(theta.detach())[0]
+    info = {"critic": s.critic, "critic_noise": float(s.critic_noise) if s.critic == "noisy" else 0.0}
+    if s.critic == "exact":
+        V = V_exact.clone()
+    elif s.critic == "noisy":
+        g = torch.Generator().manual_seed(int(s.critic_seed))
+        V = V_exact + s.critic_noise * torch.randn(task.n_states, generator=g, dtype=DTYPE)
+    else:  # fitted: per-state Monte Carlo mean of the return, on sequences the probe never uses
+        g = torch.Generator().manual_seed(1_000_003 * (int(s.critic_seed) + 1) + int(seed))
+        prompts = torch.randint(task.n_prompts, (s.critic_samples,), generator=g)
+        b = task.sample(theta, prompts, g)
+        st = b.states[b.mask.bool()]
+        ret = b.reward[:, None].expand_as(b.mask)[b.mask.bool()]
+        sums = torch.zeros(task.n_states, dtype=DTYPE).index_add(0, st, ret)
+        counts = torch.zeros(task.n_states, dtype=DTYPE).index_add(0, st, torch.ones_like(ret))
+        prompt_mean = torch.zeros(task.n_prompts, dtype=DTYPE).index_add(0, b.prompts, b.reward) / \
+            torch.zeros(task.n_prompts, dtype=DTYPE).index_add(0, b.prompts, torch.ones_like(b.reward)).clamp(min=1)
+        V = torch.where(counts > 0, sums / counts.clamp(min=1), prompt_mean[task.state_prompt])
+        info["critic_samples"] = int(s.critic_samples)
+    w = reach_probabilities(task, theta.detach())
+    info["critic_rmse"] = float(((w * (V - V_exact) ** 2).sum() / w.sum()).sqrt())
+    return V, info
+
+
+# ----------------------------------------------------------------------------- batches
+
+def draw_batches(task: ToyTask, theta_sample: torch.Tensor, M: int, n_groups: int, k: int, seed: int) -> ToyBatch:
+    """``M * n_groups * k`` sequences, batch-major then group-major; the random numbers depend on
+    the seed and the layout only (common random numbers across estimators and policies)."""
+    g = torch.Generator().manual_seed(int(seed))
+    prompts = torch.randint(task.n_prompts, (M * n_groups,), generator=g).repeat_interleave(k)
+    uniforms = torch.rand(prompts.shape[0], task.spec.length, generator=g, dtype=DTYPE)
+    return task.sample(theta_sample, prompts, uniforms=uniforms)
+
+
+def _per_batch_whiten(adv: torch.Tensor, mask: torch.Tensor, M: int) -> torch.Tensor:
+    L = adv.shape[0]
+    a, m = adv.reshape(L, M, -1), mask.reshape(L, M, -1)
+    n = m.sum(dim=(0, 2), keepdim=True).clamp(min=1.0)
+    mean = (a * m).sum(dim=(0, 2), keepdim=True) / n
+    std = ((((a - mean) ** 2) * m).sum(dim=(0, 2), keepdim=True) / n).sqrt()
+    return ((a - mean) / (std + 1e-8) * m).reshape(L, -1)
+
+
+def estimator_advantages(task: ToyTask, spec: EstimatorSpec, params: EstimatorParams, batch: ToyBatch,
+                         theta: torch.Tensor, M: int, k: int, critic: torch.Tensor | None,
+                         normalize: str = "none") -> torch.Tensor:
+    """Advantages ``[L, M*B]`` of every batch at once (groups never straddle two batches)."""
+    tm = time_major(task, batch, critic if spec.needs_critic else None)
+    greedy = None
+    if spec.needs_greedy:
+        leaves = task.greedy(theta)[batch.prompts[::k]]
+        greedy = task.leaf_reward[leaves]
+    ab = AdvantageBatch(rewards=tm["rewards"], terminated=tm["terminated"], truncated=tm["truncated"],
+                        mask=tm["mask"], values=tm.get("values"), next_values=tm.get("next_values"),
+                        greedy_scores=greedy, group_size=k if spec.needs_groups else None)
+    adv = spec(ab, params).advantages * tm["mask"]
+    if normalize in ("batch", "minibatch"):
+        adv = _per_batch_whiten(adv, tm["mask"], M)
+    return adv
+
+
+def batch_gradients(theta: torch.Tensor, batch: ToyBatch, M: int, loss_fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-batch gradient of ``loss_fn(logp [M, L, B], mask [M, L, B]) -> [M]`` w.r.t. the logits:
+    one copy of theta per batch, so one backward pass gives all M gradients. Returns
+    ``(grads [M, S*V], per-batch loss values [M])``."""
+    N, L = batch.tokens.shape
+    B = N // M
+    th = theta.detach().expand(M, *theta.shape).clone().requires_grad_(True)
+    logpi = torch.log_softmax(th, dim=-1)
+    m_idx = torch.arange(M)[:, None, None]
+    logp = logpi[m_idx, batch.states.view(M, B, L), batch.tokens.view(M, B, L)].transpose(1, 2)
+    mask = batch.mask.view(M, B, L).transpose(1, 2)
+    loss = loss_fn(logp, mask)
+    (grad,) = torch.autograd.grad(loss.sum(), th)
+    return grad.reshape(M, -1), loss.detach()
+
+
+def _to_mb(x_tm: torch.Tensor, M: int) -> torch.Tensor:
+    """``[L, M*B]`` -> ``[M, L, B]``."""
+    L = x_tm.shape[0]
+    return x_tm.reshape(L, M, -1).permute(1, 0, 2)
+
+
+def sequence_sum_agg() -> dict:
+    """Sum over tokens, mean over sequences: the aggregation whose expectation is grad J."""
+    return {"agg": "seq_mean_token_sum_norm", "norm_len": 1}
+
+
+# ----------------------------------------------------------------------------- the probe
+
+@dataclass
+class ProbeResult:
+    rows: list[dict]
+    batches: pd.DataFrame
+    grads: np.ndarray  # [M, D] estimates
+    truth: np.ndarray  # [D]
+
+
+def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: EstimatorParams, *,
+              settings: ProbeSettings, batch_size: int, group_size: int, seed: int,
+              normalize: str = "none", theta_ref: torch.Tensor | None = None,
+              kl_name: str = "k3") -> ProbeResult:
+    """Run one probe (one estimator, one target) and summarise it per scope (all, prompt<x>)."""
+    s = settings
+    M, k = int(s.batches or TOY_DEFAULT_BATCHES), int(group_size)
+    if batch_size % k:
+        raise ValueError(f"batch_size={batch_size} must be a multiple of group_size={k}")
+    n_groups = batch_size // k
+    theta = theta.detach().to(DTYPE)
+    theta_ref = task.init_logits() if theta_ref is None else theta_ref.detach().to(DTYPE)
+    L = task.spec.length
+    meta: dict = {"target": s.target, "batches": M, "batch_size": batch_size, "group_size": k,
+                  "samples_per_batch": batch_size + (n_groups if spec.needs_greedy else 0),
+                  "truth": "exact", "normalize_advantages": normalize, "negative_control": bool(s.negative_control),
+                  "gae_lambda": params.gae_lambda, "gamma": params.gamma, "n_steps": params.n_steps,
+                  "std_normalize": params.std_normalize, "critic": "none", "critic_noise": 0.0,
+                  "critic_rmse": float("nan"), "critic_ev": float("nan"), "proposal_shift": float("nan"),
+                  "is_weight_m2": float("nan"), "kl_estimator": None, "label": spec.name}
+    V_exact, Q_exact = task.values(theta)
+    per_batch_extra: dict[str, np.ndarray] = {}
+
+    if s.target == "importance":
+        xi = torch.randn(task.param_shape, generator=torch.Generator().manual_seed(int(s.proposal_seed)), dtype=DTYPE)
+        theta_q = theta + float(s.proposal_shift) * xi
+        batch = draw_batches(task, theta_q, M, n_groups, k, seed)
+        meta["proposal_shift"] = float(s.proposal_shift)
+        lp, lq = task.leaf_log_probs(theta), task.leaf_log_probs(theta_q)
+        m2 = torch.zeros(task.n_prompts, dtype=DTYPE).index_add(0, task.leaf_prompt, (2 * lp - lq).exp())
+        meta["is_weight_m2"] = float(m2.mean())
+    else:
+        batch = draw_batches(task, theta, M, n_groups, k, seed)
+    mask_tm = batch.mask.T
+
+    if s.target == "kl":
+        meta["label"] = f"kl_{kl_name}"
+        meta["kl_estimator"] = kl_name
+        ref_logp = torch.log_softmax(theta_ref, -1)[batch.states, batch.tokens].view(M, batch_size, L).transpose(1, 2)
+
+        def loss_fn(logp, mask):
+            loss, _ = kl_penalty(logp, ref_logp, mask, kl_name, agg="seq_mean_token_sum_norm")
+            return loss * L  # kl_penalty's constant normaliser is L; undo it: sum over tokens
+
+        grads, losses = batch_gradients(theta, batch, M, loss_fn)
+        th = theta.clone().requires_grad_(True)
+        kl_true = task.sequence_kl(th, theta_ref)
+        (true_grad,) = torch.autograd.grad(kl_true, th)
+        values, value_true = losses.numpy(), float(kl_true.detach())
+    else:
+        critic = None
+        if spec.needs_critic:
+            critic, cinfo = fit_critic(task, theta, s, seed)
+            meta.update(cinfo)
+        adv = estimator_advantages(task, spec, params, batch, theta, M, k, critic, normalize)
+        if s.negative_control:
+            adv = adv - float(s.control_scale) * (batch.tokens.T == 0).to(DTYPE) * mask_tm
+            meta["label"] = f"{spec.name}+action_baseline"
+        adv_mb = _to_mb(adv, M)
+        if s.target == "importance":
+            old_logp = torch.log_softmax(theta_q, -1)[batch.states, batch.tokens].view(M, batch_size, L).transpose(1, 2)
+
+            def loss_fn(logp, mask):
+                return clipped_surrogate_loss(logp, old_logp, adv_mb, mask, clip_eps=None, with_metrics=False,
+                                              **sequence_sum_agg())[0]
+
+            lw = (task.leaf_log_probs(theta) - task.leaf_log_probs(theta_q))[batch.leaf]
+            values = (lw.exp() * batch.reward).view(M, batch_size).mean(1).numpy()
+        else:
+            def loss_fn(logp, mask):
+                return pg_loss(logp, logp.detach(), adv_mb, mask, with_metrics=False, **sequence_sum_agg())[0]
+
+            values = batch.reward.view(M, batch_size).mean(1).numpy()
+        grads, _ = batch_gradients(theta, batch, M, loss_fn)
+        grads = -grads  # loss = -objective
+        true_grad = task.exact_gradient(theta)
+        value_true = float(task.expected_reward(theta))
+        # advantage diagnostics against the exact advantage Q(s, a) - V(s)
+        true_adv = (Q_exact[batch.states, batch.tokens] - V_exact[batch.states]).T * mask_tm
+        err = ((adv - true_adv) ** 2 * mask_tm).reshape(L, M, -1)
+        per_batch_extra["adv_mse"] = (err.sum(dim=(0, 2)) / mask_tm.reshape(L, M, -1).sum(dim=(0, 2))).numpy()
+        n_tok = mask_tm.sum(0).clamp(min=1.0)
+        col_mean = (adv * mask_tm).sum(0) / n_tok
+        within = ((((adv - col_mean) ** 2) * mask_tm).sum(0) / n_tok).sqrt()
+        per_batch_extra["adv_within_std"] = within.view(M, -1).mean(1).numpy()
+        if critic is not None:
+            ret = batch.reward[:, None].expand_as(batch.mask).T
+            vals = critic[batch.states].T
+            m = mask_tm.bool()
+            var_r = ret[m].var(unbiased=False)
+            meta["critic_ev"] = float(1 - (ret[m] - vals[m]).var(unbiased=False) / var_r) if var_r > 0 else float("nan")
+
+    meta["tokens_per_batch"] = float(batch.length.double().sum()) / M
+    meta["value_kind"] = {"kl": "sequence KL to ref", "importance": "IS estimate of J",
+                          "policy_gradient": "mean sampled reward (J)"}[s.target]
+    G = grads.numpy()
+    truth = true_grad.reshape(-1).numpy()
+    W = pstats.resample_weights(M, int(s.reps), seed=int(seed) + 7)
+    gbar_reps = W @ G / M
+    scopes = [("all", np.arange(G.shape[1]))]
+    V = task.spec.vocab
+    for x in range(task.n_prompts):
+        rows = task.prompt_rows(x).numpy()
+        scopes.append((f"prompt{x}", (rows[:, None] * V + np.arange(V)[None, :]).reshape(-1)))
+    out_rows, tables = [], []
+    for scope, cols in scopes:
+        summ = pstats.gradient_summary(G[:, cols], truth[cols], W, gbar_reps[:, cols])
+        row = {**meta, "scope": scope, **summ}
+        pb = pstats.per_batch_scalars(G[:, cols], truth[cols])
+        tab = {"scope": scope, "batch": np.arange(M), **pb}
+        if scope == "all":
+            row.update(pstats.value_summary(np.asarray(values, dtype=float), value_true, W))
+            for name, arr in per_batch_extra.items():
+                row[name] = float(np.mean(arr))
+                row[f"{name}_low"], row[f"{name}_high"] = pstats.percentile_interval(W @ arr / M)
+            tab["value_est"] = np.asarray(values, dtype=float)
+            for name, arr in per_batch_extra.items():
+                tab[name] = arr
+        else:
+            x = int(scope[len("prompt"):])
+            pspec = task.spec.prompts[x]
+            row["prompt_kind"] = pspec.kind
+            row["prompt_success"] = float(task.prompt_rewards(theta)[x])
+        out_rows.append(row)
+        tables.append(pd.DataFrame(tab))
+    return ProbeResult(out_rows, pd.concat(tables, ignore_index=True), G, truth)
+
+
+# ----------------------------------------------------------------------------- run directory
+
+def _parquet_bytes(df: pd.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+def probe_run(cfg, run: RunDir) -> None:
+    """``mode=probe`` for ``task.family=toy``: probe.parquet (+ probe_batches.parquet) in the run dir."""
+    t0 = time.time()
+    validate_toy(cfg)
+    s = settings_from_config(cfg)
+    task = build_task(cfg)
+    theta, theta_ref, policy = load_policy(task, s)
+    spec = get_estimator(cfg.estimator)
+    params = EstimatorParams(gamma=float(cfg.gamma), gae_lambda=float(cfg.gae_lambda), n_steps=int(cfg.n_steps),
+                             std_normalize=bool(cfg.std_normalize))
+    res = probe_toy(task, theta, spec, params, settings=s, batch_size=int(cfg.task.episodes_per_iter),
+                    group_size=int(cfg.group_size), seed=int(cfg.seed), normalize=str(cfg.normalize_advantages),
+                    theta_ref=theta_ref, kl_name=str(cfg.kl.estimator))
+    wall = time.time() - t0
+    ident = {"run_id": run.run_id, "task": str(cfg.task.name), "estimator": str(cfg.estimator),
+             "seed": int(cfg.seed), "policy": policy, "wall_time_s": wall}
+    df = pd.DataFrame([{**ident, **r} for r in res.rows])
+    atomic_write_bytes(run.path / "probe.parquet", _parquet_bytes(df))
+    if s.store_batches:
+        b = res.batches.copy()
+        for key in ("run_id", "estimator", "seed"):
+            b.insert(0, key, ident[key])
+        b.insert(0, "label", res.rows[0]["label"])
+        atomic_write_bytes(run.path / "probe_batches.parquet", _parquet_bytes(b))
+    top = res.rows[0]
+    run.finish("completed", None, wall, extra={"mode": "probe", "probe": {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+        for k, v in top.items() if k in ("label", "target", "batches", "batch_size", "rel_bias_sq",
+                                         "rel_bias_sq_low", "rel_bias_sq_high", "total_var", "cos", "snr")},
+        "settings": asdict(s)})

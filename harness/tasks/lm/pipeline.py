@@ -1,0 +1,497 @@
+"""The RLHF pipeline in miniature: data -> SFT policy -> reward model, each stage cached.
+
+Stages (Ouyang et al. 2022, InstructGPT, §3.5; Stiennon et al. 2020):
+
+1. **SFT**: the starting policy (the embedded tiny GPT-2 built from ``lm.arch``, or
+   ``lm.model``) fine-tuned on document -> reference summary with the token cross-entropy of
+   the response. Deliberately short (``lm.sft.steps``) so RL has headroom.
+2. **Reward model**: the SFT trunk with a scalar head (``AutoModelForSequenceClassification``,
+   ``num_labels=1``) trained with the Bradley-Terry loss ``-log sigmoid(r(x, y_w) - r(x, y_l))``
+   on pairs of SFT samples ranked by the gold score: a learned, imperfect proxy. Its output is
+   then mapped to gold units by a least-squares fit ``a r + b`` on held-out samples, so the
+   optimized ``reward`` and ``gold_reward`` are on one scale and their gap is visible (C10, C21).
+3. The frozen SFT policy is the reference of the KL term; RL starts from it.
+
+Each stage lives in ``<lm.cache_dir>/<stage>-<hash>/`` where the hash covers every setting
+that stage depends on (including the stages before it); a changed setting builds a new
+folder, an unchanged one is loaded. A stage is built in a temporary folder and renamed into
+place when complete (``stage.json`` written last), so concurrent sweep jobs never read half a
+model. Models are written with ``save_pretrained`` (safetensors) and never unpickled.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ...models.lm import PooledRewardModel, disable_dropout, generate, response_forward, tiny_causal_lm
+from .corpus import Example, vocabulary
+from .data import (EncodedSplit, decode_responses, encode_response, encode_split, left_pad, load_examples,
+                   right_pad)
+from .gold import gold_score
+from .tokenizer import build_word_tokenizer, ensure_special_tokens, load_tokenizer
+
+log = logging.getLogger("harness.lm")
+CACHE_VERSION = 1
+
+
+# --------------------------------------------------------------------------- devices
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def autocast(device: torch.device, dtype: str = "auto"):
+    """bf16 autocast on GPU (weights and optimizer state stay fp32); plain fp32 on CPU."""
+    use_bf16 = dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda")
+    if use_bf16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' notices (e.g. the freshly initialised reward head) while loading."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+# --------------------------------------------------------------------------- cache
+def _source_id(value: str | None) -> Any:
+    """A model/tokenizer/dataset source as it enters a cache key: local paths with the newest
+    mtime of their files (an edited file rebuilds), hub ids as written."""
+    if value is None:
+        return None
+    p = Path(str(value)).expanduser()
+    if p.exists():
+        files = [p] if p.is_file() else [f for f in p.rglob("*") if f.is_file()]
+        return {"path": str(p.resolve()), "mtime": max((f.stat().st_mtime for f in files), default=0.0)}
+    return {"hub": str(value)}
+
+
+def stage_key(material: dict) -> str:
+    blob = json.dumps(material, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def cached_stage(cache_dir: Path, name: str, material: dict,
+                 build: Callable[[Path], dict]) -> tuple[Path, dict, bool]:
+    """``(folder, meta, reused)``: load ``<name>-<hash>`` if complete, else build it atomically."""
+    material = {"stage": name, "version": CACHE_VERSION, **material}
+    key = stage_key(material)
+    final = cache_dir / f"{name}-{key}"
+    if (final / "stage.json").is_file():
+        log.info("lm: reusing cached %s stage %s", name, final)
+        return final, json.loads((final / "stage.json").read_text()), True
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cache_dir / f".{name}-{key}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    log.info("lm: building %s stage -> %s", name, final)
+    t0 = time.time()
+    try:
+        meta = build(tmp)
+        meta.update(build_seconds=time.time() - t0, key=key, material=material)
+        (tmp / "stage.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process finished the same stage first: use theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (final / "stage.json").is_file():
+                raise
+            meta = json.loads((final / "stage.json").read_text())
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final, meta, False
+
+
+# --------------------------------------------------------------------------- reward model
+class RewardModel:
+    """Scores ``(prompt, response)`` texts, mapped by ``scale * r + shift`` (the calibration of a
+    trained RM to gold units). Two kinds: a folder with ``reward_head.safetensors`` is a
+    :class:`PooledRewardModel` (what the pipeline trains); any other folder or hub id is read
+    with ``AutoModelForSequenceClassification`` (``num_labels=1``, its own tokenizer and pooling)."""
+
+    def __init__(self, model, tokenizer, device: torch.device, max_prompt_len: int, max_response_len: int,
+                 scale: float = 1.0, shift: float = 0.0, dtype: str = "auto"):
+        self.model, self.tokenizer = model, tokenizer
+        self.pooled = isinstance(model, PooledRewardModel)
+        self.device, self.dtype = device, dtype
+        self.max_prompt_len, self.max_response_len = max_prompt_len, max_response_len
+        self.scale, self.shift = scale, shift
+
+    @classmethod
+    def load(cls, source: str | Path, device: torch.device, max_prompt_len: int, max_response_len: int,
+             scale: float = 1.0, shift: float = 0.0, dtype: str = "auto", tokenizer=None) -> "RewardModel":
+        from transformers import AutoModelForSequenceClassification
+
+        folder = Path(str(source)).expanduser()
+        with quiet_transformers():
+            if (folder / PooledRewardModel.HEAD_FILE).is_file():
+                model = PooledRewardModel.load(folder)
+            else:
+                model = AutoModelForSequenceClassification.from_pretrained(str(source))
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(source))
+        ensure_special_tokens(tokenizer)
+        if not isinstance(model, PooledRewardModel) and model.config.pad_token_id is None:
+            model.config.pad_token_id = tokenizer.pad_token_id
+        disable_dropout(model)
+        model.to(device).eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return cls(model, tokenizer, device, max_prompt_len, max_response_len, scale, shift, dtype)
+
+    def raw(self, prompts: list[str], responses: list[str], finished: list[bool] | None = None) -> torch.Tensor:
+        """Uncalibrated scores. ``finished[i]``: response ``i`` ended with EOS, which a pooled RM
+        reads as its last token (whether stopping there is right is part of a summary's quality)."""
+        tok, pad = self.tokenizer, self.tokenizer.pad_token_id
+        finished = finished if finished is not None else [False] * len(responses)
+        p_ids = [tok(p, add_special_tokens=False)["input_ids"][-self.max_prompt_len:] for p in prompts]
+        r_ids = [tok(r, add_special_tokens=False)["input_ids"][:self.max_response_len] if r else [] for r in responses]
+        with autocast(self.device, self.dtype):
+            if self.pooled:
+                r_ids = [(r + [tok.eos_token_id])[:self.max_response_len] if f else r for r, f in zip(r_ids, finished)]
+                pi, pm = left_pad(p_ids, pad, self.device)
+                ri, rm = right_pad(r_ids, pad, self.device)
+                return self.model(pi, pm, ri, rm).float()
+            ids, mask = right_pad([a + b for a, b in zip(p_ids, r_ids)], pad, self.device)
+            return self.model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
+
+    @torch.no_grad()
+    def __call__(self, prompts: list[str], responses: list[str], finished: list[bool] | None = None,
+                 batch_size: int = 256) -> torch.Tensor:
+        finished = finished if finished is not None else [False] * len(responses)
+        out = [self.raw(prompts[i:i + batch_size], responses[i:i + batch_size], finished[i:i + batch_size])
+               for i in range(0, len(prompts), batch_size)]
+        return torch.cat(out) * self.scale + self.shift
+
+
+# --------------------------------------------------------------------------- the task object
+@dataclass
+class LMTask:
+    """What the trainer needs: tokenizer, encoded splits, the starting policy's folder, the
+    reward (RM or gold) and the gold score. Built once per process, shared by population members."""
+
+    tokenizer: Any
+    train: EncodedSplit
+    held_out: EncodedSplit
+    policy_source: str
+    reward_kind: str  # rm | gold
+    reward_model: RewardModel | None
+    max_prompt_len: int
+    max_response_len: int
+    device: torch.device
+    dtype: str = "auto"
+    meta: dict = field(default_factory=dict)
+
+    def load_policy(self):
+        from transformers import AutoModelForCausalLM
+
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(self.policy_source)
+        if len(self.tokenizer) > model.get_input_embeddings().num_embeddings:
+            model.resize_token_embeddings(len(self.tokenizer))
+        disable_dropout(model)
+        return model.to(self.device).eval()
+
+    def load_backbone(self):
+        from transformers import AutoModel
+
+        with quiet_transformers():
+            model = AutoModel.from_pretrained(self.policy_source)
+        if len(self.tokenizer) > model.get_input_embeddings().num_embeddings:
+            model.resize_token_embeddings(len(self.tokenizer))
+        disable_dropout(model)
+        return model.to(self.device).eval()
+
+    def gold(self, examples: list[Example], responses: list[str]) -> torch.Tensor:
+        return torch.tensor([gold_score(r, e) for r, e in zip(responses, examples)], dtype=torch.float32)
+
+    def reward(self, examples: list[Example], responses: list[str], finished: list[bool]) -> torch.Tensor:
+        """The optimized score (before the no-EOS penalty and the KL term)."""
+        if self.reward_kind == "gold":
+            return self.gold(examples, responses)
+        return self.reward_model([e.prompt for e in examples], responses, finished).cpu()
+
+
+# --------------------------------------------------------------------------- helpers
+def _sample_texts(model, tokenizer, split: EncodedSplit, indices: list[int], n: int, max_response_len: int,
+                  temperature: float, greedy: bool, gen: torch.Generator, device, dtype,
+                  batch_size: int = 256) -> tuple[list[int], list[str], list[bool]]:
+    """``n`` responses per prompt (grouped), as ``(example indices, texts, ended with EOS)``."""
+    rows = [i for i in indices for _ in range(n)]
+    texts: list[str] = []
+    finished: list[bool] = []
+    for s in range(0, len(rows), batch_size):
+        chunk = rows[s:s + batch_size]
+        ids, mask = left_pad([split.prompt_ids[i] for i in chunk], tokenizer.pad_token_id, device)
+        with autocast(device, dtype):
+            g = generate(model, ids, mask, max_response_len, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                         temperature=temperature, greedy=greedy, generator=gen)
+        texts += decode_responses(tokenizer, g.tokens, g.mask)
+        finished += g.has_eos.tolist()
+    return rows, texts, finished
+
+
+def evaluate_gold(model, tokenizer, split: EncodedSplit, n: int, max_response_len: int, temperature: float,
+                  greedy: bool, seed: int, device, dtype="auto") -> float:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    idx = list(range(min(n, len(split))))
+    rows, texts, _ = _sample_texts(model, tokenizer, split, idx, 1, max_response_len, temperature, greedy, gen,
+                                   device, dtype)
+    return sum(gold_score(t, split.examples[i]) for i, t in zip(rows, texts)) / max(len(rows), 1)
+
+
+def _lr_at(step: int, steps: int, warmup: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
+
+
+def train_sft(model, tokenizer, train: EncodedSplit, sft: Any, max_response_len: int, seed: int,
+              device: torch.device, dtype: str = "auto") -> dict:
+    """Response-only token cross-entropy, AdamW with warmup + cosine decay."""
+    responses = [encode_response(tokenizer, e.reference, max_response_len) for e in train.examples]
+    opt = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, sft.steps, sft.warmup))
+    rng = random.Random(seed)
+    model.train()
+    disable_dropout(model)
+    losses = []
+    for _step in range(sft.steps):
+        idx = [rng.randrange(len(train)) for _ in range(sft.batch_size)]
+        p_ids, p_mask = left_pad([train.prompt_ids[i] for i in idx], tokenizer.pad_token_id, device)
+        r_ids, r_mask = right_pad([responses[i] for i in idx], tokenizer.pad_token_id, device)
+        with autocast(device, dtype):
+            out = response_forward(model, p_ids, p_mask, r_ids, r_mask)
+        loss = -(out.logp * r_mask).sum() / r_mask.sum().clamp(min=1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    tail = losses[-20:] or [float("nan")]
+    return {"sft_final_loss": sum(tail) / len(tail)}
+
+
+def train_reward_model(rm_source: Path, tokenizer, policy, train: EncodedSplit, held_out: EncodedSplit,
+                       rm_cfg: Any, lm: Any, seed: int, device, dtype, out_dir: Path) -> dict:
+    """Bradley-Terry on SFT sample pairs ranked by gold; calibrate to gold units on held-out.
+
+    With ``rm.include_reference`` the reference summary joins each prompt's candidates (the
+    comparisons of Stiennon et al. 2020 included reference summaries too); the calibration
+    always uses SFT samples only, the distribution RL starts from.
+    """
+    from transformers import AutoModel
+
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    rng = random.Random(seed + 2)
+
+    def sample_pairs(split, n_prompts):
+        idx = rng.sample(range(len(split)), min(n_prompts, len(split)))
+        rows, texts, finished = _sample_texts(policy, tokenizer, split, idx, rm_cfg.samples_per_prompt,
+                                              lm.max_response_len, lm.temperature, False, gen, device, dtype)
+        golds = [gold_score(t, split.examples[i]) for i, t in zip(rows, texts)]
+        k = rm_cfg.samples_per_prompt
+        groups = [list(range(g, g + k)) for g in range(0, len(rows), k)]
+        if rm_cfg.include_reference:
+            for group, i in zip(groups, idx):
+                group.append(len(rows))
+                rows.append(i)
+                texts.append(split.examples[i].reference)
+                finished.append(True)
+                golds.append(gold_score(split.examples[i].reference, split.examples[i]))
+        pairs = [(a, b) for group in groups for a in group for b in group if golds[a] > golds[b]]
+        return rows, texts, finished, golds, pairs
+
+    tr_rows, tr_texts, tr_fin, tr_gold, tr_pairs = sample_pairs(train, rm_cfg.prompts)
+    ev_rows, ev_texts, ev_fin, ev_gold, ev_pairs = sample_pairs(held_out, rm_cfg.eval_prompts)
+    if not tr_pairs:
+        raise ValueError("lm.rm: the SFT samples never differ in gold score, so there are no preference "
+                         "pairs; raise lm.rm.prompts or lm.rm.samples_per_prompt, or set lm.rm.include_reference=true")
+    with quiet_transformers():
+        model = PooledRewardModel(AutoModel.from_pretrained(str(rm_source)))
+    disable_dropout(model)
+    model.to(device)
+    scorer = RewardModel(model, tokenizer, device, lm.max_prompt_len, lm.max_response_len, dtype=dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=rm_cfg.lr, weight_decay=0.0)
+    steps = max(1, rm_cfg.epochs * math.ceil(len(tr_pairs) / rm_cfg.batch_size))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, steps, max(1, steps // 10)))
+    tr_prompts = [train.examples[i].prompt for i in tr_rows]
+    model.train()
+    losses, step = [], 0
+    for _epoch in range(rm_cfg.epochs):
+        order = list(range(len(tr_pairs)))
+        rng.shuffle(order)
+        for s in range(0, len(order), rm_cfg.batch_size):
+            batch = [tr_pairs[j] for j in order[s:s + rm_cfg.batch_size]]
+            w = [a for a, _ in batch]
+            lo = [b for _, b in batch]
+            r = scorer.raw([tr_prompts[i] for i in w + lo], [tr_texts[i] for i in w + lo], [tr_fin[i] for i in w + lo])
+            loss = -torch.nn.functional.logsigmoid(r[:len(w)] - r[len(w):]).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(float(loss.detach()))
+            step += 1
+    model.eval()
+    with torch.no_grad():
+        ev_prompts = [held_out.examples[i].prompt for i in ev_rows]
+        r = torch.cat([scorer.raw(ev_prompts[i:i + 256], ev_texts[i:i + 256], ev_fin[i:i + 256])
+                       for i in range(0, len(ev_rows), 256)])
+    acc = (sum(float(r[a] > r[b]) for a, b in ev_pairs) / len(ev_pairs)) if ev_pairs else float("nan")
+    n_samples = len(ev_rows) - (len(set(ev_rows)) if rm_cfg.include_reference else 0)
+    r, gold = r[:n_samples], torch.tensor(ev_gold[:n_samples])
+    # least squares gold ~ scale * r + shift on held-out SFT samples; when that fit is
+    # degenerate (gold constant, or anti-correlated) fall back to z-scores of r
+    rc, gc = r - r.mean(), gold - gold.mean()
+    var_r, var_g = float((rc * rc).mean()), float((gc * gc).mean())
+    cov = float((rc * gc).mean())
+    corr = cov / math.sqrt(var_r * var_g) if var_r > 0 and var_g > 0 else float("nan")
+    if var_r > 0 and var_g > 0 and cov > 0:
+        calibration, scale = "least_squares", cov / var_r
+        shift = float(gold.mean()) - scale * float(r.mean())
+    else:
+        calibration = "zscore"
+        scale = 1.0 / math.sqrt(var_r) if var_r > 0 else 1.0
+        shift = -scale * float(r.mean())
+        log.warning("lm: reward model calibration fell back to z-scores (gold variance %.3g, covariance %.3g)",
+                    var_g, cov)
+    model.save(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    tail = losses[-20:] or [float("nan")]
+    return {"rm_train_pairs": len(tr_pairs), "rm_eval_pairs": len(ev_pairs), "rm_steps": step,
+            "rm_final_loss": sum(tail) / len(tail), "rm_eval_accuracy": acc, "rm_gold_corr": corr,
+            "rm_scale": scale, "rm_shift": shift, "rm_calibration": calibration, "sft_sample_gold": sum(tr_gold) / len(tr_gold)}
+
+
+# --------------------------------------------------------------------------- build
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def build_task(cfg: DictConfig) -> LMTask:
+    """Tokenizer, data, SFT policy and reward model for ``cfg.lm`` (cached stages)."""
+    lm = cfg.lm
+    device = resolve_device(cfg.device)
+    dtype = lm.dtype
+    seed = int(lm.pipeline_seed)
+    cache_dir = Path(str(lm.cache_dir)).expanduser()
+    meta: dict[str, Any] = {}
+
+    # tokenizer and data (cheap, deterministic: rebuilt every time, saved with the stages)
+    if lm.tokenizer is not None:
+        tokenizer = load_tokenizer(str(lm.tokenizer))
+    elif lm.model is not None:
+        tokenizer = load_tokenizer(str(lm.model))
+    else:
+        tokenizer = build_word_tokenizer(vocabulary())
+    ensure_special_tokens(tokenizer)
+    train_ex, held_ex = load_examples(lm, seed)
+    train = encode_split(tokenizer, train_ex, lm.max_prompt_len)
+    held_out = encode_split(tokenizer, held_ex, lm.max_prompt_len)
+    meta["data"] = {"train": len(train), "held_out": len(held_out),
+                    "train_prompts_truncated": sum(train.truncated),
+                    "held_out_prompts_truncated": sum(held_out.truncated)}
+
+    data_material = {
+        "dataset": _source_id(lm.dataset), "columns": _plain(lm.columns), "splits": _plain(lm.splits),
+        "data": _plain(lm.data), "tokenizer": _source_id(lm.tokenizer), "model": _source_id(lm.model),
+        "arch": _plain(lm.arch) if lm.model is None else None, "seed": seed,
+        "max_prompt_len": lm.max_prompt_len, "max_response_len": lm.max_response_len,
+    }
+
+    # stage 1: SFT
+    if lm.model is not None and lm.sft.steps == 0:
+        policy_source = str(lm.model)
+        meta["sft"] = {"skipped": True}
+        sft_material = data_material
+    else:
+        sft_material = {**data_material, "sft": _plain(lm.sft), "dtype": dtype if device.type == "cuda" else "float32"}
+
+        def build_sft(out: Path) -> dict:
+            from transformers import AutoModelForCausalLM
+
+            torch.manual_seed(seed)
+            if lm.model is None:
+                model = tiny_causal_lm(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
+                                       lm.max_prompt_len + lm.max_response_len, lm.arch.n_layer, lm.arch.n_embd,
+                                       lm.arch.n_head, seed)
+            else:
+                with quiet_transformers():
+                    model = AutoModelForCausalLM.from_pretrained(str(lm.model))
+                if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+                    model.resize_token_embeddings(len(tokenizer))
+            model.config.pad_token_id = tokenizer.pad_token_id
+            model.to(device)
+            stats = train_sft(model, tokenizer, train, lm.sft, lm.max_response_len, seed, device, dtype)
+            n_eval = min(len(held_out), lm.sft.eval_prompts)
+            stats["sft_gold_greedy"] = evaluate_gold(model, tokenizer, held_out, n_eval, lm.max_response_len,
+                                                     lm.temperature, True, seed, device, dtype)
+            stats["sft_gold_sampled"] = evaluate_gold(model, tokenizer, held_out, n_eval, lm.max_response_len,
+                                                      lm.temperature, False, seed, device, dtype)
+            stats["reference_gold"] = sum(gold_score(e.reference, e) for e in held_out.examples[:n_eval]) / max(n_eval, 1)
+            model.save_pretrained(out, safe_serialization=True)
+            tokenizer.save_pretrained(out)
+            return stats
+
+        sft_dir, sft_meta, reused = cached_stage(cache_dir, "sft", sft_material, build_sft)
+        policy_source = str(sft_dir)
+        meta["sft"] = {**{k: v for k, v in sft_meta.items() if k != "material"}, "cached": reused}
+
+    # stage 2: reward model
+    reward_model = None
+    if lm.reward == "rm":
+        if lm.reward_model is not None:
+            reward_model = RewardModel.load(str(lm.reward_model), device, lm.max_prompt_len, lm.max_response_len,
+                                            dtype=dtype)
+            meta["rm"] = {"source": str(lm.reward_model)}
+        else:
+            rm_material = {"sft": sft_material, "rm": _plain(lm.rm), "temperature": lm.temperature}
+
+            def build_rm(out: Path) -> dict:
+                from transformers import AutoModelForCausalLM
+
+                torch.manual_seed(seed)
+                with quiet_transformers():
+                    policy = AutoModelForCausalLM.from_pretrained(policy_source).to(device).eval()
+                return train_reward_model(Path(policy_source), tokenizer, policy, train, held_out, lm.rm, lm,
+                                          seed, device, dtype, out)
+
+            rm_dir, rm_meta, reused = cached_stage(cache_dir, "rm", rm_material, build_rm)
+            reward_model = RewardModel.load(rm_dir, device, lm.max_prompt_len, lm.max_response_len,
+                                            scale=rm_meta["rm_scale"], shift=rm_meta["rm_shift"], dtype=dtype,
+                                            tokenizer=tokenizer)
+            meta["rm"] = {**{k: v for k, v in rm_meta.items() if k != "material"}, "cached": reused}
+
+    return LMTask(tokenizer=tokenizer, train=train, held_out=held_out, policy_source=policy_source,
+                  reward_kind=lm.reward, reward_model=reward_model, max_prompt_len=lm.max_prompt_len,
+                  max_response_len=lm.max_response_len, device=device, dtype=dtype, meta=meta)

@@ -1,0 +1,377 @@
+"""Exact-gradient toy task: a tabular softmax policy over short token sequences.
+
+Each prompt ``x`` has its own reward table ``R(x, y)`` over the complete responses ``y`` (token
+sequences of length ``length``, or ending at an EOS token when ``eos`` is on). The policy is
+tabular: one row of logits per *state*, a state being ``(prompt, prefix)``, so
+
+.. math:: \\pi_\\theta(y \\mid x) = \\prod_t \\operatorname{softmax}(\\theta[s_t])_{y_t},
+          \\qquad s_t = (x, y_{<t}),
+
+and the objective (prompts uniform, reward at the end of the response, no discount)
+
+.. math:: J(\\theta) = \\frac1X \\sum_x \\sum_y \\pi_\\theta(y \\mid x) R(x, y)
+
+is a finite sum. :meth:`ToyTask.values` evaluates it by the backward recursion
+``Q(s, a) = R(leaf) or V(child(s, a))``, ``V(s) = sum_a pi(a|s) Q(s, a)`` (exact, and
+differentiable); :meth:`ToyTask.exact_gradient` is its autograd gradient. Every estimator
+and loss of the harness runs on samples from the same policy, so bias is measured against
+the truth, not a guess (DESIGN.md, "Tasks: toy").
+
+Task shape (vocabulary, length, prompts and their reward tables) is a named preset
+(``task.env_id``, see :data:`PRESETS`); an optional ``toy`` config node overrides fields.
+Reward tables are drawn from ``task_seed`` (fixed per preset), never from the run seed, so
+every run of a sweep sees the same task.
+
+Prompt kinds:
+
+* ``binary``: a random subset of the responses is correct (R = 1, else 0); its size is
+  ``round(success * n_responses)``, so ``success`` is the success probability under the
+  uniform policy (theta = 0) - the knob behind C17's p in {0.05, 0.5, 0.95}.
+* ``dense``: R uniform in [0, 1] per response.
+* ``first_token``: correct (R = 1) iff the first token is the prompt's answer token; length
+  is irrelevant to the reward (the variable-length task of C18).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+DTYPE = torch.float64  # exact quantities and estimates: float64 keeps rounding far below any bias measured
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    kind: str = "binary"  # binary | dense | first_token
+    success: float = 0.5  # binary: share of correct responses (success probability at theta = 0)
+
+
+@dataclass(frozen=True)
+class ToySpec:
+    vocab: int = 4  # tokens, EOS included when eos is on (EOS = vocab - 1)
+    length: int = 3  # tokens per response (the maximum when eos is on)
+    eos: bool = False
+    prompts: tuple[PromptSpec, ...] = field(default_factory=lambda: (PromptSpec(),))
+    task_seed: int = 0
+
+
+PROMPT_KINDS = ("binary", "dense", "first_token")
+
+PRESETS: dict[str, ToySpec] = {
+    # C3-C6, C14, C17, C20, C22: success probabilities 3/64, 32/64, 61/64 at the uniform policy,
+    # plus a prompt with a dense reward table. 4 prompts x 21 states x 4 tokens = 336 logits.
+    "mixed": ToySpec(vocab=4, length=3, eos=False, prompts=(
+        PromptSpec("binary", 0.05), PromptSpec("binary", 0.5), PromptSpec("binary", 0.95),
+        PromptSpec("dense"))),
+    # C18: 3 content tokens + EOS, at most 4 tokens; correct iff the first token is the answer.
+    "varlen": ToySpec(vocab=4, length=4, eos=True, prompts=(
+        PromptSpec("first_token"), PromptSpec("first_token"), PromptSpec("first_token"))),
+    # C13: one-step bandits (L = 1), where a per-token importance ratio is the sequence ratio.
+    "bandit": ToySpec(vocab=4, length=1, eos=False, prompts=(
+        PromptSpec("dense"), PromptSpec("dense"), PromptSpec("binary", 0.5))),
+    # tests: small enough to check by hand
+    "tiny": ToySpec(vocab=2, length=2, eos=False, prompts=(PromptSpec("dense"),)),
+}
+
+
+def _prompt_from(item: Any) -> PromptSpec:
+    """``"binary:0.05"``, ``"dense"``, ``{"kind": "binary", "success": 0.05}`` -> PromptSpec."""
+    if isinstance(item, PromptSpec):
+        return item
+    if isinstance(item, str):
+        kind, _, arg = item.partition(":")
+        return PromptSpec(kind, float(arg)) if arg else PromptSpec(kind)
+    if hasattr(item, "get"):
+        return PromptSpec(str(item.get("kind", "binary")), float(item.get("success", 0.5)))
+    raise ValueError(f"toy.prompts entries must be 'kind[:success]' strings or mappings, got {item!r}")
+
+
+def spec_from_config(cfg) -> ToySpec:
+    """The preset named by ``task.env_id`` (default ``mixed``), then the ``toy`` node's fields."""
+    name = cfg.task.get("env_id") or "mixed"
+    if name not in PRESETS:
+        raise ValueError(f"task.env_id must name a toy preset, one of {sorted(PRESETS)}, got {name!r}")
+    spec = PRESETS[name]
+    node = cfg.get("toy") if "toy" in cfg else None
+    if node:
+        kw = {k: node[k] for k in ("vocab", "length", "eos", "task_seed") if node.get(k) is not None}
+        if node.get("prompts") is not None:
+            kw["prompts"] = tuple(_prompt_from(p) for p in node["prompts"])
+        spec = replace(spec, **kw)
+    check_spec(spec)
+    return spec
+
+
+def check_spec(spec: ToySpec) -> None:
+    def bad(name, allowed, value):
+        raise ValueError(f"toy.{name} must be {allowed}, got {value!r}")
+
+    if spec.vocab < 2 + int(spec.eos):
+        bad("vocab", f">= {2 + int(spec.eos)} (EOS included)" if spec.eos else ">= 2", spec.vocab)
+    if not 1 <= spec.length <= 6:
+        bad("length", "in [1, 6] (responses are enumerated)", spec.length)
+    if (spec.vocab - int(spec.eos)) ** spec.length > 50_000:
+        bad("vocab/length", "small enough to enumerate (<= 50000 responses per prompt)",
+            (spec.vocab, spec.length))
+    if not spec.prompts:
+        bad("prompts", "a non-empty list", spec.prompts)
+    for p in spec.prompts:
+        if p.kind not in PROMPT_KINDS:
+            bad("prompts[].kind", f"one of {list(PROMPT_KINDS)}", p.kind)
+        if p.kind == "binary" and not 0.0 < p.success < 1.0:
+            bad("prompts[].success", "in (0, 1)", p.success)
+
+
+def validate_toy(cfg) -> None:
+    """Checks for ``task.family=toy`` that can fail before any work starts."""
+    spec_from_config(cfg)
+    b = cfg.budget
+    if b.env_steps is None and b.iterations is None:
+        raise ValueError("budget.env_steps must be set (sampled sequences) or budget.iterations, got None")
+    k, B = int(cfg.group_size), int(cfg.task.episodes_per_iter)
+    if B < 1 or B % k:
+        raise ValueError(f"task.episodes_per_iter must be a positive multiple of group_size={k} "
+                         f"(sequences per iteration = prompts x group_size), got {B}")
+
+
+@dataclass
+class ToyBatch:
+    """Sampled responses, batch-major ``[N, L]`` (N sequences, L = max length)."""
+
+    prompts: torch.Tensor  # [N] long
+    tokens: torch.Tensor  # [N, L] long (0 on padding)
+    states: torch.Tensor  # [N, L] long (0 on padding)
+    mask: torch.Tensor  # [N, L] float, 1 on response tokens (EOS included)
+    length: torch.Tensor  # [N] long
+    leaf: torch.Tensor  # [N] long, index of the complete response
+    reward: torch.Tensor  # [N] float
+
+
+class ToyTask:
+    """The enumerated task: states, responses (leaves), rewards, exact values and gradients."""
+
+    def __init__(self, spec: ToySpec):
+        check_spec(spec)
+        self.spec = spec
+        V, L = spec.vocab, spec.length
+        self.eos_token = V - 1 if spec.eos else None
+        gen = torch.Generator().manual_seed(int(spec.task_seed))
+        state_prompt, state_depth, child, leaf_of, roots = [], [], [], [], []
+        leaves: list[tuple[int, tuple[int, ...]]] = []
+        for x, _ in enumerate(spec.prompts):
+            frontier = [()]
+            roots.append(len(state_prompt))
+            ids = {(): len(state_prompt)}
+            state_prompt.append(x)
+            state_depth.append(0)
+            child.append([-1] * V)
+            leaf_of.append([-1] * V)
+            while frontier:
+                nxt = []
+                for prefix in frontier:
+                    s = ids[prefix]
+                    for a in range(V):
+                        seq = prefix + (a,)
+                        if len(seq) == L or (spec.eos and a == self.eos_token):
+                            leaf_of[s][a] = len(leaves)
+                            leaves.append((x, seq))
+                        else:
+                            ids[seq] = len(state_prompt)
+                            child[s][a] = ids[seq]
+                            state_prompt.append(x)
+                            state_depth.append(len(seq))
+                            child.append([-1] * V)
+                            leaf_of.append([-1] * V)
+                            nxt.append(seq)
+                frontier = nxt
+        self.n_prompts = len(spec.prompts)
+        self.n_states = len(state_prompt)
+        self.n_leaves = len(leaves)
+        self.state_prompt = torch.tensor(state_prompt)
+        self.state_depth = torch.tensor(state_depth)
+        self.child = torch.tensor(child)
+        self.leaf_of = torch.tensor(leaf_of)
+        self.root = torch.tensor(roots)
+        self.levels = [torch.nonzero(self.state_depth == d).flatten() for d in range(L)]
+        N = self.n_leaves
+        self.leaf_prompt = torch.tensor([x for x, _ in leaves])
+        self.leaf_len = torch.tensor([len(seq) for _, seq in leaves])
+        self.leaf_tokens = torch.zeros(N, L, dtype=torch.long)
+        self.leaf_states = torch.zeros(N, L, dtype=torch.long)
+        for n, (x, seq) in enumerate(leaves):
+            s = roots[x]
+            for t, a in enumerate(seq):
+                self.leaf_tokens[n, t] = a
+                self.leaf_states[n, t] = s
+                s = child[s][a]
+        self.leaf_mask = (torch.arange(L)[None, :] < self.leaf_len[:, None]).to(DTYPE)
+        reward = torch.zeros(N, dtype=DTYPE)
+        correct = torch.full((N,), float("nan"), dtype=DTYPE)
+        for x, p in enumerate(spec.prompts):
+            idx = torch.nonzero(self.leaf_prompt == x).flatten()
+            if p.kind == "dense":
+                reward[idx] = torch.rand(len(idx), generator=gen, dtype=DTYPE)
+            elif p.kind == "binary":
+                n_ok = min(max(int(round(p.success * len(idx))), 1), len(idx) - 1)
+                ok = idx[torch.randperm(len(idx), generator=gen)[:n_ok]]
+                reward[ok] = 1.0
+                correct[idx] = 0.0
+                correct[ok] = 1.0
+            else:  # first_token: the answer is a content token, never EOS
+                n_content = V - int(spec.eos)
+                answer = int(torch.randint(n_content, (1,), generator=gen))
+                ok = (self.leaf_tokens[idx, 0] == answer).to(DTYPE)
+                reward[idx] = ok
+                correct[idx] = ok
+        self.leaf_reward = reward
+        self.leaf_correct = correct
+        # reward of taking a at s when that ends the response (0 elsewhere; masked by leaf_of)
+        self.leaf_reward_sa = torch.where(self.leaf_of >= 0, reward[self.leaf_of.clamp(min=0)],
+                                          torch.zeros((), dtype=DTYPE))
+
+    # ------------------------------------------------------------------ parameters
+    @property
+    def param_shape(self) -> tuple[int, int]:
+        return (self.n_states, self.spec.vocab)
+
+    def init_logits(self, scale: float = 0.0, seed: int = 0) -> torch.Tensor:
+        """theta = 0 (the uniform policy) or ``scale`` x N(0, 1) logits from ``seed``."""
+        theta = torch.zeros(self.param_shape, dtype=DTYPE)
+        if scale:
+            theta += scale * torch.randn(self.param_shape, generator=torch.Generator().manual_seed(seed),
+                                         dtype=DTYPE)
+        return theta
+
+    def prompt_rows(self, x: int) -> torch.Tensor:
+        """State indices (rows of theta) that belong to prompt ``x``."""
+        return torch.nonzero(self.state_prompt == x).flatten()
+
+    # ------------------------------------------------------------------ exact quantities
+    def values(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact ``V [S]`` and ``Q [S, V]`` of the policy (undiscounted, reward at the end)."""
+        probs = torch.softmax(theta, dim=-1)
+        V = torch.zeros(self.n_states, dtype=theta.dtype)
+        Q = torch.zeros(self.param_shape, dtype=theta.dtype)
+        ends = self.leaf_of >= 0
+        for states in reversed(self.levels):  # deepest first: children are done before parents
+            cont = V[self.child[states].clamp(min=0)]
+            q = torch.where(ends[states], self.leaf_reward_sa[states].to(theta.dtype), cont)
+            Q = Q.index_put((states,), q)
+            V = V.index_put((states,), (probs[states] * q).sum(-1))
+        return V, Q
+
+    def prompt_rewards(self, theta: torch.Tensor) -> torch.Tensor:
+        """``J_x = E_{y ~ pi(.|x)} R(x, y)`` for every prompt, ``[X]``."""
+        return self.values(theta)[0][self.root]
+
+    def expected_reward(self, theta: torch.Tensor) -> torch.Tensor:
+        """``J(theta)``: prompts uniform."""
+        return self.prompt_rewards(theta).mean()
+
+    def exact_gradient(self, theta: torch.Tensor) -> torch.Tensor:
+        """``grad J`` by autograd through :meth:`values`, shape of theta."""
+        th = theta.detach().clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(self.expected_reward(th), th)
+        return grad
+
+    def leaf_log_probs(self, theta: torch.Tensor) -> torch.Tensor:
+        """``log pi(y | x)`` of every complete response ``[N]`` (by enumeration)."""
+        logpi = torch.log_softmax(theta, dim=-1)
+        return (logpi[self.leaf_states, self.leaf_tokens] * self.leaf_mask).sum(-1)
+
+    def sequence_kl(self, theta: torch.Tensor, theta_ref: torch.Tensor) -> torch.Tensor:
+        """``KL(pi || ref)`` over whole responses, averaged over prompts (exact, differentiable)."""
+        lp, lr = self.leaf_log_probs(theta), self.leaf_log_probs(theta_ref)
+        per = torch.zeros(self.n_prompts, dtype=lp.dtype).index_add(0, self.leaf_prompt, lp.exp() * (lp - lr))
+        return per.mean()
+
+    def exact_stats(self, theta: torch.Tensor) -> dict[str, Any]:
+        """Exact diagnostics: J, per-prompt J, expected length (all, right, wrong responses)."""
+        with torch.no_grad():
+            J_x = self.prompt_rewards(theta)
+            p = self.leaf_log_probs(theta).exp() / self.n_prompts
+            length = self.leaf_len.to(DTYPE)
+            out = {"J": float(J_x.mean()), "J_prompt": [float(j) for j in J_x],
+                   "response_len": float((p * length).sum())}
+            has = torch.isfinite(self.leaf_correct)
+            for name, sel in (("right_len", has & (self.leaf_correct == 1)), ("wrong_len", has & (self.leaf_correct == 0))):
+                w = p * sel.to(DTYPE)
+                out[name] = float((w * length).sum() / w.sum()) if float(w.sum()) > 0 else None
+            if bool(has.any()):
+                out["success"] = float((p * torch.nan_to_num(self.leaf_correct)).sum() / (p * has.to(DTYPE)).sum())
+            else:
+                out["success"] = None
+        return out
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, theta: torch.Tensor, prompts: torch.Tensor, generator: torch.Generator | None = None,
+               uniforms: torch.Tensor | None = None) -> ToyBatch:
+        """Sample one response per entry of ``prompts [N]`` by inverse CDF of ``uniforms [N, L]``.
+
+        The uniforms are drawn first (from ``generator``), independent of theta, so two policies
+        (or two estimators) fed the same generator state share their random numbers.
+        """
+        N, L = prompts.shape[0], self.spec.length
+        if uniforms is None:
+            uniforms = torch.rand(N, L, generator=generator, dtype=DTYPE)
+        probs = torch.softmax(theta.detach(), dim=-1)
+        cdf = probs.cumsum(-1)
+        s = self.root[prompts]
+        alive = torch.ones(N, dtype=torch.bool)
+        tokens = torch.zeros(N, L, dtype=torch.long)
+        states = torch.zeros(N, L, dtype=torch.long)
+        leaf = torch.full((N,), -1, dtype=torch.long)
+        for t in range(L):
+            a = (uniforms[:, t:t + 1] > cdf[s]).sum(-1).clamp(max=self.spec.vocab - 1)
+            tokens[:, t] = torch.where(alive, a, 0)
+            states[:, t] = torch.where(alive, s, 0)
+            lf = self.leaf_of[s, a]
+            ended = alive & (lf >= 0)
+            leaf = torch.where(ended, lf, leaf)
+            alive = alive & ~ended
+            s = torch.where(alive, self.child[s, a], 0)
+        length = self.leaf_len[leaf]
+        mask = (torch.arange(L)[None, :] < length[:, None]).to(DTYPE)
+        return ToyBatch(prompts, tokens, states, mask, length, leaf, self.leaf_reward[leaf])
+
+    def greedy(self, theta: torch.Tensor) -> torch.Tensor:
+        """Leaf index of the greedy (argmax) response of every prompt, ``[X]``."""
+        s = self.root.clone()
+        leaf = torch.full((self.n_prompts,), -1, dtype=torch.long)
+        alive = torch.ones(self.n_prompts, dtype=torch.bool)
+        for _ in range(self.spec.length):
+            a = theta.detach()[s].argmax(-1)
+            lf = self.leaf_of[s, a]
+            ended = alive & (lf >= 0)
+            leaf = torch.where(ended, lf, leaf)
+            alive = alive & ~ended
+            s = torch.where(alive, self.child[s, a], 0)
+        return leaf
+
+
+def time_major(task: ToyTask, batch: ToyBatch, state_values: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Estimator inputs ``[T = L, B = N]``: reward on the last token, ``terminated`` there (the
+    response ends; nothing to bootstrap), and, given a value table ``[S]``, ``values`` /
+    ``next_values`` (0 after the last token)."""
+    N, L = batch.tokens.shape
+    last = torch.nn.functional.one_hot(batch.length - 1, L).to(DTYPE)  # [N, L]
+    out = {
+        "rewards": (last * batch.reward[:, None]).T.contiguous(),
+        "terminated": last.T.contiguous(),
+        "truncated": torch.zeros(L, N, dtype=DTYPE),
+        "mask": batch.mask.T.contiguous(),
+    }
+    if state_values is not None:
+        v = state_values[batch.states] * batch.mask  # [N, L]
+        nv = torch.cat([v[:, 1:], torch.zeros(N, 1, dtype=v.dtype)], dim=1) * (1.0 - last)
+        out["values"], out["next_values"] = v.T.contiguous(), nv.T.contiguous()
+    return out
+
+
+def build_task(cfg) -> ToyTask:
+    return ToyTask(spec_from_config(cfg))
+
+
+__all__ = ["PRESETS", "PromptSpec", "ToySpec", "ToyTask", "ToyBatch", "build_task", "spec_from_config",
+           "time_major", "validate_toy", "DTYPE"]

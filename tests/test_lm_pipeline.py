@@ -1,0 +1,88 @@
+"""The cached SFT -> reward model pipeline, and the checks validate_lm makes before any work."""
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.config import validate
+from harness.tasks.lm.pipeline import build_task
+
+from .test_lm_common import compose, one_thread  # noqa: F401  (autouse fixture)
+
+
+def test_stages_are_cached_and_rebuilt_when_their_config_changes(tmp_path):
+    cache = tmp_path / "cache"
+    cfg = compose("estimator=rloo", results_dir=tmp_path, cache_dir=cache)
+    first = build_task(cfg)
+    assert first.meta["sft"]["cached"] is False and first.meta["rm"]["cached"] is False
+    sft_dirs = sorted(cache.glob("sft-*"))
+    assert len(sft_dirs) == 1 and Path(first.policy_source) == sft_dirs[0]
+    stamp = (sft_dirs[0] / "stage.json").stat().st_mtime_ns
+
+    again = build_task(cfg)  # same config: both stages reused, nothing rewritten
+    assert again.meta["sft"]["cached"] is True and again.meta["rm"]["cached"] is True
+    assert again.meta["sft"]["key"] == first.meta["sft"]["key"]
+    assert (sft_dirs[0] / "stage.json").stat().st_mtime_ns == stamp
+
+    # a reward-model setting rebuilds the RM only; an SFT setting rebuilds both
+    rm_changed = build_task(compose("estimator=rloo", "lm.rm.lr=1e-4", results_dir=tmp_path, cache_dir=cache))
+    assert rm_changed.meta["sft"]["cached"] is True and rm_changed.meta["rm"]["cached"] is False
+    sft_changed = build_task(compose("estimator=rloo", "lm.sft.steps=31", results_dir=tmp_path, cache_dir=cache))
+    assert sft_changed.meta["sft"]["cached"] is False and sft_changed.meta["rm"]["cached"] is False
+    assert len(list(cache.glob("sft-*"))) == 2 and len(list(cache.glob("rm-*"))) == 3
+    # safetensors only, no pickles; no half-built temporary folders left
+    files = [f.name for f in cache.rglob("*") if f.is_file()]
+    assert "model.safetensors" in files and "reward_head.safetensors" in files
+    assert not [f for f in files if f.endswith((".bin", ".pt", ".pkl"))]
+    assert not list(cache.glob(".*.tmp"))
+    meta = json.loads((sft_dirs[0] / "stage.json").read_text())
+    assert 0.0 <= meta["sft_gold_sampled"] <= 1.0 and meta["reference_gold"] == 1.0
+
+
+def test_reward_model_is_calibrated_to_gold_units(tmp_path):
+    task = build_task(compose("estimator=rloo", results_dir=tmp_path))
+    rm = task.meta["rm"]
+    assert rm["rm_train_pairs"] > 0 and 0.0 <= rm["rm_eval_accuracy"] <= 1.0
+    ex = task.held_out.examples[:4]
+    texts = [e.reference for e in ex]
+    raw = task.reward_model.raw([e.prompt for e in ex], texts, [True] * 4)
+    scored = task.reward(ex, texts, [True] * 4)
+    assert scored.tolist() == pytest.approx((raw * rm["rm_scale"] + rm["rm_shift"]).tolist(), abs=1e-5)
+    # reward=gold skips the reward model and returns the gold score itself
+    gold_task = build_task(compose("estimator=rloo", "lm.reward=gold", results_dir=tmp_path))
+    assert gold_task.reward_model is None and "rm" not in gold_task.meta
+    assert gold_task.reward(ex, texts, [True] * 4).tolist() == [1.0] * 4
+
+
+def test_unknown_model_path_fails_in_validate_with_the_path(tmp_path):
+    from harness.app import run
+
+    missing = tmp_path / "no" / "such-model"
+    cfg = compose("estimator=rloo", f"lm.model={missing}", results_dir=tmp_path / "res")
+    with pytest.raises(ValueError, match=str(missing)):
+        run(cfg)
+    assert not (tmp_path / "res").exists()  # nothing was started
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="config.json"):
+        validate(compose("estimator=rloo", f"lm.model={empty}", results_dir=tmp_path))
+
+
+@pytest.mark.parametrize("override,field", [
+    ("lm.reward=judge", "lm.reward"), ("lm.critic=shared", "lm.critic"), ("lm.temperature=0", "lm.temperature"),
+    ("lm.dataset=/no/such/data.jsonl", "lm.dataset"), ("kl.target=none", "kl.target"),
+    ("lm.max_prompt_len=0", "lm.max_prompt_len"), ("lm.arch.n_head=3", "lm.arch"),
+])
+def test_bad_lm_settings_name_the_field(tmp_path, override, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        validate(compose("estimator=rloo", override, results_dir=tmp_path))
+
+
+def test_hub_dataset_without_the_datasets_package_is_refused_up_front(tmp_path):
+    try:
+        import datasets  # noqa: F401
+        pytest.skip("`datasets` is installed: a hub id is then accepted")
+    except ImportError:
+        pass
+    with pytest.raises(ValueError, match=r"lm\.dataset: 'trl-lib/tldr'.*datasets"):
+        validate(compose("estimator=rloo", "lm.dataset=trl-lib/tldr", results_dir=tmp_path))

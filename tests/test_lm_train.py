@@ -1,0 +1,93 @@
+"""Two RL iterations of each estimator on the tiny LM task, through harness.app.run."""
+import json
+
+import pandas as pd
+import pytest
+
+from harness.app import run
+from harness.io.rundir import METRIC_COLUMNS
+
+from .test_lm_common import compose, one_thread  # noqa: F401  (autouse fixture)
+
+LM_COLUMNS = ["reward", "gold_reward", "kl_ref", "response_len", "tokens", "entropy", "approx_kl", "clip_frac",
+              "tokens_per_s", "peak_mem_mb", "prompts_truncated"]
+PROMPTS, GROUP, MAX_LEN = 2, 2, 10  # lm.prompts_per_iter, group_size, lm.max_response_len in TINY
+
+
+def run_one(tmp_path, *overrides):
+    cfg = compose(*overrides, results_dir=tmp_path)
+    counts = run(cfg)
+    [path] = list((tmp_path / "lm_summarize").glob("*/seed*/metrics.parquet"))
+    return counts, pd.read_parquet(path), json.loads((path.parent / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("estimator,critic", [("ppo_gae", True), ("grpo", False), ("rloo", False), ("remax", False)])
+def test_two_iterations_write_the_lm_metrics(tmp_path, estimator, critic):
+    counts, df, summary = run_one(tmp_path, f"estimator={estimator}")
+    assert counts == {"skipped": 0, "completed": 1} and summary["status"] == "completed"
+    assert list(df.iteration) == [1, 2] and set(METRIC_COLUMNS) <= set(df.columns)
+    assert df[LM_COLUMNS].notna().all().all()
+    assert (df.task == "lm_summarize").all() and (df.estimator == estimator).all() and (df.seed == 0).all()
+    assert (df.env_steps == df.tokens).all() and (df.episode_return == df.reward).all()
+    assert df.gold_reward.between(0, 1).all() and df.eval_return.between(0, 1).all()
+    assert (df.group_size == GROUP).all() and (df.kl_beta == 0.05).all()  # the task default
+    # before the first update the policy is the reference: KL exactly 0
+    assert df.kl_ref.iloc[0] == pytest.approx(0.0, abs=1e-6)
+    # tokens: every sampled token counted, greedy ones too (ReMax), nothing else
+    per_iter = df.tokens.diff().fillna(df.tokens.iloc[0])
+    sampled = df.response_len * PROMPTS * GROUP
+    extra = per_iter - sampled
+    if estimator == "remax":  # one greedy response per prompt, 1..MAX_LEN tokens each
+        assert ((extra >= PROMPTS - 1e-6) & (extra <= PROMPTS * MAX_LEN + 1e-6)).all()
+        assert df.greedy_reward.notna().all()
+    else:
+        assert extra.abs().max() < 1e-6 and df.greedy_reward.isna().all()
+    assert (df.tokens <= 2 * (PROMPTS * GROUP + PROMPTS) * MAX_LEN).all()
+    if critic:
+        assert df.value_loss.notna().all() and df.explained_variance.notna().all()
+        assert (df.adv_within_std > 0).all()  # a critic spreads credit over the tokens (C14)
+    else:
+        assert df.value_loss.isna().all() and df.explained_variance.isna().all()
+        assert (df.adv_within_std == 0).all()  # one advantage for every token of a response (C14)
+    if estimator in ("rloo", "remax"):  # update: pg never clips
+        assert (df.clip_frac == 0).all()
+    # a rerun of the same config finds the finished run and skips it
+    assert run(compose(f"estimator={estimator}", results_dir=tmp_path)) == {"skipped": 1}
+
+
+def test_kl_in_reward_is_folded_into_the_return(tmp_path):
+    _, df, _ = run_one(tmp_path, "estimator=rloo", "kl.in_reward=true", "kl.beta=0.5", "kl.estimator=k1")
+    # return of a response = score - beta * sum_t k1_t, and kl_ref is the mean of sum_t k1_t
+    assert df.return_mean.tolist() == pytest.approx((df.score - 0.5 * df.kl_ref).tolist(), abs=1e-5)
+    assert df.kl_loss.isna().all()
+
+
+def test_kl_as_loss_term_and_no_eos_penalty(tmp_path):
+    _, df, _ = run_one(tmp_path, "estimator=grpo", "kl.beta=0.1", "lm.no_eos_penalty=0.5", "lm.max_response_len=3",
+                       "loss_agg=seq_mean_token_sum_norm")
+    assert df.kl_loss.notna().all() and (df.kl_loss >= 0).all()  # k3 is non-negative
+    assert (df.no_eos_frac > 0).any()  # 3 tokens are too few for most summaries
+    assert df.score.tolist() == pytest.approx((df.reward - 0.5 * df.no_eos_frac).tolist(), abs=1e-5)
+    assert (df.return_mean == df.score).all()  # the KL is not in the reward
+
+
+def test_separate_critic_model_and_population(tmp_path):
+    cfg = compose("estimator=ppo_gae", "lm.critic=model", "population=2", "budget.iterations=1",
+                  results_dir=tmp_path)
+    assert run(cfg) == {"skipped": 0, "completed": 2}
+    frames = [pd.read_parquet(p) for p in sorted((tmp_path / "lm_summarize").glob("*/seed*/metrics.parquet"))]
+    assert sorted(int(f.seed.iloc[0]) for f in frames) == [0, 1]
+    assert all(f.value_loss.notna().all() for f in frames)
+
+
+def test_budget_in_tokens_stops_the_run(tmp_path):
+    _, df, summary = run_one(tmp_path, "estimator=rloo", "budget.iterations=null", "budget.tokens=30")
+    # stops at the first iteration whose cumulative tokens reach the budget
+    assert df.tokens.iloc[-1] >= 30 and (len(df) == 1 or df.tokens.iloc[-2] < 30)
+    assert summary["tokens"] == int(df.tokens.iloc[-1])
+
+
+def test_non_finite_update_is_recorded_as_diverged(tmp_path):
+    _, df, summary = run_one(tmp_path, "estimator=rloo", "lr=1e30", "budget.iterations=5", "max_grad_norm=null")
+    assert summary["status"] == "diverged" and "non-finite" in summary["reason"]
+    assert 1 <= len(df) < 5  # the rows up to the divergence are kept
