@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from harness.app import member_configs  # noqa: E402
 from harness.io import RunDir  # noqa: E402
 from harness.tasks.control import env_info, evaluate  # noqa: E402
-from harness.train.control import ControlTrainer  # noqa: E402
+from harness.train.control import ControlTrainer, default_threads  # noqa: E402
 from tests.control_helpers import make_cfg  # noqa: E402
 
 ZOO = ["task=cartpole", "estimator=ppo_gae", "task.num_envs=8", "task.rollout_steps=32", "minibatches=1",
@@ -44,13 +44,13 @@ def ours(steps: int, population: int, seed: int = 0) -> tuple[float, list[float]
         runs = [RunDir(m) for m in member_configs(cfg)]
         for r in runs:
             r.start()
-        default_threads = torch.get_num_threads()
-        torch.set_num_threads(int(cfg.threads or 1))  # what harness.train.control.train does
+        initial_threads = torch.get_num_threads()
+        torch.set_num_threads(default_threads(cfg, population))  # as harness.train.control.train
         trainer = ControlTrainer(cfg, runs)
         t0 = time.perf_counter()
         trainer.run()
         wall = time.perf_counter() - t0
-        torch.set_num_threads(default_threads)
+        torch.set_num_threads(initial_threads)
         info = env_info("CartPole-v1")
         returns = evaluate(trainer.agent, "CartPole-v1", 10, None, info, [10_000 + s for s in trainer.seeds])
     return wall, returns
@@ -69,12 +69,12 @@ def sb3(steps: int, threads: int, seed: int = 0) -> tuple[float, float]:
                 gamma=0.98, gae_lambda=0.8, clip_range=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
                 policy_kwargs=dict(net_arch=[64, 64], activation_fn=torch.nn.Tanh), seed=seed, device="cpu",
                 verbose=0)
-    default_threads = torch.get_num_threads()
+    initial_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     model.learn(total_timesteps=steps)
     wall = time.perf_counter() - t0
-    torch.set_num_threads(default_threads)
+    torch.set_num_threads(initial_threads)
     mean, _ = evaluate_policy(model, make_vec_env("CartPole-v1", n_envs=1, seed=10_000), n_eval_episodes=10,
                               deterministic=True)
     return wall, float(mean)
@@ -102,8 +102,8 @@ def main() -> None:
     t1, r1 = ours(args.steps, 1)
     print(f"ours ppo_gae population=1: {t1:.1f} s, final return {r1[0]:.1f}")
     if not args.skip_sb3:
-        default_threads = torch.get_num_threads()
-        for threads in sorted({default_threads, 1}, reverse=True):
+        initial_threads = torch.get_num_threads()
+        for threads in sorted({initial_threads, 1}, reverse=True):
             ts, rs = sb3(args.steps, threads)
             print(f"SB3 PPO (same settings, {threads} thread(s)): {ts:.1f} s, final return {rs:.1f}")
             print(f"-> ours / SB3 ({threads} thread(s)) wall time = {t1 / ts:.2f} (goal <= 0.50)")

@@ -53,7 +53,7 @@ class Config:
     results_dir: str = "results"
     mode: str = "train"  # train | probe (gradient bias/variance at a frozen policy)
     device: str = "cpu"  # auto | cpu | cuda
-    threads: Optional[int] = None  # torch intra-op threads; None: 1 for control, torch's default otherwise
+    threads: Optional[int] = None  # torch intra-op threads; None: the trainer's default (control: 1 alone, all cores for a population)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     eval_every: int = 10  # iterations; 0 disables iteration-based evaluation
     eval_every_steps: Optional[int] = None  # also evaluate each time env_steps crosses a multiple

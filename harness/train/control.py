@@ -9,6 +9,7 @@ statistics); the members share only the batched matmuls.
 from __future__ import annotations
 
 import math
+import os
 import time
 from types import SimpleNamespace
 
@@ -302,8 +303,14 @@ class ControlTrainer:
         }
 
 
+def default_threads(cfg: DictConfig, population: int) -> int:
+    """A lone small MLP gains nothing from intra-op threads (they only add synchronisation);
+    a population's batched matmuls do. Measured in benchmarks/control_speed.py."""
+    if cfg.threads:
+        return int(cfg.threads)
+    return 1 if population == 1 else (os.cpu_count() or 1)
+
+
 def train(cfg: DictConfig, runs: list[RunDir]) -> None:
-    # Small MLPs: intra-op threads only add synchronisation (measured in
-    # benchmarks/control_speed.py), so control runs default to one thread.
-    torch.set_num_threads(int(cfg.threads or 1))
+    torch.set_num_threads(default_threads(cfg, len(runs)))
     ControlTrainer(cfg, runs).run()
