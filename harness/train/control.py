@@ -308,7 +308,18 @@ def default_threads(cfg: DictConfig, population: int) -> int:
     a population's batched matmuls do. Measured in benchmarks/control_speed.py."""
     if cfg.threads:
         return int(cfg.threads)
-    return 1 if population == 1 else (os.cpu_count() or 1)
+    if population == 1:
+        return 1
+    cores = os.cpu_count() or 1
+    try:  # under a parallel Hydra launcher, share the cores among its workers
+        from hydra.core.hydra_config import HydraConfig
+
+        n_jobs = int(HydraConfig.get().launcher.get("n_jobs") or 1)
+    except Exception:
+        n_jobs = 1
+    if n_jobs < 1:  # joblib's -1: one worker per core
+        n_jobs = cores
+    return max(1, cores // n_jobs)
 
 
 def train(cfg: DictConfig, runs: list[RunDir]) -> None:
