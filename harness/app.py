@@ -7,7 +7,7 @@ import time
 import traceback
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from .config import validate
 from .io import RunDir

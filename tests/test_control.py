@@ -2,14 +2,13 @@
 truncation handled by hand-worked values, identical group starts, resume, populations."""
 import json
 
-import gymnasium as gym
 import pyarrow.parquet as pq
 import pytest
 import torch
 
 import tests.scripted_env  # noqa: F401  (registers ChainTest-v0 & co.)
 from harness.app import run
-from harness.estimators import gae
+from harness.estimators import EstimatorParams, gae, get_estimator
 from harness.io.rundir import METRIC_COLUMNS
 from harness.tasks.control import EpisodeCollector, MemberEnvs, StepCollector, env_info
 from harness.train.control import ControlTrainer
@@ -79,8 +78,8 @@ def test_truncation_bootstraps_from_the_real_final_observation():
     cfg = make_cfg(["task.env_id=ChainTrunc-v0", "estimator=ppo_gae", "gamma=0.5", "gae_lambda=1.0",
                     "task.num_envs=1", "task.rollout_steps=3", "task.hidden=[8]", "progress=false"])
     trainer = ControlTrainer.__new__(ControlTrainer)
-    trainer.cfg, trainer.P, trainer.spec = cfg, 1, __import__("harness.estimators", fromlist=["x"]).get_estimator("ppo_gae")
-    trainer.est_params = __import__("harness.estimators", fromlist=["x"]).EstimatorParams(gamma=0.5, gae_lambda=1.0)
+    trainer.cfg, trainer.P, trainer.spec = cfg, 1, get_estimator("ppo_gae")
+    trainer.est_params = EstimatorParams(gamma=0.5, gae_lambda=1.0)
 
     class PositionCritic:
         def value(self, obs):

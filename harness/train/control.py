@@ -22,7 +22,7 @@ from ..io import RunDir
 from ..losses import adaptive_kl_beta, entropy_bonus, explained_variance, get_policy_loss, kl_penalty, value_loss
 from ..models.control import ControlAgent
 from ..models.mlp import clip_grad_norm_per_member, member_view
-from ..tasks.control import EpisodeCollector, MemberEnvs, StepCollector, env_info, evaluate, seeds_from
+from ..tasks.control import EpisodeCollector, MemberEnvs, StepCollector, env_info, evaluate
 
 
 def _masked_mean_std(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,9 +90,7 @@ class ControlTrainer:
                 values = self.agent.value(ro.obs.transpose(0, 1).reshape(P, T * N, -1)).reshape(P, T, N).transpose(0, 1)
                 next_values = self.agent.value(ro.next_obs.transpose(0, 1).reshape(P, T * N, -1)).reshape(P, T, N).transpose(0, 1)
             values, next_values = flat(values), flat(next_values)
-        greedy = ro.greedy_scores = None
-        if ro.greedy_returns is not None:
-            greedy = ro.greedy_returns.reshape(-1)
+        greedy = None if ro.greedy_returns is None else ro.greedy_returns.reshape(-1)
         batch = AdvantageBatch(
             rewards=flat(ro.rewards), terminated=flat(ro.terminated), truncated=flat(ro.truncated),
             mask=flat(ro.mask), values=values, next_values=next_values, greedy_scores=greedy,
