@@ -153,13 +153,9 @@ class NotRun(Exception):
 # ============================================================================ bootstrap helpers
 
 def _interval(reps: np.ndarray) -> tuple[float, float]:
-    reps = np.asarray(reps, float)
-    reps = reps[np.isfinite(reps)]
-    if reps.size == 0:
-        return float("nan"), float("nan")
-    tail = 100 * (1 - CONFIDENCE) / 2
-    lo, hi = np.percentile(reps, [tail, 100 - tail])
-    return float(lo), float(hi)
+    from harness.probes.stats import percentile_interval  # one percentile rule for probes and claims
+
+    return percentile_interval(reps, CONFIDENCE)
 
 
 def paired_bootstrap(arrays: dict[str, np.ndarray], stat: Callable[[dict[str, np.ndarray]], np.ndarray],
