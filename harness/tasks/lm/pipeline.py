@@ -208,25 +208,23 @@ class LMTask:
     dtype: str = "auto"
     meta: dict = field(default_factory=dict)
 
-    def load_policy(self):
-        from transformers import AutoModelForCausalLM
-
+    def _load(self, auto_cls):
         with quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(self.policy_source)
+            model = auto_cls.from_pretrained(self.policy_source)
         if len(self.tokenizer) > model.get_input_embeddings().num_embeddings:
             model.resize_token_embeddings(len(self.tokenizer))
         disable_dropout(model)
         return model.to(self.device).eval()
+
+    def load_policy(self):
+        from transformers import AutoModelForCausalLM
+
+        return self._load(AutoModelForCausalLM)
 
     def load_backbone(self):
         from transformers import AutoModel
 
-        with quiet_transformers():
-            model = AutoModel.from_pretrained(self.policy_source)
-        if len(self.tokenizer) > model.get_input_embeddings().num_embeddings:
-            model.resize_token_embeddings(len(self.tokenizer))
-        disable_dropout(model)
-        return model.to(self.device).eval()
+        return self._load(AutoModel)
 
     def gold(self, examples: list[Example], responses: list[str]) -> torch.Tensor:
         return torch.tensor([gold_score(r, e) for r, e in zip(responses, examples)], dtype=torch.float32)
