@@ -91,3 +91,30 @@ def test_non_finite_update_is_recorded_as_diverged(tmp_path):
     _, df, summary = run_one(tmp_path, "estimator=rloo", "lr=1e30", "budget.iterations=5", "max_grad_norm=null")
     assert summary["status"] == "diverged" and "non-finite" in summary["reason"]
     assert 1 <= len(df) < 5  # the rows up to the divergence are kept
+
+
+def test_evaluation_scores_the_sft_policy_first_and_never_moves_training(tmp_path):
+    """``eval_return_init`` is the SFT policy's score under the very evaluation the rows use
+    (same prompts, same eval seed), and evaluating draws from its own generator: the training
+    rows of a run that evaluates every iteration equal those of a run that never evaluates."""
+    import torch
+
+    from harness.tasks.lm.pipeline import build_task, evaluate_gold
+    from harness.train.lm import LMTrainer
+
+    _, with_eval, summary = run_one(tmp_path / "a", "estimator=rloo", "lm.eval_samples=3")
+    _, no_eval, summary0 = run_one(tmp_path / "b", "estimator=rloo", "lm.eval_samples=3", "eval_every=0")
+    cols = ["reward", "gold_reward", "kl_ref", "policy_loss", "tokens"]
+    pd.testing.assert_frame_equal(with_eval[cols], no_eval[cols])
+    assert no_eval.eval_return.isna().all() and summary0["eval_return_init"] is None
+
+    cfg = compose("estimator=rloo", results_dir=tmp_path / "a")
+    task = build_task(cfg)
+    sft = task.load_policy()
+    args = (sft, task.tokenizer, task.held_out, 4, 10, 1.0)  # TINY: lm.eval_prompts=4, max_response_len=10
+    seed = int(cfg.lm.pipeline_seed) + LMTrainer.EVAL_SEED_OFFSET
+    want_sampled = evaluate_gold(*args, False, seed, torch.device("cpu"), samples=3)
+    want_greedy = evaluate_gold(*args, True, seed, torch.device("cpu"))
+    assert summary["eval_return_init"] == pytest.approx(want_sampled, abs=1e-12)
+    assert summary["eval_gold_greedy_init"] == pytest.approx(want_greedy, abs=1e-12)
+    assert with_eval.eval_gold_greedy.between(0, 1).all()

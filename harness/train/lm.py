@@ -41,7 +41,7 @@ from ..io import RunDir
 from ..losses import adaptive_kl_beta, entropy_bonus, explained_variance, get_policy_loss, kl_penalty, value_loss
 from ..models.lm import NonFiniteError, PolicyWithValue, ValueModel, generate, response_forward
 from ..tasks.lm.data import decode_responses, left_pad
-from ..tasks.lm.pipeline import LMTask, autocast, build_task
+from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_gold
 
 log = logging.getLogger("harness.lm")
 
@@ -297,21 +297,24 @@ class LMTrainer:
         return None
 
     # ------------------------------------------------------------------ eval
+    EVAL_SEED_OFFSET = 7919  # eval noise: seeded by lm.pipeline_seed only, shared by every run and estimator
+
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean gold score of greedy responses on the first ``lm.eval_prompts`` held-out prompts."""
-        split = self.task.held_out
-        n = min(int(self.lm.eval_prompts), len(split))
-        total = 0.0
-        for s in range(0, n, 256):
-            idx = list(range(s, min(n, s + 256)))
-            ids, mask = left_pad([split.prompt_ids[i] for i in idx], self.tok.pad_token_id, self.device)
-            with self._ac():
-                g = generate(self.policy.lm, ids, mask, self.lm.max_response_len, self.tok.eos_token_id,
-                             self.tok.pad_token_id, temperature=self.lm.temperature, greedy=True)
-            texts = decode_responses(self.tok, g.tokens, g.mask)
-            total += float(self.task.gold([split.examples[i] for i in idx], texts).sum())
-        return total / max(n, 1)
+    def evaluate(self) -> tuple[float, float]:
+        """``(sampled, greedy)`` mean gold score on the first ``lm.eval_prompts`` held-out prompts.
+
+        *sampled* (logged as ``eval_return``) is the policy's own objective, the gold score
+        expected under sampling at ``lm.temperature``, estimated from ``lm.eval_samples``
+        responses per prompt with common random numbers across evaluations, runs and estimators;
+        *greedy* (``eval_gold_greedy``) decodes the argmax response once per prompt.
+        """
+        lm = self.lm
+        args = (self.policy.lm, self.tok, self.task.held_out, int(lm.eval_prompts), int(lm.max_response_len),
+                float(lm.temperature))
+        seed = int(lm.pipeline_seed) + self.EVAL_SEED_OFFSET
+        sampled = evaluate_gold(*args, False, seed, self.device, self.task.dtype, samples=int(lm.eval_samples))
+        greedy = evaluate_gold(*args, True, seed, self.device, self.task.dtype)
+        return sampled, greedy
 
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
@@ -322,6 +325,8 @@ class LMTrainer:
                    desc=f"{cfg.task.name}/{cfg.estimator} seed={self.seed}", dynamic_ncols=True, leave=False)
         iteration = 0
         status, reason = "completed", None
+        # the starting (SFT) policy, scored by the same evaluation as every later eval row
+        init = self.evaluate() if cfg.eval_every > 0 else (None, None)
         try:
             while True:
                 iteration += 1
@@ -343,15 +348,16 @@ class LMTrainer:
                     self.kl_beta = adaptive_kl_beta(self.kl_beta, kl_ref, cfg.kl.kl_target)
                 done = (budget is not None and self.tokens >= budget) or (max_iters is not None and iteration >= max_iters)
                 eval_now = reason is None and cfg.eval_every > 0 and (iteration % cfg.eval_every == 0 or done)
-                eval_return = None
+                eval_return = eval_greedy = None
                 if eval_now:
                     try:
-                        eval_return = self.evaluate()
+                        eval_return, eval_greedy = self.evaluate()
                     except NonFiniteError as exc:
                         reason = f"{exc} (evaluation)"
                 wall = time.time() - t0
                 row = self._row(iteration, wall, time.time() - t_it, ro, stats, adv, returns, old_values, kl_ref,
                                 kl_tok, rewards, beta_used, eval_return)
+                row["eval_gold_greedy"] = eval_greedy
                 self.run_dir.log(row)
                 if reason is not None:
                     status, reason = "diverged", f"{reason} at iteration {iteration}"
@@ -367,7 +373,8 @@ class LMTrainer:
         finally:
             bar.close()
         self.run_dir.finish(status, reason, time.time() - t0, extra={
-            "tokens": self.tokens, "prompts_truncated": self.truncated_total, "pipeline": self.task.meta})
+            "tokens": self.tokens, "prompts_truncated": self.truncated_total, "pipeline": self.task.meta,
+            "eval_return_init": init[0], "eval_gold_greedy_init": init[1]})
 
     def _row(self, iteration, wall, it_time, ro: Rollout, stats, adv, returns, old_values, kl_ref, kl_tok, rewards,
              beta, eval_return) -> dict:

@@ -256,11 +256,16 @@ def _sample_texts(model, tokenizer, split: EncodedSplit, indices: list[int], n: 
 
 
 def evaluate_gold(model, tokenizer, split: EncodedSplit, n: int, max_response_len: int, temperature: float,
-                  greedy: bool, seed: int, device, dtype="auto") -> float:
+                  greedy: bool, seed: int, device, dtype="auto", samples: int = 1) -> float:
+    """Mean gold score over the first ``n`` prompts of ``split``, ``samples`` responses each.
+
+    Sampled responses come from a generator seeded with ``seed`` alone, so two policies evaluated
+    with one seed share their random numbers (and evaluation never moves the training RNG).
+    """
     gen = torch.Generator(device=device).manual_seed(seed)
     idx = list(range(min(n, len(split))))
-    rows, texts, _ = _sample_texts(model, tokenizer, split, idx, 1, max_response_len, temperature, greedy, gen,
-                                   device, dtype)
+    rows, texts, _ = _sample_texts(model, tokenizer, split, idx, 1 if greedy else samples, max_response_len,
+                                   temperature, greedy, gen, device, dtype)
     return sum(gold_score(t, split.examples[i]) for i, t in zip(rows, texts)) / max(len(rows), 1)
 
 

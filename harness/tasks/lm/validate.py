@@ -70,7 +70,7 @@ def validate_lm(cfg: Any) -> None:
         _bad("lm.critic", f"one of {list(CRITICS)}", lm.critic)
     if lm.dtype not in DTYPES:
         _bad("lm.dtype", f"one of {list(DTYPES)}", lm.dtype)
-    for key in ("max_prompt_len", "max_response_len", "prompts_per_iter", "eval_prompts"):
+    for key in ("max_prompt_len", "max_response_len", "prompts_per_iter", "eval_prompts", "eval_samples"):
         if int(lm[key]) < 1:
             _bad(f"lm.{key}", "an integer >= 1", lm[key])
     if not lm.temperature > 0:

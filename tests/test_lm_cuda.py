@@ -1,0 +1,54 @@
+"""The LM task's CUDA path (bf16 autocast, CUDA peak memory); skipped where no GPU is present.
+
+CI has no GPU: these run on a GPU machine (``python -m pytest -q tests/test_lm_cuda.py``)."""
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from harness.app import run
+from harness.models.lm import generate, response_forward, tiny_causal_lm
+from harness.tasks.lm.data import left_pad
+
+from .test_lm_common import compose, one_thread  # noqa: F401  (autouse fixture)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def test_c12_on_cuda_in_bf16():
+    """Teacher-forced log-probabilities equal the sampler's on CUDA under bf16 autocast, up to
+    bf16 rounding (C12 holds exactly in fp32; see tests/test_lm_model.py)."""
+    model = tiny_causal_lm(10, pad_token_id=0, eos_token_id=2, n_positions=64, n_layer=2, n_embd=32, n_head=2,
+                           seed=0).cuda().eval()
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 3], [4, 5], [9, 8, 7, 6]], 0, torch.device("cuda"))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        g = generate(model, ids, mask, 12, eos_token_id=2, pad_token_id=0, temperature=0.7,
+                     generator=torch.Generator(device="cuda").manual_seed(3))
+        with torch.no_grad():
+            tf = response_forward(model, ids, mask, g.tokens, g.mask, temperature=0.7)
+    m = g.mask.bool()
+    assert m.sum() > 3
+    assert torch.allclose(tf.logp[m].float(), g.logp[m].float(), atol=0.05, rtol=0)
+    # fp32 on the GPU: equal to float rounding, as on CPU
+    g32 = generate(model, ids, mask, 12, eos_token_id=2, pad_token_id=0, temperature=0.7,
+                   generator=torch.Generator(device="cuda").manual_seed(3))
+    with torch.no_grad():
+        tf32 = response_forward(model, ids, mask, g32.tokens, g32.mask, temperature=0.7)
+    m32 = g32.mask.bool()
+    assert torch.allclose(tf32.logp[m32], g32.logp[m32], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("estimator,critic", [("rloo", "head"), ("ppo_gae", "model")])
+def test_rl_iterations_on_cuda(tmp_path, estimator, critic):
+    cfg = compose(f"estimator={estimator}", f"lm.critic={critic}", "device=cuda", "budget.iterations=3",
+                  results_dir=tmp_path, cache_dir=tmp_path / "cache")
+    assert run(cfg) == {"skipped": 0, "completed": 1}
+    [path] = list((tmp_path / "lm_summarize").glob("*/seed*/metrics.parquet"))
+    df = pd.read_parquet(path)
+    summary = json.loads((path.parent / "summary.json").read_text())
+    assert summary["status"] == "completed" and list(df.iteration) == [1, 2, 3]
+    assert df[["reward", "gold_reward", "kl_ref", "entropy", "tokens_per_s"]].notna().all().all()
+    assert df.kl_ref.iloc[0] == pytest.approx(0.0, abs=1e-3)  # the policy starts as the reference
+    assert (df.peak_mem_mb > 0).all()  # from torch.cuda.max_memory_allocated
+    assert df.eval_return.between(0, 1).all()
