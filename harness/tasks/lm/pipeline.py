@@ -369,7 +369,7 @@ def train_reward_model(rm_source: Path, tokenizer, policy, train: EncodedSplit, 
     with torch.no_grad():
         ev_prompts = [held_out.examples[i].prompt for i in ev_rows]
         r = torch.cat([scorer.raw(ev_prompts[i:i + 256], ev_texts[i:i + 256], ev_fin[i:i + 256])
-                       for i in range(0, len(ev_rows), 256)])
+                       for i in range(0, len(ev_rows), 256)]).float().cpu()  # the calibration below runs on CPU
     acc = (sum(float(r[a] > r[b]) for a, b in ev_pairs) / len(ev_pairs)) if ev_pairs else float("nan")
     n_samples = len(ev_rows) - (len(set(ev_rows)) if rm_cfg.include_reference else 0)
     r, gold = r[:n_samples], torch.tensor(ev_gold[:n_samples])
