@@ -1,0 +1,431 @@
+"""Throughput of a whole RL iteration (sample, score, update): this harness's LM trainer vs TRL.
+
+Both sides train the same tiny SFT policy (the cached pipeline's, saved with ``save_pretrained``
+so TRL loads the identical weights and tokenizer) on the same prompts with the same settings,
+in one process, interleaved round by round (the order alternates between rounds), on CPU in
+fp32 with one intra-op thread:
+
+* ``lm.prompts_per_iter`` = 8 prompts x ``group_size`` / ``num_generations`` = 4 samples = 32
+  completions per iteration (one optimizer step), ``max_response_len`` / ``max_completion_length``
+  = 16 tokens, temperature 1.0, one epoch (``num_iterations=1``), the GRPO advantage
+  (group mean and std), clip 0.2, token-mean loss, the same learning rate (constant, Adam eps
+  1e-5, no weight decay, grad-norm clip 1.0), KL beta to the frozen SFT reference as a k3 loss
+  term (each ``--beta``);
+* reward: the programmatic gold score (``harness.tasks.lm.gold_score``, a plain Python
+  function) on both sides, so neither pays for a reward-model forward pass.
+
+Harness side: ``harness.app.run`` with ``estimator=grpo epochs=1 minibatches=1 group_size=4
+lm.reward=gold eval_every=0 budget.iterations=N``; per-iteration sampled tokens and time from
+the run's ``metrics.parquet`` (``tokens``, ``iter_time_s``, ``wall_time_s``).
+TRL side: ``trl.GRPOTrainer`` with a ``GRPOConfig`` holding the same settings; a
+``TrainerCallback`` times each optimizer step (generation, reward and update all happen inside
+it) and the reward function counts the sampled completion tokens (EOS included, as the harness
+counts them).
+
+Rates per side, the first ``--warmup`` iterations of each run excluded:
+
+* ``step`` (wall): sampled tokens / summed in-iteration wall time (harness ``iter_time_s``; TRL
+  ``on_step_begin`` -> ``on_step_end``);
+* ``cycle`` (wall): sampled tokens / wall time from the end of the last warm-up iteration to
+  the end of the last one (adds per-iteration logging and data loading on both sides);
+* ``cpu_step`` / ``cpu_cycle``: the same with this process's CPU time (``time.process_time``;
+  the harness's iterations are bracketed by wrapping ``LMTrainer.collect`` and ``_row`` here,
+  nothing in the harness changes). With one intra-op thread an iteration's CPU time hardly
+  moves when other jobs share the cores, so on a busy machine it is the steadier ratio.
+
+Tokens/s also follows the response length each policy drifts to (both start from the SFT
+policy, then sample on their own); the seconds-per-iteration columns are the length-free view.
+
+Work that differs (what each trainer does, not a setting): the harness always runs a
+teacher-forced forward of the policy for ``log pi_old`` and one of the reference (its ``kl_ref``
+metric), also at ``epochs=1`` and ``beta=0``; TRL skips the first when ``num_iterations=1`` and
+loads no reference model at ``beta=0``. TRL samples with ``model.generate``; the harness with
+its own KV-cache loop.
+
+Usage::
+
+    python benchmarks/lm_vs_trl.py [--iterations 30] [--warmup 5] [--rounds 3] [--beta 0.05 0]
+        [--lr 1e-4] [--cache DIR] [--out results.json]
+
+``--cache`` is the LM pipeline cache (default: a fresh temporary folder, where the SFT stage is
+built first, about a minute or two); the stage used is read, never written, once it exists.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from harness.app import run as harness_run
+from harness.config import register_configs
+from harness.tasks.lm import gold_score
+from harness.tasks.lm.pipeline import build_task
+
+PROMPTS_PER_ITER = 8
+GROUP_SIZE = 4
+MAX_LEN = 16
+TEMPERATURE = 1.0
+CLIP = 0.2
+ADAM_EPS = 1e-5
+MAX_GRAD_NORM = 1.0
+KINDS = ("step", "cycle", "cpu_step", "cpu_cycle")  # rates: wall clock in-iteration / whole loop, CPU time the same
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def base_overrides(cache: Path, results: Path, iterations: int, lr: float, beta: float, seed: int) -> list[str]:
+    return ["task=lm_summarize", "estimator=grpo", f"results_dir={results}", f"lm.cache_dir={cache}",
+            "threads=1", "device=cpu", "lm.dtype=float32", "progress=false", "eval_every=0",
+            "budget.tokens=null", f"budget.iterations={iterations}", "lm.reward=gold",
+            f"lm.prompts_per_iter={PROMPTS_PER_ITER}", f"group_size={GROUP_SIZE}",
+            f"lm.max_response_len={MAX_LEN}", f"lm.temperature={TEMPERATURE}", "lm.no_eos_penalty=0.0",
+            "epochs=1", "minibatches=1", "update=clip", f"clip_eps={CLIP}", "std_normalize=true",
+            "normalize_advantages=none", "loss_agg=token_mean", "ent_coef=0.0", f"max_grad_norm={MAX_GRAD_NORM}",
+            f"lr={lr}", f"kl.beta={beta}", "kl.estimator=k3", "kl.in_reward=false", "kl.target=ref",
+            "kl.adaptive=false", f"seed={seed}"]
+
+
+# --------------------------------------------------------------------------- rates
+def rates(tokens: list[int], step_s: list[float], ends: list[float], warmup: int) -> dict:
+    """Tokens/s over iterations ``warmup..`` (0-based): ``step`` from the in-iteration times,
+    ``cycle`` from the wall clock between the end of iteration ``warmup - 1`` and the last end."""
+    n = len(tokens)
+    if n <= warmup:
+        raise ValueError(f"only {n} iterations recorded, warm-up is {warmup}")
+    tok = sum(tokens[warmup:])
+    step = sum(step_s[warmup:])
+    start = ends[warmup - 1] if warmup > 0 else ends[0] - step_s[0]
+    cycle = ends[-1] - start
+    return {"iterations": n - warmup, "tokens": int(tok), "step_s": step, "cycle_s": cycle,
+            "tok_per_s_step": tok / step, "tok_per_s_cycle": tok / cycle,
+            "tokens_per_completion": tok / ((n - warmup) * PROMPTS_PER_ITER * GROUP_SIZE),
+            "s_per_iter_step": step / (n - warmup)}
+
+
+def all_rates(tokens, wall_step, wall_ends, cpu_step, cpu_ends, warmup: int) -> dict:
+    """Wall-clock rates, plus the same from this process's CPU time (``cpu_*``): with one
+    intra-op thread the CPU time of an iteration barely moves when other jobs share the cores,
+    so it is the steadier of the two on a busy machine (it omits time spent waiting, e.g. I/O)."""
+    r = rates(tokens, wall_step, wall_ends, warmup)
+    c = rates(tokens, cpu_step, cpu_ends, warmup)
+    r.update(cpu_step_s=c["step_s"], cpu_cycle_s=c["cycle_s"], tok_per_s_cpu_step=c["tok_per_s_step"],
+             tok_per_s_cpu_cycle=c["tok_per_s_cycle"], cpu_s_per_iter_step=c["s_per_iter_step"])
+    return r
+
+
+# --------------------------------------------------------------------------- harness side
+def run_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: float, beta: float, seed: int,
+                tag: str) -> dict:
+    results = scratch / "harness" / tag
+    cfg = compose(base_overrides(cache, results, iterations, lr, beta, seed))
+    # CPU-time probes (the parquet holds wall times only): an iteration starts with collect()
+    # and its iter_time_s is taken just before _row() is entered
+    from harness.train.lm import LMTrainer
+
+    cpu_begin: list[float] = []
+    cpu_end: list[float] = []
+    orig_collect, orig_row = LMTrainer.collect, LMTrainer._row
+
+    def collect(self, *a, **k):
+        cpu_begin.append(time.process_time())
+        return orig_collect(self, *a, **k)
+
+    def row(self, *a, **k):
+        cpu_end.append(time.process_time())
+        return orig_row(self, *a, **k)
+
+    LMTrainer.collect, LMTrainer._row = collect, row
+    t0 = time.time()
+    try:
+        counts = harness_run(cfg)
+    finally:
+        LMTrainer.collect, LMTrainer._row = orig_collect, orig_row
+    wall = time.time() - t0
+    paths = list((results / "lm_summarize" / "grpo").glob("seed*/metrics.parquet"))
+    if len(paths) != 1:
+        raise RuntimeError(f"harness run {tag}: expected one metrics.parquet, found {paths} (status {counts})")
+    df = pd.read_parquet(paths[0]).sort_values("iteration")
+    if len(df) != iterations:
+        raise RuntimeError(f"harness run {tag}: {len(df)} of {iterations} iterations logged (status {counts})")
+    if len(cpu_begin) != iterations or len(cpu_end) != iterations:
+        raise RuntimeError(f"harness run {tag}: CPU probes saw {len(cpu_begin)}/{len(cpu_end)} iterations")
+    tokens = df.tokens.diff().fillna(df.tokens.iloc[0]).astype(int).tolist()
+    r = all_rates(tokens, df.iter_time_s.tolist(), df.wall_time_s.tolist(),
+                  [e - b for b, e in zip(cpu_begin, cpu_end)], cpu_end, warmup)
+    r.update(process_wall_s=wall, gold_first5=float(df.gold_reward.head(5).mean()),
+             gold_last5=float(df.gold_reward.tail(5).mean()), kl_ref_last5=float(df.kl_ref.tail(5).mean()))
+    return r
+
+
+# --------------------------------------------------------------------------- TRL side
+def make_trl_trainer(model_dir: Path, prompts: list[str], examples: list, out_dir: Path, iterations: int,
+                     lr: float, beta: float, seed: int):
+    import datasets
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        PrinterCallback,
+        TrainerCallback,
+    )
+    from trl import GRPOConfig, GRPOTrainer
+
+    counter = {"tokens": 0, "completions": 0, "gold": []}
+
+    def gold_reward(prompts, completions, completion_ids, example_index, **kwargs):
+        counter["tokens"] += sum(len(c) for c in completion_ids)
+        counter["completions"] += len(completion_ids)
+        scores = [gold_score(c, examples[i]) for c, i in zip(completions, example_index)]
+        counter["gold"].append(sum(scores) / len(scores))
+        return scores
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.begin = self.cpu_begin = 0.0
+            self.tok0 = 0
+            self.tokens: list[int] = []
+            self.step_s: list[float] = []
+            self.ends: list[float] = []
+            self.cpu_step_s: list[float] = []
+            self.cpu_ends: list[float] = []
+
+        def on_train_begin(self, args, state, control, **kw):
+            torch.set_num_threads(1)
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.begin = time.perf_counter()
+            self.cpu_begin = time.process_time()
+            self.tok0 = counter["tokens"]
+
+        def on_step_end(self, args, state, control, **kw):
+            t, c = time.perf_counter(), time.process_time()
+            self.step_s.append(t - self.begin)
+            self.ends.append(t)
+            self.cpu_step_s.append(c - self.cpu_begin)
+            self.cpu_ends.append(c)
+            self.tokens.append(counter["tokens"] - self.tok0)
+
+    ds = datasets.Dataset.from_dict({"prompt": prompts, "example_index": list(range(len(prompts)))})
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    config = GRPOConfig(
+        output_dir=str(out_dir), use_cpu=True, bf16=False, fp16=False, seed=seed, data_seed=seed,
+        per_device_train_batch_size=PROMPTS_PER_ITER * GROUP_SIZE, gradient_accumulation_steps=1,
+        steps_per_generation=1, num_generations=GROUP_SIZE, max_completion_length=MAX_LEN,
+        num_iterations=1, temperature=TEMPERATURE, top_p=1.0, top_k=0,
+        beta=beta, use_bias_correction_kl=False, epsilon=CLIP, scale_rewards="group", loss_type="dapo",
+        mask_truncated_completions=False, disable_dropout=True,
+        learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_epsilon=ADAM_EPS, max_grad_norm=MAX_GRAD_NORM, optim="adamw_torch",
+        max_steps=iterations, logging_steps=1, report_to="none", save_strategy="no", eval_strategy="no",
+        disable_tqdm=True, dataloader_num_workers=0, dataloader_pin_memory=False, log_completions=False,
+    )
+    timer = StepTimer()
+    trainer = GRPOTrainer(model=model, reward_funcs=[gold_reward], args=config, train_dataset=ds,
+                          processing_class=tok, callbacks=[timer])
+    trainer.remove_callback(PrinterCallback)  # disable_tqdm prints every log dict to stdout; keep the output clean
+    return trainer, timer, counter, config
+
+
+def run_trl(model_dir: Path, prompts: list[str], examples: list, scratch: Path, iterations: int, warmup: int,
+            lr: float, beta: float, seed: int, tag: str) -> dict:
+    trainer, timer, counter, _ = make_trl_trainer(model_dir, prompts, examples, scratch / "trl" / tag,
+                                                  iterations, lr, beta, seed)
+    torch.set_num_threads(1)
+    t0 = time.time()
+    trainer.train()
+    wall = time.time() - t0
+    if torch.get_num_threads() != 1:
+        raise RuntimeError(f"TRL run {tag}: torch threads changed to {torch.get_num_threads()}")
+    if len(timer.tokens) != iterations:
+        raise RuntimeError(f"TRL run {tag}: {len(timer.tokens)} of {iterations} steps timed")
+    if counter["completions"] != iterations * PROMPTS_PER_ITER * GROUP_SIZE:
+        raise RuntimeError(f"TRL run {tag}: {counter['completions']} completions scored, expected "
+                           f"{iterations * PROMPTS_PER_ITER * GROUP_SIZE}")
+    logged = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
+    r = all_rates(timer.tokens, timer.step_s, timer.ends, timer.cpu_step_s, timer.cpu_ends, warmup)
+    kls = [h["kl"] for h in trainer.state.log_history if "kl" in h]
+    r.update(process_wall_s=wall, gold_first5=sum(counter["gold"][:5]) / 5, gold_last5=sum(counter["gold"][-5:]) / 5,
+             kl_ref_last5=(sum(kls[-5:]) / len(kls[-5:])) if kls else None,
+             logged_mean_length=(sum(logged[warmup:]) / len(logged[warmup:])) if len(logged) > warmup else None)
+    del trainer
+    gc.collect()
+    return r
+
+
+# --------------------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iterations", type=int, default=30, help="iterations (optimizer steps) per run")
+    ap.add_argument("--warmup", type=int, default=5, help="first iterations of each run left out of the rates")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of (harness run, TRL run) per beta")
+    ap.add_argument("--beta", type=float, nargs="+", default=[0.05, 0.0], help="KL beta(s), each run on both sides")
+    ap.add_argument("--lr", type=float, default=1e-4, help="learning rate, both sides")
+    ap.add_argument("--cache", default=None, help="LM pipeline cache folder (default: a fresh temporary one)")
+    ap.add_argument("--scratch", default=None, help="folder for run outputs (default: a fresh temporary one)")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+    if args.iterations <= args.warmup:
+        ap.error("--iterations must exceed --warmup")
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore")
+    logging.getLogger("harness").setLevel(logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    import transformers
+    import trl
+
+    t_start = time.time()
+    scratch = Path(args.scratch or tempfile.mkdtemp(prefix="lm-vs-trl-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    cache = Path(args.cache or scratch / ".cache" / "lm")
+
+    # the pipeline (SFT policy, tokenizer, prompts) and its saved copy for TRL
+    cfg = compose(base_overrides(cache, scratch / "harness", args.iterations, args.lr, args.beta[0], 0))
+    t0 = time.time()
+    task = build_task(cfg)
+    pipeline_s = time.time() - t0
+    model_dir = scratch / "sft_policy"
+    policy = task.load_policy()
+    policy.save_pretrained(model_dir, safe_serialization=True)
+    task.tokenizer.save_pretrained(model_dir)
+    del policy
+    # the same prompt texts the harness encodes (left-truncated to lm.max_prompt_len; decode(encode) is exact
+    # for the embedded corpus, so these are the harness prompts token for token)
+    split = task.train
+    prompts = [task.tokenizer.decode(ids) for ids in split.prompt_ids]
+    examples = split.examples
+    from transformers import AutoTokenizer
+
+    reloaded = AutoTokenizer.from_pretrained(str(model_dir))
+    mismatched = sum(reloaded(p, add_special_tokens=True)["input_ids"] != ids
+                     for p, ids in zip(prompts[:256], split.prompt_ids[:256]))
+    if mismatched:
+        raise RuntimeError(f"{mismatched} of 256 prompts tokenize differently for TRL than for the harness")
+
+    header = {
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
+                     "python": platform.python_version()},
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform()},
+        "settings": {"prompts_per_iter": PROMPTS_PER_ITER, "group_size": GROUP_SIZE, "max_len": MAX_LEN,
+                     "temperature": TEMPERATURE, "lr": args.lr, "epochs": 1, "clip": CLIP, "reward": "gold",
+                     "kl_estimator": "k3 (loss term)", "iterations": args.iterations, "warmup": args.warmup,
+                     "rounds": args.rounds, "betas": args.beta, "device": "cpu", "dtype": "float32"},
+        "pipeline": {"policy_source": task.policy_source, "load_s": pipeline_s,
+                     "sft_cached": task.meta.get("sft", {}).get("cached"),
+                     "n_params": sum(p.numel() for p in task.load_policy().parameters())},
+    }
+    print(json.dumps(header, indent=2), flush=True)
+
+    runs: list[dict] = []
+    for beta in args.beta:
+        for rnd in range(args.rounds):
+            order = ("harness", "trl") if rnd % 2 == 0 else ("trl", "harness")
+            row = {"beta": beta, "round": rnd, "order": "/".join(order)}
+            for side in order:
+                tag = f"b{beta:g}_r{rnd}"
+                if side == "harness":
+                    row["harness"] = run_harness(cache, scratch, args.iterations, args.warmup, args.lr, beta, rnd, tag)
+                else:
+                    row["trl"] = run_trl(model_dir, prompts, examples, scratch, args.iterations, args.warmup,
+                                         args.lr, beta, rnd, tag)
+            for k in KINDS:
+                row[f"ratio_{k}"] = row["harness"][f"tok_per_s_{k}"] / row["trl"][f"tok_per_s_{k}"]
+            runs.append(row)
+            h, t = row["harness"], row["trl"]
+            print(f"beta={beta:g} round={rnd} ({row['order']}): harness {h['tok_per_s_step']:.0f} tok/s, "
+                  f"TRL {t['tok_per_s_step']:.0f} tok/s, ratio {row['ratio_step']:.2f} "
+                  f"(wall cycle {row['ratio_cycle']:.2f}, CPU {row['ratio_cpu_step']:.2f})", flush=True)
+
+    summary = {}
+    for beta in args.beta:
+        rows = [r for r in runs if r["beta"] == beta]
+        s = {}
+        for k in KINDS:
+            s[f"harness_tok_per_s_{k}"] = statistics.median(r["harness"][f"tok_per_s_{k}"] for r in rows)
+            s[f"trl_tok_per_s_{k}"] = statistics.median(r["trl"][f"tok_per_s_{k}"] for r in rows)
+            s[f"ratio_{k}_median"] = statistics.median(r[f"ratio_{k}"] for r in rows)
+            s[f"ratio_{k}_min"] = min(r[f"ratio_{k}"] for r in rows)
+            s[f"ratio_{k}_max"] = max(r[f"ratio_{k}"] for r in rows)
+            s[f"ratio_{k}_of_medians"] = s[f"harness_tok_per_s_{k}"] / s[f"trl_tok_per_s_{k}"]
+        for side in ("harness", "trl"):
+            for key in ("tokens_per_completion", "s_per_iter_step", "cpu_s_per_iter_step"):
+                s[f"{side}_{key}"] = statistics.median(r[side][key] for r in rows)
+        summary[f"{beta:g}"] = s
+
+    total = time.time() - t_start
+
+    def line(cells) -> str:
+        return "| " + " | ".join(str(c) for c in cells) + " |"
+
+    print()
+    print(f"Sampled tokens/s of a whole RL iteration (sample + score + update), iterations {args.warmup + 1}-"
+          f"{args.iterations} of each run.")
+    print("wall = in-iteration wall time; cycle = wall clock of the whole loop (logging included); "
+          "CPU = this process's CPU time in the iteration. ratio = harness / TRL.")
+    print()
+    cols = ["beta", "round", "order", "harness wall", "TRL wall", "ratio wall", "ratio cycle", "harness CPU",
+            "TRL CPU", "ratio CPU", "tok/completion h / TRL", "s/iter wall h / TRL", "s/iter CPU h / TRL"]
+    print(line(cols))
+    print(line(["---"] * len(cols)))
+    for r in runs:
+        h, t = r["harness"], r["trl"]
+        print(line([f"{r['beta']:g}", r["round"], r["order"], f"{h['tok_per_s_step']:.0f}", f"{t['tok_per_s_step']:.0f}",
+                    f"{r['ratio_step']:.2f}", f"{r['ratio_cycle']:.2f}", f"{h['tok_per_s_cpu_step']:.0f}",
+                    f"{t['tok_per_s_cpu_step']:.0f}", f"{r['ratio_cpu_step']:.2f}",
+                    f"{h['tokens_per_completion']:.2f} / {t['tokens_per_completion']:.2f}",
+                    f"{h['s_per_iter_step']:.3f} / {t['s_per_iter_step']:.3f}",
+                    f"{h['cpu_s_per_iter_step']:.3f} / {t['cpu_s_per_iter_step']:.3f}"]))
+    for beta, s in summary.items():
+        print(line([beta, "median", "", f"{s['harness_tok_per_s_step']:.0f}", f"{s['trl_tok_per_s_step']:.0f}",
+                    f"{s['ratio_step_median']:.2f}", f"{s['ratio_cycle_median']:.2f}",
+                    f"{s['harness_tok_per_s_cpu_step']:.0f}", f"{s['trl_tok_per_s_cpu_step']:.0f}",
+                    f"{s['ratio_cpu_step_median']:.2f}",
+                    f"{s['harness_tokens_per_completion']:.2f} / {s['trl_tokens_per_completion']:.2f}",
+                    f"{s['harness_s_per_iter_step']:.3f} / {s['trl_s_per_iter_step']:.3f}",
+                    f"{s['harness_cpu_s_per_iter_step']:.3f} / {s['trl_cpu_s_per_iter_step']:.3f}"]))
+    print()
+    for beta, s in summary.items():
+        print(f"beta={beta}: harness / TRL tokens/s, median over {args.rounds} rounds: wall {s['ratio_step_median']:.2f}x "
+              f"(range {s['ratio_step_min']:.2f}-{s['ratio_step_max']:.2f}), CPU time {s['ratio_cpu_step_median']:.2f}x "
+              f"(range {s['ratio_cpu_step_min']:.2f}-{s['ratio_cpu_step_max']:.2f}); goal >= 2x")
+    print(f"command: {header['command']}")
+    print(f"total wall time: {total:.0f} s")
+    report = {**header, "runs": runs, "summary": summary, "total_wall_s": total}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
