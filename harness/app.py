@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import traceback
 from pathlib import Path
@@ -11,7 +12,6 @@ from omegaconf import DictConfig, open_dict
 
 from .config import validate
 from .io import RunDir
-from .io.rundir import FINISHED
 
 log = logging.getLogger("harness")
 
@@ -50,36 +50,93 @@ def get_worker(cfg: DictConfig):
     return get_trainer(cfg.task.family)
 
 
+def set_determinism(on: bool) -> dict:
+    """``deterministic=true``: deterministic torch kernels (an op without one raises, naming
+    itself), ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` if unset (cuBLAS needs it, before CUDA starts),
+    cuDNN without autotuning (``benchmark=False``) and with deterministic algorithms.
+    Harmless on CPU, whose kernels are already repeatable at a fixed thread count.
+    Returns the previous settings for :func:`restore_determinism`; ``on=False`` changes nothing."""
+    import torch
+
+    previous = {"algorithms": torch.are_deterministic_algorithms_enabled(),
+                "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+                "benchmark": torch.backends.cudnn.benchmark, "cudnn": torch.backends.cudnn.deterministic}
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+    return previous
+
+
+def restore_determinism(previous: dict) -> None:
+    """Undo :func:`set_determinism` (jobs of one sweep share the process)."""
+    import torch
+
+    torch.use_deterministic_algorithms(previous["algorithms"], warn_only=previous["warn_only"])
+    torch.backends.cudnn.benchmark = previous["benchmark"]
+    torch.backends.cudnn.deterministic = previous["cudnn"]
+
+
+def claim_runs(runs: list[RunDir], counts: dict[str, int]) -> list[RunDir]:
+    """The runs this process will do: not finished (:meth:`RunDir.finished` checks summary
+    *and* metrics, naming a corrupt file) and claimed (a run whose lock another live process
+    holds is skipped as ``held``, not failed). The caller releases the claims."""
+    todo = []
+    for r in runs:
+        status = r.finished()
+        if status is None and not r.claim():
+            counts["held"] = counts.get("held", 0) + 1
+            log.info("skip %s (held by another sweep: %s)", r.path, r.holder)
+            continue
+        if status is None:
+            status = r.finished(quiet=True)  # finished by another sweep before our claim?
+            if status is not None:
+                r.release()
+        if status is not None:
+            counts["skipped"] += 1
+            log.info("skip %s (already %s)", r.path, status)
+            continue
+        todo.append(r)
+    return todo
+
+
 def run(cfg: DictConfig) -> dict[str, int]:
     """Validate, skip finished members, train (or probe) the rest; returns counts by outcome.
 
     A run that raises is recorded as ``failed`` (with the traceback's last line as reason) and
     the sweep goes on; a non-finite loss or parameter is recorded as ``diverged`` by the trainer.
+    Each run is claimed (``.lock``) while this process works on it; a run another sweep holds
+    counts as ``held``. Control runs resume from their checkpoint (``checkpoint_every``).
     """
     validate(cfg)
     runs = [RunDir(m) for m in member_configs(cfg)]
-    todo = [r for r in runs if r.status() not in FINISHED]
-    counts = {"skipped": len(runs) - len(todo)}
-    for r in runs:
-        if r not in todo:
-            log.info("skip %s (already %s)", r.path, r.status())
+    counts = {"skipped": 0}
+    todo = claim_runs(runs, counts)
     if not todo:
         return counts
-    worker = get_worker(cfg)
-    for r in todo:
-        r.start()
-    t0 = time.time()
+    previous = set_determinism(bool(cfg.get("deterministic", False)))
     try:
-        worker(cfg, todo)
-    except Exception as exc:  # record, never drop
-        reason = f"{type(exc).__name__}: {exc}"
-        log.error("run failed: %s\n%s", reason, traceback.format_exc())
+        worker = get_worker(cfg)
+        resumable = cfg.task.family == "control" and cfg.mode == "train"
         for r in todo:
-            if r.status() is None:
-                r.finish("failed", reason, time.time() - t0)
-    for r in todo:
-        status = r.status() or "failed"
-        counts[status] = counts.get(status, 0) + 1
+            r.start(keep_checkpoint=resumable)
+        t0 = time.time()
+        try:
+            worker(cfg, todo)
+        except Exception as exc:  # record, never drop
+            reason = f"{type(exc).__name__}: {exc}"
+            log.error("run failed: %s\n%s", reason, traceback.format_exc())
+            for r in todo:
+                if r.status() is None:
+                    r.finish("failed", reason, time.time() - t0)
+        for r in todo:
+            status = r.status() or "failed"
+            counts[status] = counts.get(status, 0) + 1
+    finally:
+        restore_determinism(previous)
+        for r in todo:
+            r.release()
     return counts
 
 

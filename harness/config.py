@@ -6,7 +6,8 @@ with the field's name and what is allowed, before a run directory is created.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -54,6 +55,8 @@ class Config:
     mode: str = "train"  # train | probe (gradient bias/variance at a frozen policy)
     device: str = "cpu"  # auto | cpu | cuda
     threads: Optional[int] = None  # torch intra-op threads; None: the trainer's default (control: 1 alone, all cores for a population)
+    checkpoint_every: int = 0  # iterations between checkpoints (control trainer; resume continues from the last); 0: off
+    deterministic: bool = False  # torch deterministic algorithms + cuDNN/cuBLAS settings (GPU bitwise repeatability)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     eval_every: int = 10  # iterations; 0 disables iteration-based evaluation
     eval_every_steps: Optional[int] = None  # also evaluate each time env_steps crosses a multiple
@@ -97,6 +100,21 @@ MODES = ("train", "probe")
 DEVICES = ("auto", "cpu", "cuda")
 
 
+def check_known_keys(cfg: DictConfig) -> None:
+    """Refuse keys the schema does not know (``+foo=1`` adds one past struct mode)."""
+    nodes = (("", Config), ("task", TaskConfig), ("budget", BudgetConfig), ("kl", KLConfig))
+    for name, schema in nodes:
+        node = cfg if not name else cfg.get(name)
+        if not isinstance(node, DictConfig):
+            continue
+        known = {f.name for f in fields(schema)}
+        extra = sorted(str(k) for k in node.keys() if k not in known and not (k == "hydra" and not name))
+        if extra:
+            where = f"{name}." if name else ""
+            raise ValueError(f"{where}{extra[0]} is not a known setting (known keys{' of ' + name if name else ''}: "
+                             f"{sorted(known)})")
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ``ValueError`` naming the first invalid field and what it allows."""
     from .estimators import ESTIMATORS, KL_ESTIMATORS, get_estimator
@@ -105,6 +123,10 @@ def validate(cfg: DictConfig) -> None:
     def bad(field_name: str, allowed: str, value: Any) -> None:
         raise ValueError(f"{field_name} must be {allowed}, got {value!r}")
 
+    def finite(x: Any) -> bool:
+        return x is not None and math.isfinite(x)
+
+    check_known_keys(cfg)
     if cfg.estimator not in ESTIMATORS:
         bad("estimator", f"one of {sorted(ESTIMATORS)}", cfg.estimator)
     spec = get_estimator(cfg.estimator)
@@ -112,15 +134,32 @@ def validate(cfg: DictConfig) -> None:
         bad("task.family", f"one of {list(FAMILIES)}", cfg.task.family)
     if cfg.mode not in MODES:
         bad("mode", f"one of {list(MODES)}", cfg.mode)
+    family = cfg.task.family
+    for node, owner in (("lm", "lm"), ("toy", "toy")):  # task-specific nodes on another family
+        if cfg.get(node) is not None and family != owner:
+            keys = list(cfg[node].keys()) if isinstance(cfg[node], DictConfig) else []
+            bad(f"{node}.{keys[0]}" if keys else node,
+                f"unset for task.family={family} (the {node}.* settings belong to task.family={owner})",
+                cfg[node][keys[0]] if keys else cfg[node])
+    if cfg.get("probe") is not None and cfg.mode != "probe":
+        keys = list(cfg.probe.keys()) if isinstance(cfg.probe, DictConfig) else []
+        bad(f"probe.{keys[0]}" if keys else "probe", "unset unless mode=probe (probe.* settings configure the probes)",
+            cfg.probe[keys[0]] if keys else cfg.probe)
+    if not str(cfg.task.name) or "/" in str(cfg.task.name):
+        bad("task.name", "a non-empty name without '/' (it names the run directory's folder)", cfg.task.name)
+    if not str(cfg.results_dir).strip():
+        bad("results_dir", "a non-empty path", cfg.results_dir)
+    if cfg.seed < 0:
+        bad("seed", "an integer >= 0", cfg.seed)
     if not 0.0 < cfg.gamma <= 1.0:
         bad("gamma", "in (0, 1]", cfg.gamma)
     if not 0.0 <= cfg.gae_lambda <= 1.0:
         bad("gae_lambda", "in [0, 1]", cfg.gae_lambda)
-    if cfg.clip_eps is not None and cfg.clip_eps < 0:
-        bad("clip_eps", ">= 0 or null (no clipping)", cfg.clip_eps)
-    if cfg.clip_eps_high is not None and cfg.clip_eps_high < 0:
-        bad("clip_eps_high", ">= 0 or null", cfg.clip_eps_high)
-    if cfg.vf_clip_eps is not None and cfg.vf_clip_eps <= 0:
+    if cfg.clip_eps is not None and not (finite(cfg.clip_eps) and cfg.clip_eps > 0):
+        bad("clip_eps", "> 0 or null (no clipping)", cfg.clip_eps)
+    if cfg.clip_eps_high is not None and not (finite(cfg.clip_eps_high) and cfg.clip_eps_high > 0):
+        bad("clip_eps_high", "> 0 or null (the same as clip_eps)", cfg.clip_eps_high)
+    if cfg.vf_clip_eps is not None and not (finite(cfg.vf_clip_eps) and cfg.vf_clip_eps > 0):
         bad("vf_clip_eps", "> 0 or null", cfg.vf_clip_eps)
     if cfg.n_steps < 1:
         bad("n_steps", "an integer >= 1", cfg.n_steps)
@@ -136,22 +175,24 @@ def validate(cfg: DictConfig) -> None:
         bad("epochs", "an integer >= 1", cfg.epochs)
     if cfg.minibatches < 1:
         bad("minibatches", "an integer >= 1", cfg.minibatches)
-    if not cfg.lr > 0:
-        bad("lr", "> 0", cfg.lr)
+    if not (finite(cfg.lr) and cfg.lr > 0):
+        bad("lr", "a finite number > 0", cfg.lr)
     if cfg.normalize_advantages not in NORMALIZE:
         bad("normalize_advantages", f"one of {list(NORMALIZE)}", cfg.normalize_advantages)
     if cfg.loss_agg not in AGG_MODES:
         bad("loss_agg", f"one of {list(AGG_MODES)}", cfg.loss_agg)
     if cfg.kl.estimator not in KL_ESTIMATORS:
         bad("kl.estimator", f"one of {sorted(KL_ESTIMATORS)}", cfg.kl.estimator)
-    if cfg.kl.beta < 0:
-        bad("kl.beta", ">= 0", cfg.kl.beta)
-    if cfg.kl.adaptive and not cfg.kl.kl_target > 0:
+    if not (finite(cfg.kl.beta) and cfg.kl.beta >= 0):
+        bad("kl.beta", "a finite number >= 0", cfg.kl.beta)
+    if cfg.kl.adaptive and not (finite(cfg.kl.kl_target) and cfg.kl.kl_target > 0):
         bad("kl.kl_target", "> 0 with kl.adaptive", cfg.kl.kl_target)
-    if cfg.ent_coef < 0:
-        bad("ent_coef", ">= 0", cfg.ent_coef)
-    if cfg.vf_coef < 0:
-        bad("vf_coef", ">= 0", cfg.vf_coef)
+    if cfg.kl.target not in ("old", "ref"):
+        bad("kl.target", "one of ['old', 'ref']", cfg.kl.target)
+    if not (finite(cfg.ent_coef) and cfg.ent_coef >= 0):
+        bad("ent_coef", "a finite number >= 0", cfg.ent_coef)
+    if not (finite(cfg.vf_coef) and cfg.vf_coef >= 0):
+        bad("vf_coef", "a finite number >= 0", cfg.vf_coef)
     if cfg.grad_clip not in ("joint", "per_network"):
         bad("grad_clip", "one of ['joint', 'per_network']", cfg.grad_clip)
     if cfg.max_grad_norm is not None and not cfg.max_grad_norm > 0:
@@ -160,6 +201,13 @@ def validate(cfg: DictConfig) -> None:
         bad("device", f"one of {list(DEVICES)}", cfg.device)
     if cfg.threads is not None and cfg.threads < 1:
         bad("threads", ">= 1 or null", cfg.threads)
+    ck = cfg.get("checkpoint_every", 0)
+    if not isinstance(ck, int) or isinstance(ck, bool) or ck < 0:
+        bad("checkpoint_every", "an integer >= 0 (iterations; 0 disables checkpoints)", ck)
+    if ck and cfg.task.family != "control" and cfg.mode == "train":
+        bad("checkpoint_every", f"0 for task.family={cfg.task.family} (only the control trainer checkpoints)", ck)
+    if not isinstance(cfg.get("deterministic", False), bool):
+        bad("deterministic", "true or false", cfg.get("deterministic"))
     if cfg.eval_every < 0:
         bad("eval_every", ">= 0 (0 disables evaluation)", cfg.eval_every)
     if cfg.eval_every_steps is not None and cfg.eval_every_steps < 1:
@@ -169,6 +217,17 @@ def validate(cfg: DictConfig) -> None:
     b = cfg.budget
     if b.iterations is not None and b.iterations < 1:
         bad("budget.iterations", ">= 1 or null", b.iterations)
+    if b.env_steps is not None and b.env_steps < 1:
+        bad("budget.env_steps", ">= 1 or null", b.env_steps)
+    if b.tokens is not None and b.tokens < 1:
+        bad("budget.tokens", ">= 1 or null", b.tokens)
+    if family != "lm" and b.tokens is not None:  # it would be ignored: the run would use env_steps
+        bad("budget.tokens", f"null for task.family={family} (it counts LM response tokens; "
+            "set budget.env_steps or budget.iterations)", b.tokens)
+    if family == "lm" and b.env_steps is not None:
+        bad("budget.env_steps", "null for task.family=lm (the LM budget is budget.tokens)", b.env_steps)
+    if cfg.task.max_episode_steps is not None and cfg.task.max_episode_steps < 1:
+        bad("task.max_episode_steps", ">= 1 or null (the environment's own limit)", cfg.task.max_episode_steps)
     if cfg.task.family == "control":
         t = cfg.task
         if not t.env_id:
@@ -197,15 +256,31 @@ def validate(cfg: DictConfig) -> None:
             bad("task.hidden", "a non-empty list of positive widths", list(t.hidden))
         if t.activation not in ("tanh", "relu"):
             bad("task.activation", "one of ['relu', 'tanh']", t.activation)
+        if not finite(t.init_log_std):
+            bad("task.init_log_std", "a finite number", t.init_log_std)
+        if cfg.kl.target != "old":  # control runs penalise KL to the pre-update policy only
+            bad("kl.target", "'old' for task.family=control (there is no reference policy)", cfg.kl.target)
+        if cfg.kl.in_reward:
+            bad("kl.in_reward", "false for task.family=control (the KL penalty is a loss term)", cfg.kl.in_reward)
     if cfg.task.family == "lm":
         from .tasks.lm import validate_lm
 
         validate_lm(cfg)
     if cfg.task.family == "toy":
-        from .tasks.toy import validate_toy
+        from .tasks.toy import ToySpec, validate_toy
 
+        if isinstance(cfg.get("toy"), DictConfig):
+            known = {f.name for f in fields(ToySpec)}
+            extra = sorted(str(k) for k in cfg.toy.keys() if k not in known)
+            if extra:
+                raise ValueError(f"toy.{extra[0]} is not a known setting (known keys of toy: {sorted(known)})")
         validate_toy(cfg)
     if cfg.mode == "probe":
-        from .probes import validate_probe
+        from .probes import ProbeSettings, validate_probe
 
+        if isinstance(cfg.get("probe"), DictConfig):
+            known = {f.name for f in fields(ProbeSettings)}
+            extra = sorted(str(k) for k in cfg.probe.keys() if k not in known)
+            if extra:
+                raise ValueError(f"probe.{extra[0]} is not a known setting (known keys of probe: {sorted(known)})")
         validate_probe(cfg)

@@ -124,7 +124,7 @@ def test_toy_trainer_runs_every_estimator_and_logs_the_contract(tmp_path):
         missing = [c for c in METRIC_COLUMNS if c not in df.columns]
         assert not missing and len(df) == 3
         assert df["eval_return"].between(0, 1).all() and df["grad_cos"].notna().all()
-        assert (p.parent / "policy.pt").is_file()
+        assert (p.parent / "policy.safetensors").is_file()
     remax = pd.read_parquet(next(tmp_path.glob("toy/remax/*/metrics.parquet")))
     # env_steps counts sampled sequences, the greedy one of each of the 4 prompts included
     assert remax["env_steps"].tolist() == [12, 24, 36]

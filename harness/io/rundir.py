@@ -5,20 +5,34 @@ Layout (DESIGN.md, "Outputs")::
     <results_dir>/<task.name>/<estimator>/seed<seed>-<hash>/
         config.yaml        resolved config, written first
         metrics.parquet    one row per iteration (rewritten atomically as the run goes)
+        checkpoint.safetensors  the latest checkpoint (``checkpoint_every``; control runs)
         summary.json       written last: its presence marks the run finished
+        .lock              flock'd by the process running the run (pid, host, start time)
 
 ``hash`` covers the resolved config except ``seed`` (in the name), ``results_dir``,
-``population``, ``progress`` and ``threads``: a population member and a lone run of the same seed share a
-directory, and a rerun of the same sweep finds finished runs and skips them.
+``population``, ``progress``, ``threads``, ``checkpoint_every`` and ``deterministic``: a
+population member and a lone run of the same seed share a directory, a rerun of the same sweep
+finds finished runs and skips them, and switching checkpoints or deterministic kernels on
+(neither changes CPU results: resume is exact) keeps the directory and the hashes of older runs.
+
+Fault tolerance (issue 7): a run counts as finished only when ``summary.json`` parses, its
+status is ``completed`` or ``diverged`` and ``metrics.parquet`` reads back with iterations
+``1..n`` (``n`` = the summary's count); otherwise it is redone, with a log line naming the bad
+file. A run is claimed with ``fcntl.flock`` on ``.lock`` for as long as its process works on
+it, so two sweeps on one results folder never write the same run (the kernel drops the lock
+when the process dies, SIGKILL included: no stale locks).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
+import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +40,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: runs are not claimed
+    fcntl = None
+
+log = logging.getLogger("harness")
+
 FINISHED = ("completed", "diverged")
-_NOT_HASHED = ("seed", "results_dir", "population", "progress", "threads")
+# checkpoint_every, deterministic: added after runs existed; neither changes CPU results
+_NOT_HASHED = ("seed", "results_dir", "population", "progress", "threads", "checkpoint_every", "deterministic")
+LOCK_FILE = ".lock"
+CHECKPOINT_NAME = "checkpoint.safetensors"  # harness.io.checkpoint.CHECKPOINT_FILE
+# Test-only hook (tests/test_faults.py): seconds to sleep in the middle of every atomic write,
+# so that a SIGKILL at a random moment often lands inside a write. Unset in normal use.
+WRITE_DELAY_ENV = "HARNESS_TEST_WRITE_DELAY"
 _NOT_HASHED_NESTED = (("lm", "cache_dir"),)  # where a cache lives does not change the run
 
 # Columns every metrics.parquet carries (nulls where a value does not apply).
@@ -49,9 +76,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    delay = float(os.environ.get(WRITE_DELAY_ENV) or 0)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if delay > 0:  # half the bytes, a pause, the rest: a half-written temp file
+                f.write(data[:len(data) // 2])
+                f.flush()
+                time.sleep(delay)
+                f.write(data[len(data) // 2:])
+            else:
+                f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -122,24 +156,123 @@ def git_commit() -> str | None:
         return None
 
 
+def check_finished(path: Path, quiet: bool = False) -> str | None:
+    """The status of a *finished* run (``completed`` or ``diverged``), else None.
+
+    Finished means: ``summary.json`` parses and says so, and ``metrics.parquet`` reads with
+    iterations exactly ``1..n`` where ``n`` is the summary's ``iterations``. A corrupt or
+    truncated file, or metrics that disagree with the summary, mean the run is redone; a log
+    line names the file (unless ``quiet``). Never raises.
+    """
+    path = Path(path)
+    summary_path, metrics_path = path / "summary.json", path / "metrics.parquet"
+    if not summary_path.exists():
+        return None
+    say = (lambda *a: None) if quiet else log.warning
+    try:
+        summary = json.loads(summary_path.read_text())
+        status = summary["status"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        say("rerun %s: corrupt %s (%s: %s)", path, summary_path, type(exc).__name__, exc)
+        return None
+    if status not in FINISHED:
+        return None
+    try:
+        iterations = pq.read_table(metrics_path, columns=["iteration"]).column("iteration").to_pylist()
+    except Exception as exc:  # noqa: BLE001 - ArrowInvalid, OSError, KeyError...: any means corrupt
+        say("rerun %s: corrupt %s (%s: %s)", path, metrics_path, type(exc).__name__, exc)
+        return None
+    expected = summary.get("iterations", len(iterations))
+    if iterations != list(range(1, len(iterations) + 1)) or len(iterations) != expected:
+        say("rerun %s: %s holds iterations %s, %s says %s", path, metrics_path,
+            _span(iterations), summary_path.name, expected)
+        return None
+    return status
+
+
+def _span(its: list) -> str:
+    return f"[{its[0]}..{its[-1]}] ({len(its)} rows)" if its else "none"
+
+
 class RunDir:
-    """One run's directory: config first, metrics as they come, summary last."""
+    """One run's directory: config first, metrics as they come, summary last.
+
+    ``writable`` is False for the control trainer's shadow members (``harness.train.control``),
+    which are trained for their neighbours' sake but write nothing.
+    """
+
+    writable = True
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
         self.path = run_dir_for(cfg)
         self.run_id = f"{cfg.task.name}/{cfg.estimator}/{self.path.name}"
         self.rows: list[dict] = []
+        self._lock_fd: int | None = None
+        self.holder: str | None = None  # who holds the claim, after a failed :meth:`claim`
 
     def status(self) -> str | None:
         return run_status(self.path)
 
-    def start(self) -> None:
-        """Clear whatever an interrupted attempt left, then write config.yaml."""
+    def finished(self, quiet: bool = False) -> str | None:
+        """See :func:`check_finished`."""
+        return check_finished(self.path, quiet)
+
+    # ------------------------------------------------------------------ claim
+    def claim(self) -> bool:
+        """Take the run's lock (``flock`` on ``.lock``, not blocking); False if another
+        process holds it (its pid/host/start time in :attr:`holder`). Kept until
+        :meth:`release` or the process's death."""
+        if fcntl is None or self._lock_fd is not None:
+            return True
         self.path.mkdir(parents=True, exist_ok=True)
-        for name in ("summary.json", "metrics.parquet"):
-            (self.path / name).unlink(missing_ok=True)
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # BlockingIOError: held elsewhere
+            try:
+                self.holder = os.read(fd, 4096).decode(errors="replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode())
+        self._lock_fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # drops the flock; the file stays (removing it would race)
+            self._lock_fd = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, keep_checkpoint: bool = False) -> None:
+        """Clear whatever an interrupted attempt left (summary, temp files of killed writes;
+        metrics and checkpoint too unless ``keep_checkpoint``: the trainer then resumes or
+        calls :meth:`discard_progress`), then write config.yaml."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "summary.json").unlink(missing_ok=True)
+        for tmp in self.path.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+        if not keep_checkpoint:
+            self.discard_progress()
         atomic_write_text(self.path / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
+
+    def discard_progress(self) -> None:
+        """Start from zero: no metrics, no checkpoint."""
+        self.rows = []
+        for name in ("metrics.parquet", CHECKPOINT_NAME):
+            (self.path / name).unlink(missing_ok=True)
+
+    def resume_rows(self, rows: list[dict]) -> None:
+        """Continue from a checkpoint's rows: metrics.parquet is rewritten (atomically) with
+        exactly them, so rows logged after the checkpoint by the killed attempt are dropped."""
+        self.rows = list(rows)
+        self.flush()
+
+    def remove_checkpoint(self) -> None:
+        (self.path / CHECKPOINT_NAME).unlink(missing_ok=True)
 
     def log(self, row: dict) -> None:
         self.rows.append(row)

@@ -1,6 +1,6 @@
 """Gradient probes on the exact-gradient toy task.
 
-At a frozen policy (the initial one, random logits, or a training run's ``policy.pt``) the
+At a frozen policy (the initial one, random logits, or a training run's ``policy.safetensors``) the
 probe draws ``M = probe.batches`` independent batches of ``task.episodes_per_iter`` sequences
 (prompts x ``group_size``, the trainer's layout), runs the estimator chosen by name and the
 shared loss code on each batch, and differentiates that batch's loss with respect to the
@@ -124,11 +124,20 @@ def load_policy(task: ToyTask, s: ProbeSettings) -> tuple[torch.Tensor, torch.Te
     """``(theta, theta_ref, description)``: a checkpoint (run directory or file) or init logits."""
     if s.checkpoint:
         path = Path(s.checkpoint)
-        if path.is_dir():
-            path = path / "policy.pt"
+        if path.is_dir():  # policy.pt: runs written before policy.safetensors
+            path = next((path / n for n in ("policy.safetensors", "policy.pt") if (path / n).is_file()),
+                        path / "policy.safetensors")
         if not path.is_file():
             raise ValueError(f"probe.checkpoint: no policy checkpoint at {path}")
-        ck = torch.load(path, map_location="cpu", weights_only=False)
+        if path.suffix == ".safetensors":  # never unpickle what a results folder holds
+            from ..io.checkpoint import CheckpointError, load
+
+            try:
+                ck = load(path)[0]
+            except CheckpointError as exc:
+                raise ValueError(f"probe.checkpoint: {exc}") from None
+        else:
+            ck = torch.load(path, map_location="cpu", weights_only=True)
         theta = ck["theta"].to(DTYPE)
         if tuple(theta.shape) != task.param_shape:
             raise ValueError(f"probe.checkpoint {path} holds logits {list(theta.shape)}, the task needs "

@@ -76,6 +76,9 @@ class MemberEnvs:
         self.info = info
         self.population, self.num_envs = population, num_envs
         self.native = native
+        # Set to a list to record every action array sent to the envs (``[1, P, N, ...]`` per step):
+        # the control trainer's checkpoints replay them to restore the envs' state exactly.
+        self.action_log: list[np.ndarray] | None = None
 
     def reset(self, seeds: list[int | list[int]]) -> np.ndarray:
         return np.stack([env.reset(seed=s)[0] for env, s in zip(self.envs, seeds)]).astype(np.float32)
@@ -84,6 +87,21 @@ class MemberEnvs:
         a = actions.numpy()
         if not self.info.discrete:  # a diverged member's NaN actions must not crash its neighbours
             a = np.clip(np.nan_to_num(a), self.info.low, self.info.high)
+        if self.action_log is not None:
+            self.action_log.append(np.array(a, copy=True)[None])  # [1, P, N, ...]: concatenable
+        return self.step_numpy(a)
+
+    def replay(self, seeds: list[int | list[int]], actions: np.ndarray) -> np.ndarray | None:
+        """Reset with ``seeds`` and step through ``actions [S, P, N, ...]`` (as logged in
+        :attr:`action_log`): gymnasium envs are deterministic given their seed and actions, so
+        this rebuilds every env's internal state (physics, time limit, RNG) exactly. Returns the
+        last observation (the reset one when ``S == 0``)."""
+        obs = self.reset(seeds)
+        for a in actions:
+            obs = self.step_numpy(a)[0]
+        return obs
+
+    def step_numpy(self, a: np.ndarray):
         obs, rew, term, trunc = [], [], [], []
         for env, act in zip(self.envs, a):
             o, r, te, tr, _ = env.step(act)
@@ -124,7 +142,8 @@ class StepCollector:
 
     def __init__(self, envs: MemberEnvs, gens: list[torch.Generator], rollout_steps: int):
         self.envs, self.gens, self.T = envs, gens, rollout_steps
-        self.obs = torch.from_numpy(envs.reset([seeds_from(g, 1)[0] for g in gens]))
+        self.reset_seeds = [seeds_from(g, 1)[0] for g in gens]
+        self.obs = torch.from_numpy(envs.reset(self.reset_seeds))
         P, N = envs.population, envs.num_envs
         self.after_done = np.zeros((P, N), bool)  # the next step is a reset transition
         self.running = np.zeros((P, N), np.float32)

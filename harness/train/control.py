@@ -5,24 +5,70 @@ One code path for every estimator: the trainer asks the :class:`EstimatorSpec` w
 Seeds are a leading population axis ``P``: member ``p`` is the lone run with seed
 ``seed + p`` (own weights, generators, envs, optimizer state, gradient clipping, advantage
 statistics); the members share only the batched matmuls.
+
+Checkpoints (``checkpoint_every``, issue 7): every ``checkpoint_every`` iterations the whole
+population's state goes into ``checkpoint.safetensors`` in each still-running member's run
+directory (:mod:`harness.io.checkpoint`: safetensors + JSON, written atomically, never
+unpickled): weights (policy and critic), Adam state, the members' generators and the global
+torch/numpy/python RNG states, budgets, adaptive KL betas, evaluation schedule, every member's
+metric rows, and for step-based estimators the persistent envs' state, kept as the initial
+reset seeds plus every action sent to them (gymnasium envs are deterministic given both, so
+the envs are rebuilt by replaying the actions and checked against the saved observation).
+A restarted run resumes from the newest valid checkpoint of its population, its
+metrics.parquet truncated to the checkpoint's iteration; the result equals an uninterrupted
+run bit for bit (same thread count), with or without checkpoints. Members of the population
+that are already finished (or held by another sweep) are trained as *shadows* that write
+nothing, so the population, which couples members only through batch shapes, is the same as
+in an uninterrupted run.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from ..estimators import AdvantageBatch, EstimatorParams, get_estimator
-from ..io import RunDir
+from ..io import RunDir, atomic_write_bytes, config_hash
+from ..io import checkpoint as ckpt
 from ..losses import adaptive_kl_beta, entropy_bonus, explained_variance, get_policy_loss, kl_penalty, value_loss
 from ..models.control import ControlAgent
 from ..models.mlp import clip_grad_norm_per_member, member_view
 from ..tasks.control import EpisodeCollector, MemberEnvs, StepCollector, env_info, evaluate
+
+log = logging.getLogger("harness")
+CHECKPOINT_FORMAT = 1
+
+
+class ShadowRun(RunDir):
+    """A population member trained for its neighbours' sake (already finished, or held by
+    another sweep): rows are kept in memory (for checkpoints), nothing is written."""
+
+    writable = False
+
+    def start(self, keep_checkpoint: bool = False) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def finish(self, status, reason, wall_time_s, extra=None) -> None:
+        pass
+
+    def discard_progress(self) -> None:
+        self.rows = []
+
+    def resume_rows(self, rows: list[dict]) -> None:
+        self.rows = list(rows)
+
+    def remove_checkpoint(self) -> None:
+        pass
 
 
 def _masked_mean_std(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,6 +123,11 @@ class ControlTrainer:
             use_kl=bool(cfg.kl.beta > 0 or cfg.kl.adaptive), kl_estimator=cfg.kl.estimator)
         self.active = torch.ones(self.P, dtype=torch.bool)
         self.env_steps = torch.zeros(self.P, dtype=torch.long)
+        self.writable = torch.tensor([getattr(r, "writable", True) for r in runs], dtype=torch.bool)
+        self.outcome: list[dict | None] = [None] * self.P  # status/reason/wall once a member stops
+        self.checkpoint_every = int(cfg.get("checkpoint_every", 0) or 0)
+        if self.checkpoint_every and isinstance(self.collector, StepCollector):
+            self.collector.envs.action_log = []  # replayed on resume (persistent envs)
 
     # ------------------------------------------------------------------ advantages
     def advantages(self, ro):
@@ -197,20 +248,21 @@ class ControlTrainer:
                 member_view(self.optim.state[p][k], P)[:, frozen] = v
 
     # ------------------------------------------------------------------ loop
-    def run(self) -> None:
+    def run(self, resume: dict | None = None) -> None:
+        """Train until every writable member stopped; ``resume``: what :meth:`restore` returned."""
         cfg = self.cfg
         budget, max_iters = cfg.budget.env_steps, cfg.budget.iterations
-        t0 = time.time()
+        t0 = time.time() - (resume["wall_time_s"] if resume else 0.0)
         finished_flags = [False] * self.P
         bar = tqdm(total=budget or max_iters, disable=not cfg.progress, unit="step" if budget else "it",
                    desc=f"{cfg.task.name}/{cfg.estimator} seed={self.seeds[0]}" + (f"+{self.P - 1}" if self.P > 1 else ""),
                    dynamic_ncols=True, leave=False)
         lr0 = cfg.lr
-        iteration = 0
-        last_eval_steps = [0] * self.P
+        iteration = resume["iteration"] if resume else 0
+        last_eval_steps = list(resume["last_eval_steps"]) if resume else [0] * self.P
         recent: list[float] = []
         try:
-            while self.active.any():
+            while (self.active & self.writable).any():
                 iteration += 1
                 if cfg.anneal_lr and budget:
                     frac = 1.0 - float(self.env_steps.min()) / budget
@@ -250,26 +302,149 @@ class ControlTrainer:
                     row = self._row(p, iteration, wall, ro, stats, evals)
                     diverged = self._diverged(p, stats)
                     r.log(row)
-                    if diverged:
+                    if diverged or done_now[p]:
                         self.active[p] = False
-                        r.finish("diverged", f"{diverged} at iteration {iteration}", wall)
-                        finished_flags[p] = True
-                    elif done_now[p]:
-                        self.active[p] = False
-                        r.finish("completed", None, wall)
+                        self.outcome[p] = {"status": "diverged" if diverged else "completed",
+                                           "reason": f"{diverged} at iteration {iteration}" if diverged else None,
+                                           "wall_time_s": wall}
+                        r.finish(self.outcome[p]["status"], self.outcome[p]["reason"], wall)
+                        r.remove_checkpoint()  # finished: summary.json is the record now
                         finished_flags[p] = True
                     elif iteration % 10 == 0:
                         r.flush()
                     if ro.episode_returns[p]:
                         recent = (recent + ro.episode_returns[p])[-20:]
+                if self.checkpoint_every and iteration % self.checkpoint_every == 0:
+                    self.save_checkpoint(iteration, wall, last_eval_steps)
                 bar.n = int(self.env_steps.max()) if budget else iteration
                 bar.set_postfix(ret=f"{sum(recent) / max(len(recent), 1):.1f}",
                                 sps=f"{float(self.env_steps.sum()) / max(time.time() - t0, 1e-9):.0f}", refresh=False)
                 bar.refresh()
         finally:
             bar.close()
-            closer = getattr(self.collector, "close", None) or self.collector.envs.close
-            closer()
+            self.close()
+
+    # ------------------------------------------------------------------ checkpoints
+    def _named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return list(self.agent.named_parameters())
+
+    def checkpoint_state(self, iteration: int, wall: float, last_eval_steps: list[int]):
+        """``(tensors, meta)`` of the whole population after ``iteration``."""
+        tensors: dict[str, torch.Tensor] = {}
+        for name, prm in self._named_params():
+            tensors[f"param/{name}"] = prm.data
+            for key, value in self.optim.state.get(prm, {}).items():
+                tensors[f"adam/{name}/{key}"] = value
+        rng_t, rng_m = ckpt.rng_state(self.gens)
+        tensors.update(rng_t)
+        tensors.update({"kl_beta": self.kl_beta, "env_steps": self.env_steps, "active": self.active})
+        meta = {
+            "format": CHECKPOINT_FORMAT, "trainer": "control", "config_hash": config_hash(self.cfg),
+            "seeds": self.seeds, "iteration": iteration, "wall_time_s": wall,
+            "last_eval_steps": [int(x) for x in last_eval_steps], "rng": rng_m,
+            "members": [{"run_id": r.run_id, "outcome": self.outcome[p], "rows": r.rows}
+                        for p, r in enumerate(self.runs)],
+        }
+        if isinstance(self.collector, StepCollector):
+            c = self.collector
+            log_ = c.envs.action_log
+            actions = np.concatenate(log_) if log_ else np.zeros((0, self.P, c.envs.num_envs), np.int64)
+            c.envs.action_log = [actions]  # one array from now on (no repeated concatenation)
+            if self.info.discrete:  # category indices: the smallest integer type that holds them
+                actions = actions.astype(np.int8 if self.info.act_dim <= 127 else np.int32)
+            tensors.update({"collector/obs": c.obs, "collector/after_done": torch.from_numpy(c.after_done),
+                            "collector/running": torch.from_numpy(c.running),
+                            "collector/actions": torch.from_numpy(np.ascontiguousarray(actions))})
+            meta["reset_seeds"] = [int(x) for x in c.reset_seeds]
+        return tensors, meta
+
+    def save_checkpoint(self, iteration: int, wall: float, last_eval_steps: list[int]) -> None:
+        """Flush each running writable member's metrics, then write the population's checkpoint
+        into its run directory (one serialisation, one atomic write per directory)."""
+        targets = [r for p, r in enumerate(self.runs) if r.writable and self.active[p]]
+        if not targets:
+            return
+        for r in targets:
+            r.flush()
+        data = ckpt.dumps(*self.checkpoint_state(iteration, wall, last_eval_steps))
+        for r in targets:
+            atomic_write_bytes(r.path / ckpt.CHECKPOINT_FILE, data)
+
+    def check_checkpoint(self, meta: dict) -> None:
+        """Raise :class:`CheckpointError` unless ``meta`` is this population's (same config
+        hash, seeds and format) with consistent metric rows."""
+        def bad(msg):
+            raise ckpt.CheckpointError(msg)
+
+        if meta.get("format") != CHECKPOINT_FORMAT or meta.get("trainer") != "control":
+            bad(f"format {meta.get('format')!r} of trainer {meta.get('trainer')!r}, expected control format "
+                f"{CHECKPOINT_FORMAT}")
+        if meta.get("config_hash") != config_hash(self.cfg):
+            bad(f"config hash {meta.get('config_hash')!r} is not this run's {config_hash(self.cfg)!r}")
+        if meta.get("seeds") != self.seeds:
+            bad(f"saved by a population of seeds {meta.get('seeds')}, this one has {self.seeds}")
+        k = meta.get("iteration")
+        if not isinstance(k, int) or k < 1:
+            bad(f"iteration {k!r}")
+        members = meta.get("members")
+        if not isinstance(members, list) or len(members) != self.P:
+            bad("member list does not match the population")
+        for p, m in enumerate(members):
+            its = [row.get("iteration") for row in m.get("rows", [])]
+            if its != list(range(1, len(its) + 1)) or len(its) > k or (m.get("outcome") is None and len(its) != k):
+                bad(f"member {p} rows hold iterations {its[:1]}..{its[-1:]} at checkpoint iteration {k}")
+
+    def restore(self, tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+        """Load a checkpoint into this freshly built trainer; returns the loop's resume state.
+        Raises :class:`CheckpointError` (nothing written yet) if it does not fit."""
+        self.check_checkpoint(meta)
+        try:
+            with torch.no_grad():
+                for name, prm in self._named_params():
+                    t = tensors[f"param/{name}"]
+                    if t.shape != prm.shape or t.dtype != prm.dtype:
+                        raise ckpt.CheckpointError(f"param/{name}: saved {tuple(t.shape)} {t.dtype}, "
+                                                   f"model has {tuple(prm.shape)} {prm.dtype}")
+                    prm.data.copy_(t)
+                    state = {key[len(f"adam/{name}/"):]: v.clone() for key, v in tensors.items()
+                             if key.startswith(f"adam/{name}/")}
+                    if state:
+                        self.optim.state[prm] = state
+                self.kl_beta = tensors["kl_beta"].clone()
+                self.env_steps = tensors["env_steps"].clone()
+                self.active = tensors["active"].clone()
+            ckpt.set_rng_state(tensors, meta["rng"], self.gens)
+            if isinstance(self.collector, StepCollector):
+                c = self.collector
+                actions = tensors["collector/actions"].numpy()
+                if self.info.discrete:
+                    actions = actions.astype(np.int64)
+                obs = c.envs.replay(meta["reset_seeds"], actions)
+                if not np.array_equal(obs, tensors["collector/obs"].numpy()):
+                    raise ckpt.CheckpointError("replaying the saved actions does not reproduce the saved "
+                                               "observations (another gymnasium version?)")
+                c.reset_seeds = list(meta["reset_seeds"])
+                c.obs = tensors["collector/obs"].clone()
+                c.after_done = tensors["collector/after_done"].numpy().copy()
+                c.running = tensors["collector/running"].numpy().copy()
+                if c.envs.action_log is not None:
+                    c.envs.action_log = [actions]
+        except KeyError as exc:
+            raise ckpt.CheckpointError(f"missing tensor {exc}") from None
+        # fits: now (and only now) touch the run directories
+        for p, (r, m) in enumerate(zip(self.runs, meta["members"])):
+            self.outcome[p] = m.get("outcome")
+            r.resume_rows(m["rows"])
+            if self.outcome[p] is not None and not self.active[p]:  # stopped before the checkpoint
+                o = self.outcome[p]
+                r.finish(o["status"], o["reason"], o["wall_time_s"])
+                r.remove_checkpoint()
+        return {"iteration": meta["iteration"], "wall_time_s": float(meta["wall_time_s"]),
+                "last_eval_steps": meta["last_eval_steps"]}
+
+    def close(self) -> None:
+        closer = getattr(self.collector, "close", None) or self.collector.envs.close
+        closer()
 
     def _diverged(self, p: int, stats: dict[str, torch.Tensor]) -> str | None:
         for k in ("loss", "grad_norm"):
@@ -320,6 +495,56 @@ def default_threads(cfg: DictConfig, population: int) -> int:
     return max(1, cores // n_jobs)
 
 
+def population_runs(cfg: DictConfig, runs: list[RunDir]) -> list[RunDir]:
+    """All ``cfg.population`` members in seed order: ``runs`` where given, a :class:`ShadowRun`
+    for each other member (finished already, or held by another sweep)."""
+    from ..app import member_configs
+
+    members = member_configs(cfg)
+    mine = {int(r.cfg.seed): r for r in runs}
+    if not set(mine) <= {int(m.seed) for m in members}:  # not this config's members: as given
+        return list(runs)
+    return [mine.get(int(m.seed)) or ShadowRun(m) for m in members]
+
+
+def find_checkpoint(trainer: ControlTrainer) -> tuple[str, dict, dict] | None:
+    """The newest checkpoint in any member's directory that fits ``trainer``'s population,
+    as ``(path, tensors, meta)``; unusable ones are named in a log line and passed over."""
+    best = None
+    for r in trainer.runs:
+        path = r.path / ckpt.CHECKPOINT_FILE
+        if not path.is_file():
+            continue
+        try:
+            tensors, meta = ckpt.load(path)
+            trainer.check_checkpoint(meta)
+        except ckpt.CheckpointError as exc:
+            log.warning("not resuming from %s: %s", path, exc)
+            continue
+        if best is None or meta["iteration"] > best[2]["iteration"]:
+            best = (str(path), tensors, meta)
+    return best
+
+
 def train(cfg: DictConfig, runs: list[RunDir]) -> None:
-    torch.set_num_threads(default_threads(cfg, len(runs)))
-    ControlTrainer(cfg, runs).run()
+    """Train ``runs`` (claimed and started by :func:`harness.app.run`) as one population,
+    resuming from the newest valid checkpoint if there is one, else from zero."""
+    full = population_runs(cfg, runs)
+    torch.set_num_threads(default_threads(cfg, len(full)))
+    trainer = ControlTrainer(cfg, full)
+    resume = None
+    found = find_checkpoint(trainer)
+    if found is not None:
+        path, tensors, meta = found
+        try:
+            resume = trainer.restore(tensors, meta)
+            log.info("resume %s from %s at iteration %d (metrics.parquet truncated to it)",
+                     ", ".join(r.run_id for r in runs), path, resume["iteration"])
+        except ckpt.CheckpointError as exc:
+            log.warning("not resuming from %s: %s; starting from zero", path, exc)
+            trainer.close()
+            trainer = ControlTrainer(cfg, full)
+    if resume is None:
+        for r in full:
+            r.discard_progress()
+    trainer.run(resume)

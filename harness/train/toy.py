@@ -22,7 +22,6 @@ With ``mode=probe`` the app calls :func:`harness.probes.run_probe` instead.
 """
 from __future__ import annotations
 
-import io
 import math
 import time
 from types import SimpleNamespace
@@ -32,9 +31,12 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from ..estimators import AdvantageBatch, EstimatorParams, get_estimator, kl_estimate
-from ..io import RunDir, atomic_write_bytes
+from ..io import RunDir
+from ..io import checkpoint as ckpt
 from ..losses import entropy_bonus, explained_variance, get_policy_loss, kl_penalty, value_loss
 from ..tasks.toy import DTYPE, ToyTask, build_task, time_major, validate_toy
+
+POLICY_FILE = "policy.safetensors"  # the final policy (older runs: policy.pt, a torch.save dict)
 
 
 def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -231,11 +233,12 @@ class ToyTrainer:
             "toy_spec": repr(self.task.spec)})
 
     def save_checkpoint(self, iteration: int) -> None:
-        buf = io.BytesIO()
-        torch.save({"theta": self.theta.detach().clone(), "theta_ref": self.theta_ref,
-                    "critic": None if self.critic is None else self.critic.detach().clone(),
-                    "iteration": iteration, "spec": repr(self.task.spec)}, buf)
-        atomic_write_bytes(self.run_dir.path / "policy.pt", buf.getvalue())
+        """The final policy for ``mode=probe`` (``probe.checkpoint=<run dir>``), as
+        ``policy.safetensors`` through :mod:`harness.io.checkpoint` (no pickles)."""
+        tensors = {"theta": self.theta.detach(), "theta_ref": self.theta_ref}
+        if self.critic is not None:
+            tensors["critic"] = self.critic.detach()
+        ckpt.save(self.run_dir.path / POLICY_FILE, tensors, {"iteration": iteration, "spec": repr(self.task.spec)})
 
     def _diverged(self, stats) -> str | None:
         for k in ("loss", "grad_norm"):

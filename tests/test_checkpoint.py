@@ -1,0 +1,288 @@
+"""Checkpoints and resume (issue 7), in process on CPU: a run killed midway and restarted
+ends with exactly the metrics of an uninterrupted run; corrupt files are named and redone;
+nothing is unpickled; run-directory hashes of existing configs do not move.
+
+A "kill" here raises a ``BaseException`` out of the training loop, which the app does not
+catch: no summary.json is written, as after SIGKILL (tests/test_faults.py kills real processes).
+"""
+import json
+import logging
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from harness.app import restore_determinism, run, set_determinism
+from harness.config import validate
+from harness.io import checkpoint as ckpt
+from harness.io import config_hash
+from harness.train.control import ControlTrainer
+from tests.control_helpers import TINY, make_cfg
+
+
+class Killed(BaseException):
+    """Not an Exception: the app records nothing, like a SIGKILL."""
+
+
+def kill_at(monkeypatch, iteration: int) -> None:
+    """Make the control trainer die while building iteration ``iteration``'s metric rows."""
+    original = ControlTrainer._row
+
+    def row(self, p, it, *args):
+        if it == iteration:
+            raise Killed(f"killed at iteration {it}")
+        return original(self, p, it, *args)
+
+    monkeypatch.setattr(ControlTrainer, "_row", row)
+
+
+def count_updates(monkeypatch) -> list[int]:
+    calls = []
+    original = ControlTrainer.update
+
+    def update(self, *args):
+        calls.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(ControlTrainer, "update", update)
+    return calls
+
+
+def metrics_by_run(root) -> dict[str, pd.DataFrame]:
+    """Each run directory's metrics (wall clock dropped) keyed by its path below ``root``."""
+    out = {}
+    for p in sorted(root.rglob("metrics.parquet")):
+        out[str(p.parent.relative_to(root))] = pq.read_table(p).to_pandas().drop(columns=["wall_time_s"])
+    return out
+
+
+def statuses(root) -> dict[str, str]:
+    return {str(p.parent.relative_to(root)): json.loads(p.read_text())["status"] for p in root.rglob("summary.json")}
+
+
+def assert_same_runs(a, b) -> None:
+    ma, mb = metrics_by_run(a), metrics_by_run(b)
+    assert sorted(ma) == sorted(mb) and ma
+    for key in ma:
+        pd.testing.assert_frame_equal(ma[key], mb[key], check_exact=True, obj=key)
+    assert statuses(a) == statuses(b)
+
+
+CASES = {  # overrides, iteration at which the run is killed (checkpoints every 3 iterations)
+    # persistent native vector envs (replayed), discrete, a population of 2; metrics were
+    # flushed at iteration 10, after the checkpoint at 9: resume truncates them
+    "ppo_gae": (["task=cartpole", "estimator=ppo_gae", "population=2", "budget.iterations=14"], 11),
+    # persistent SyncVectorEnv, continuous actions, adaptive KL beta carried over
+    "a2c_pendulum": (["task=pendulum", "estimator=a2c", "kl.adaptive=true", "kl.beta=0.01",
+                      "budget.iterations=14"], 11),
+    # whole episodes; the members reach the step budget at iterations 12, 13 and 14: at the
+    # checkpoint (12) one is frozen, at the kill (14) two are finished, so the restart trains
+    # those two as shadows (same population, nothing written) next to the one it resumes
+    "rloo": (["task=cartpole", "estimator=rloo", "population=3", "budget.iterations=null",
+              "budget.env_steps=1100", "task.max_episode_steps=60"], 14),
+    # greedy rollouts
+    "remax": (["task=cartpole", "estimator=remax", "budget.iterations=14"], 11),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_killed_run_resumes_from_checkpoint_with_identical_metrics(case, tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="harness")
+    overrides, kill = CASES[case]
+    every = 3
+    resumed_at = (kill - 1) // every * every
+    args = TINY + overrides + ["eval_every=4", f"checkpoint_every={every}", "threads=1"]
+    run(make_cfg(args + [f"results_dir={tmp_path}/plain", "checkpoint_every=0"]))
+    run(make_cfg(args + [f"results_dir={tmp_path}/ref"]))
+    # checkpointing itself changes nothing (the action log replays the envs exactly)
+    assert_same_runs(tmp_path / "plain", tmp_path / "ref")
+    ref = metrics_by_run(tmp_path / "ref")
+    n_iter = max(len(df) for df in ref.values())
+
+    kill_at(monkeypatch, kill)
+    with pytest.raises(Killed):
+        run(make_cfg(args + [f"results_dir={tmp_path}/killed"]))
+    monkeypatch.undo()
+    killed = tmp_path / "killed"
+    done = set(statuses(killed))
+    for key, df in metrics_by_run(killed).items():
+        if key in done:  # finished before the kill: complete
+            pd.testing.assert_frame_equal(df, ref[key], check_exact=True)
+        else:  # half-way: no summary, rows 1..n with n at or past the checkpoint
+            assert resumed_at <= len(df) < kill and df["iteration"].tolist() == list(range(1, len(df) + 1))
+            assert ckpt.load(killed / key / ckpt.CHECKPOINT_FILE)[1]["iteration"] == resumed_at
+    if case == "rloo":
+        assert len(done) == 2
+    elif case == "ppo_gae":
+        assert not done and all(len(df) == 10 for df in metrics_by_run(killed).values())
+
+    updates = count_updates(monkeypatch)
+    counts = run(make_cfg(args + [f"results_dir={killed}"]))
+    assert counts == {"skipped": len(done), "completed": len(ref) - len(done)}
+    assert len(updates) == n_iter - resumed_at  # resumed at the checkpoint, not from zero
+    assert any("resume" in r.message and f"at iteration {resumed_at}" in r.message for r in caplog.records)
+    assert_same_runs(tmp_path / "ref", killed)
+    assert not list(killed.rglob(ckpt.CHECKPOINT_FILE))  # finished runs keep no checkpoint
+    assert not list(killed.rglob(".*.tmp"))
+
+
+def test_checkpoint_is_safetensors_with_weights_optimizer_and_rng(tmp_path, monkeypatch):
+    args = TINY + ["task=cartpole", "estimator=ppo_gae", "budget.iterations=6", "checkpoint_every=2",
+                   f"results_dir={tmp_path}"]
+    kill_at(monkeypatch, 5)
+    with pytest.raises(Killed):
+        run(make_cfg(args))
+    (path,) = tmp_path.rglob(ckpt.CHECKPOINT_FILE)
+    raw = path.read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])  # safetensors: length + JSON
+    assert "__metadata__" in header and raw[:1] != b"\x80"  # not a pickle (protocol byte 0x80)
+    tensors, meta = ckpt.load(path)
+    assert meta["iteration"] == 4 and meta["seeds"] == [0]
+    names = set(tensors)
+    assert {"param/net.weights.0", "param/net.biases.0", "rng/torch", "rng/generator0", "rng/numpy_keys",
+            "kl_beta", "env_steps", "collector/actions"} <= names
+    assert {"adam/net.weights.0/exp_avg", "adam/net.weights.0/exp_avg_sq", "adam/net.weights.0/step"} <= names
+    # policy and critic rows (P=1: [actor, critic]); 4 iterations x 8 steps of 2 envs logged
+    assert tensors["param/net.weights.0"].shape[0] == 2
+    assert tuple(tensors["collector/actions"].shape) == (4 * 8, 1, 2)
+    assert [r["iteration"] for r in meta["members"][0]["rows"]] == [1, 2, 3, 4]
+    assert len(meta["rng"]["python"][1]) == 625
+
+
+def test_rng_states_round_trip_through_a_checkpoint(tmp_path):
+    import random
+
+    import numpy as np
+
+    g = torch.Generator().manual_seed(5)
+    tensors, meta = ckpt.rng_state([g])
+    ckpt.save(tmp_path / "c.safetensors", tensors, {"rng": meta})
+    first = (random.random(), float(np.random.rand()), float(torch.rand(())), float(torch.rand((), generator=g)))
+    t2, m2 = ckpt.load(tmp_path / "c.safetensors")
+    ckpt.set_rng_state(t2, m2["rng"], [g])
+    again = (random.random(), float(np.random.rand()), float(torch.rand(())), float(torch.rand((), generator=g)))
+    assert first == again
+
+
+def _finished_run(tmp_path, extra=()):
+    args = TINY + ["task=cartpole", "estimator=a2c", "budget.iterations=6", f"results_dir={tmp_path}", *extra]
+    assert run(make_cfg(args)) == {"skipped": 0, "completed": 1}
+    (d,) = {p.parent for p in tmp_path.rglob("summary.json")}
+    return args, d, pq.read_table(d / "metrics.parquet").to_pandas().drop(columns=["wall_time_s"])
+
+
+@pytest.mark.parametrize("damage", ["truncated_metrics", "garbage_summary", "short_metrics", "empty_summary"])
+def test_corrupt_file_of_a_finished_run_makes_resume_redo_it(damage, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="harness")
+    args, d, before = _finished_run(tmp_path)
+    m, s = d / "metrics.parquet", d / "summary.json"
+    if damage == "truncated_metrics":
+        m.write_bytes(m.read_bytes()[: m.stat().st_size // 2])
+    elif damage == "garbage_summary":
+        s.write_text('{"status": "compl')
+    elif damage == "short_metrics":  # a valid parquet file, but rows missing for the summary's count
+        pq.write_table(pq.read_table(m).slice(0, 3), m)
+    else:
+        s.write_bytes(b"")
+    named = s if "summary" in damage else m
+    assert run(make_cfg(args)) == {"skipped": 0, "completed": 1}  # redone, never "skipped"
+    assert any(str(named) in r.message and "rerun" in r.message for r in caplog.records), named
+    after = pq.read_table(m).to_pandas().drop(columns=["wall_time_s"])
+    pd.testing.assert_frame_equal(before, after, check_exact=True)
+    assert run(make_cfg(args)) == {"skipped": 1}
+
+
+def test_corrupt_metrics_of_a_killed_run_resume_from_its_checkpoint(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="harness")
+    args = TINY + ["task=cartpole", "estimator=ppo_gae", "budget.iterations=12", "checkpoint_every=4"]
+    run(make_cfg(args + [f"results_dir={tmp_path}/ref"]))
+    kill_at(monkeypatch, 11)
+    with pytest.raises(Killed):
+        run(make_cfg(args + [f"results_dir={tmp_path}/k"]))
+    monkeypatch.undo()
+    (m,) = (tmp_path / "k").rglob("metrics.parquet")
+    m.write_bytes(b"PAR1 not really")  # the rows live in the checkpoint too
+    updates = count_updates(monkeypatch)
+    assert run(make_cfg(args + [f"results_dir={tmp_path}/k"])) == {"skipped": 0, "completed": 1}
+    assert len(updates) == 12 - 8
+    assert_same_runs(tmp_path / "ref", tmp_path / "k")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "other_population"])
+def test_unusable_checkpoint_is_named_and_the_run_restarts_from_zero(damage, tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="harness")
+    args = TINY + ["task=cartpole", "estimator=rloo", "budget.iterations=8", "checkpoint_every=2"]
+    run(make_cfg(args + [f"results_dir={tmp_path}/ref"]))
+    kill_at(monkeypatch, 7)
+    with pytest.raises(Killed):
+        run(make_cfg(args + [f"results_dir={tmp_path}/k"]))
+    monkeypatch.undo()
+    (c,) = (tmp_path / "k").rglob(ckpt.CHECKPOINT_FILE)
+    if damage == "truncated":
+        c.write_bytes(c.read_bytes()[:100])
+    else:  # a checkpoint of seeds [0, 1] (population=2 shares seed 0's directory): does not fit
+        tensors, meta = ckpt.load(c)
+        meta["seeds"] = [0, 1]
+        ckpt.save(c, tensors, meta)
+    updates = count_updates(monkeypatch)
+    assert run(make_cfg(args + [f"results_dir={tmp_path}/k"])) == {"skipped": 0, "completed": 1}
+    assert len(updates) == 8  # from zero
+    assert any(str(c) in r.message and "not resuming" in r.message for r in caplog.records)
+    assert_same_runs(tmp_path / "ref", tmp_path / "k")
+
+
+@pytest.mark.parametrize("value", [-1, "3", 2.5, True, None])
+def test_checkpoint_every_must_be_a_non_negative_integer(value):
+    from omegaconf import OmegaConf
+
+    # untyped copy: the schema would refuse (or coerce) some of these at composition already
+    cfg = OmegaConf.create(OmegaConf.to_container(make_cfg(["task=cartpole", "estimator=a2c", *TINY])))
+    cfg.checkpoint_every = value
+    with pytest.raises(ValueError, match="checkpoint_every must be an integer >= 0"):
+        validate(cfg)
+
+
+def test_checkpoint_every_is_refused_where_no_trainer_checkpoints():
+    cfg = make_cfg(["task=toy", "estimator=rloo", "checkpoint_every=5"])
+    with pytest.raises(ValueError, match="checkpoint_every must be 0 for task.family=toy"):
+        validate(cfg)
+
+
+def test_new_fields_leave_run_directory_hashes_unchanged():
+    """Hashes computed before checkpoint_every/deterministic existed: finished runs of older
+    sweeps are still found (and skipped) after the upgrade."""
+    pinned = {
+        (): "ab1ce9aeb4",
+        ("estimator=rloo",): "89080fd17d",
+        ("task=toy", "estimator=grpo"): "80604a49ef",
+        (*TINY, "estimator=a2c", "seed=3"): "4f74fd32f1",
+    }
+    for overrides, expected in pinned.items():
+        assert config_hash(make_cfg(list(overrides))) == expected, overrides
+        switched = list(overrides) + ["checkpoint_every=7", "deterministic=true"]
+        if "task=toy" in overrides:
+            switched.remove("checkpoint_every=7")
+        assert config_hash(make_cfg(switched)) == expected, overrides
+
+
+def test_deterministic_sets_torch_flags_and_restores_them():
+    import os
+
+    before = torch.are_deterministic_algorithms_enabled()
+    previous = set_determinism(True)
+    try:
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] in (":4096:8", ":16:8")
+    finally:
+        restore_determinism(previous)
+    assert torch.are_deterministic_algorithms_enabled() == before
+
+
+def test_deterministic_run_equals_the_default_run_on_cpu(tmp_path):
+    args = ["task=cartpole", "estimator=ppo_gae", *TINY, "budget.iterations=3", "seed=7"]
+    run(make_cfg(args + [f"results_dir={tmp_path}/a"]))
+    run(make_cfg(args + [f"results_dir={tmp_path}/b", "deterministic=true"]))
+    assert not torch.are_deterministic_algorithms_enabled()  # the job's setting does not leak
+    assert_same_runs(tmp_path / "a", tmp_path / "b")  # same directory too: deterministic is not hashed
