@@ -141,10 +141,8 @@ def validate(cfg: DictConfig) -> None:
             bad(f"{node}.{keys[0]}" if keys else node,
                 f"unset for task.family={family} (the {node}.* settings belong to task.family={owner})",
                 cfg[node][keys[0]] if keys else cfg[node])
-    if cfg.get("probe") is not None and cfg.mode != "probe":
-        keys = list(cfg.probe.keys()) if isinstance(cfg.probe, DictConfig) else []
-        bad(f"probe.{keys[0]}" if keys else "probe", "unset unless mode=probe (probe.* settings configure the probes)",
-            cfg.probe[keys[0]] if keys else cfg.probe)
+    # probe.* settings with mode=train are allowed and inert: one sweep may cover both modes
+    # (conf/experiment/claim_c20.yaml sweeps mode=probe,train with ++probe.batches)
     if not str(cfg.task.name) or "/" in str(cfg.task.name):
         bad("task.name", "a non-empty name without '/' (it names the run directory's folder)", cfg.task.name)
     if not str(cfg.results_dir).strip():

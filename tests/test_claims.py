@@ -212,3 +212,21 @@ def test_lm_claims_on_synthetic_curves():
     c19 = _lm_metrics([{"clip": 0.2, "reward": 1.0, "gold": 0.1, "kl": 1.0, "clip_frac": 0.2},
                        {"clip": None, "reward": 1.0, "gold": 0.1, "kl": 1.0, "clip_frac": 0.0}])
     assert C.eval_c19({"claim_c19": c19}).verdict == "refuted"  # clipping active on 20% of tokens
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_every_claim_experiment_composes_and_validates(tmp_path, quick):
+    """Each point of each claim experiment (full and --quick budgets) composes and passes the
+    harness's validation, so ``claims --run`` never meets an invalid config mid-way."""
+    from analysis.claims import EXPERIMENTS, compose_points
+    from harness.config import validate
+
+    bad = []
+    for name in EXPERIMENTS:
+        for p in compose_points(name, tmp_path, quick):
+            try:
+                assert p.error is None, p.error
+                validate(p.cfg)
+            except Exception as exc:  # collect all, report together
+                bad.append(f"{name} {' '.join(p.overrides[3:])}: {exc}")
+    assert not bad, "\n".join(bad)

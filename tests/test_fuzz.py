@@ -129,7 +129,6 @@ CASES: list[tuple[list[str], str, str]] = [
     (["kl.in_reward=true"], "kl.in_reward", V),
     (["+lm.reward=gold"], "lm.reward", V),  # lm.* with a control task
     (["+toy.vocab=3"], "toy.vocab", V),  # toy.* with a control task
-    (["+probe.batches=100"], "probe.batches", V),  # probe.* without mode=probe
     (["mode=probe", "estimator=a2c"], "estimator", V),  # control probes need whole episodes
     (["mode=probe", "task=lm_summarize", "estimator=rloo"], "task.family", V),  # no LM probes
     ([*PROBE_TOY, "++probe.batches=3"], "probe.batches", V),
