@@ -86,3 +86,42 @@ def test_hub_dataset_without_the_datasets_package_is_refused_up_front(tmp_path):
         pass
     with pytest.raises(ValueError, match=r"lm\.dataset: 'trl-lib/tldr'.*datasets"):
         validate(compose("estimator=rloo", "lm.dataset=trl-lib/tldr", results_dir=tmp_path))
+
+
+def _slow_build(out):
+    """A stage builder that takes a while and leaves one marker per build in the cache's parent."""
+    import os
+    import time
+
+    time.sleep(0.5)
+    (out.parent.parent / f"built-by-{os.getpid()}").write_text("")
+    (out / "weights.bin").write_text("w")
+    return {"value": 1}
+
+
+def _build_in_child(cache_dir, results):
+    from harness.tasks.lm.pipeline import cached_stage
+
+    folder, meta, reused = cached_stage(cache_dir, "sft", {"x": 1}, _slow_build)
+    results.put((str(folder), meta["value"], reused))
+
+
+def test_parallel_workers_build_a_cache_stage_once(tmp_path):
+    """Four processes ask for one missing stage at once: one builds it, the others wait for
+    that build and reuse it (no duplicate work, one folder, no temp folders left)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    cache = tmp_path / "cache"
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_build_in_child, args=(cache, q)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    out = [q.get(timeout=5) for _ in procs]
+    assert all(p.exitcode == 0 for p in procs)
+    assert len({folder for folder, _, _ in out}) == 1 and all(v == 1 for _, v, _ in out)
+    assert sorted(r for _, _, r in out) == [False, True, True, True]
+    assert len(list(tmp_path.glob("built-by-*"))) == 1
+    assert not [p for p in cache.iterdir() if p.name.endswith(".tmp")]

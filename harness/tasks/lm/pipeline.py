@@ -21,6 +21,7 @@ model. Models are written with ``save_pretrained`` (safetensors) and never unpic
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -107,6 +108,22 @@ def cached_stage(cache_dir: Path, name: str, material: dict,
         log.info("lm: reusing cached %s stage %s", name, final)
         return final, json.loads((final / "stage.json").read_text()), True
     cache_dir.mkdir(parents=True, exist_ok=True)
+    # one builder per stage: parallel workers of a sweep wait for the first one's build instead
+    # of each building the same stage (flock: released by the kernel if the builder dies)
+    with open(cache_dir / f".{name}-{key}.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("lm: waiting for another process building %s stage %s", name, final)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "stage.json").is_file():
+            log.info("lm: reusing cached %s stage %s", name, final)
+            return final, json.loads((final / "stage.json").read_text()), True
+        return _build_stage(cache_dir, name, key, final, material, build)
+
+
+def _build_stage(cache_dir: Path, name: str, key: str, final: Path, material: dict,
+                 build: Callable[[Path], dict]) -> tuple[Path, dict, bool]:
     tmp = cache_dir / f".{name}-{key}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
