@@ -107,7 +107,7 @@ def run(cfg: DictConfig) -> dict[str, int]:
     A run that raises is recorded as ``failed`` (with the traceback's last line as reason) and
     the sweep goes on; a non-finite loss or parameter is recorded as ``diverged`` by the trainer.
     Each run is claimed (``.lock``) while this process works on it; a run another sweep holds
-    counts as ``held``. Control runs resume from their checkpoint (``checkpoint_every``).
+    counts as ``held``. Control and LM runs resume from their checkpoint (``checkpoint_every``).
     """
     validate(cfg)
     runs = [RunDir(m) for m in member_configs(cfg)]
@@ -118,7 +118,7 @@ def run(cfg: DictConfig) -> dict[str, int]:
     previous = set_determinism(bool(cfg.get("deterministic", False)))
     try:
         worker = get_worker(cfg)
-        resumable = cfg.task.family == "control" and cfg.mode == "train"
+        resumable = cfg.task.family in ("control", "lm") and cfg.mode == "train"
         for r in todo:
             r.start(keep_checkpoint=resumable)
         t0 = time.time()

@@ -55,7 +55,7 @@ class Config:
     mode: str = "train"  # train | probe (gradient bias/variance at a frozen policy)
     device: str = "cpu"  # auto | cpu | cuda
     threads: Optional[int] = None  # torch intra-op threads; None: the trainer's default (control: 1 alone, all cores for a population)
-    checkpoint_every: int = 0  # iterations between checkpoints (control trainer; resume continues from the last); 0: off
+    checkpoint_every: int = 0  # iterations between checkpoints (control and LM trainers; resume continues from the last); 0: off
     deterministic: bool = False  # torch deterministic algorithms + cuDNN/cuBLAS settings (GPU bitwise repeatability)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     eval_every: int = 10  # iterations; 0 disables iteration-based evaluation
@@ -202,8 +202,9 @@ def validate(cfg: DictConfig) -> None:
     ck = cfg.get("checkpoint_every", 0)
     if not isinstance(ck, int) or isinstance(ck, bool) or ck < 0:
         bad("checkpoint_every", "an integer >= 0 (iterations; 0 disables checkpoints)", ck)
-    if ck and cfg.task.family != "control" and cfg.mode == "train":
-        bad("checkpoint_every", f"0 for task.family={cfg.task.family} (only the control trainer checkpoints)", ck)
+    if ck and cfg.task.family not in ("control", "lm") and cfg.mode == "train":
+        bad("checkpoint_every", f"0 for task.family={cfg.task.family} (only the control and LM trainers "
+            "checkpoint)", ck)
     if not isinstance(cfg.get("deterministic", False), bool):
         bad("deterministic", "true or false", cfg.get("deterministic"))
     if cfg.eval_every < 0:

@@ -8,8 +8,8 @@ states as byte tensors, whatever else a trainer needs) plus a JSON document of p
 new one, never half of one. Loading goes through ``safetensors`` and ``json`` only, so nothing
 read from a results folder is ever unpickled (issue 7: ``weights_only=True`` or safetensors).
 
-Used by the control trainer (``checkpoint_every``, resume) and by the toy trainer (its final
-``policy.safetensors``, read by ``mode=probe``).
+Used by the control and LM trainers (``checkpoint_every``, resume) and by the toy trainer (its
+final ``policy.safetensors``, read by ``mode=probe``).
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ import torch
 from .rundir import CHECKPOINT_NAME as CHECKPOINT_FILE
 from .rundir import atomic_write_bytes
 
-__all__ = ["CHECKPOINT_FILE", "CheckpointError", "dumps", "load", "rng_state", "save", "set_rng_state"]
+__all__ = ["CHECKPOINT_FILE", "CheckpointError", "dumps", "load", "random_state", "rng_state", "save",
+           "set_random_state", "set_rng_state"]
 _META_KEY = "harness"
 
 
@@ -95,3 +96,18 @@ def set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any],
             g.set_state(tensors[f"rng/generator{i}"])
     except (KeyError, ValueError, TypeError, RuntimeError) as exc:
         raise CheckpointError(f"RNG state incomplete or invalid ({type(exc).__name__}: {exc})") from None
+
+
+def random_state(rng: random.Random) -> list:
+    """The state of a ``random.Random`` instance as JSON values, for :func:`set_random_state`."""
+    version, internal, gauss_next = rng.getstate()
+    return [version, list(internal), gauss_next]
+
+
+def set_random_state(rng: random.Random, state: Any) -> None:
+    """Restore what :func:`random_state` saved (raises :class:`CheckpointError` if invalid)."""
+    try:
+        version, internal, gauss_next = state
+        rng.setstate((version, tuple(internal), gauss_next))
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"python RNG state invalid ({type(exc).__name__}: {exc})") from None

@@ -5,7 +5,7 @@ Layout (DESIGN.md, "Outputs")::
     <results_dir>/<task.name>/<estimator>/seed<seed>-<hash>/
         config.yaml        resolved config, written first
         metrics.parquet    one row per iteration (rewritten atomically as the run goes)
-        checkpoint.safetensors  the latest checkpoint (``checkpoint_every``; control runs)
+        checkpoint.safetensors  the latest checkpoint (``checkpoint_every``; control and LM runs)
         summary.json       written last: its presence marks the run finished
         .lock              flock'd by the process running the run (pid, host, start time)
 

@@ -22,6 +22,17 @@ estimator (the trainer asks the :class:`EstimatorSpec` what it needs and never i
 Budgets are sampled tokens (response tokens incl. EOS, greedy and group samples included),
 counted the same way for every estimator. Population members (``population > 1``) are trained
 one after another here, each with its own seed; they share the cached SFT policy and RM.
+
+Checkpoints (``checkpoint_every``, issue 7): every ``checkpoint_every`` iterations the run's
+state goes into ``checkpoint.safetensors`` in its run directory (:mod:`harness.io.checkpoint`:
+safetensors + JSON, written atomically, never unpickled): policy weights (value head included),
+the separate critic's (``lm.critic=model``), Adam state, the torch/numpy/python global RNG
+states and the trainer's own generators (sampling, minibatch order, prompt choice), the token
+and truncation counters, the (adaptive) KL beta, the memory peak, the initial evaluation and
+the metric rows. The frozen reference and the reward model come from the cache, not the
+checkpoint. A restarted run resumes from it, metrics.parquet truncated to the checkpoint's
+iteration; on CPU the metrics equal an uninterrupted run's bit for bit (wall-clock columns
+aside), with or without checkpoints. Each population member has its own checkpoint.
 """
 from __future__ import annotations
 
@@ -37,13 +48,15 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from ..estimators import AdvantageBatch, EstimatorParams, get_estimator, kl_estimate
-from ..io import RunDir
+from ..io import RunDir, config_hash
+from ..io import checkpoint as ckpt
 from ..losses import adaptive_kl_beta, entropy_bonus, explained_variance, get_policy_loss, kl_penalty, value_loss
 from ..models.lm import NonFiniteError, PolicyWithValue, ValueModel, generate, response_forward
 from ..tasks.lm.data import decode_responses, left_pad
 from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_gold
 
 log = logging.getLogger("harness.lm")
+CHECKPOINT_FORMAT = 1
 
 
 def _masked_mean_std(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,6 +136,7 @@ class LMTrainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.mem_peak = memory_mb(self.device)
+        self.checkpoint_every = int(cfg.get("checkpoint_every", 0) or 0)
 
     def _sample_memory(self) -> None:
         self.mem_peak = max(self.mem_peak, memory_mb(self.device))
@@ -317,16 +331,20 @@ class LMTrainer:
         return sampled, greedy
 
     # ------------------------------------------------------------------ loop
-    def run(self) -> None:
+    def run(self, resume: dict | None = None) -> None:
+        """Train to the budget; ``resume``: what :meth:`restore` returned (continue from there)."""
         cfg = self.cfg
         budget, max_iters = cfg.budget.tokens, cfg.budget.iterations
-        t0 = time.time()
+        t0 = time.time() - (resume["wall_time_s"] if resume else 0.0)
         bar = tqdm(total=budget or max_iters, disable=not cfg.progress, unit="tok" if budget else "it",
                    desc=f"{cfg.task.name}/{cfg.estimator} seed={self.seed}", dynamic_ncols=True, leave=False)
-        iteration = 0
+        iteration = resume["iteration"] if resume else 0
         status, reason = "completed", None
         # the starting (SFT) policy, scored by the same evaluation as every later eval row
-        init = self.evaluate() if cfg.eval_every > 0 else (None, None)
+        if resume:
+            init = tuple(resume["init"])
+        else:
+            init = self.evaluate() if cfg.eval_every > 0 else (None, None)
         try:
             while True:
                 iteration += 1
@@ -364,7 +382,9 @@ class LMTrainer:
                     break
                 if done:
                     break
-                if iteration % 10 == 0:
+                if self.checkpoint_every and iteration % self.checkpoint_every == 0:
+                    self.save_checkpoint(iteration, wall, init)  # flushes the metrics first
+                elif iteration % 10 == 0:
                     self.run_dir.flush()
                 bar.n = min(self.tokens, budget) if budget else iteration
                 bar.set_postfix(reward=f"{row['reward']:.3f}", gold=f"{row['gold_reward']:.3f}",
@@ -375,6 +395,111 @@ class LMTrainer:
         self.run_dir.finish(status, reason, time.time() - t0, extra={
             "tokens": self.tokens, "prompts_truncated": self.truncated_total, "pipeline": self.task.meta,
             "eval_return_init": init[0], "eval_gold_greedy_init": init[1]})
+        self.run_dir.remove_checkpoint()  # finished: summary.json is the record now
+
+    # ------------------------------------------------------------------ checkpoints
+    def _named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """Every parameter of the policy (value head included) and of the separate critic."""
+        named = [(f"policy.{n}", p) for n, p in self.policy.named_parameters()]
+        if self.critic is not None:
+            named += [(f"critic.{n}", p) for n, p in self.critic.named_parameters()]
+        return named
+
+    def _trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The named parameters in the optimizer's order (``self.params``)."""
+        named = [(n, p) for n, p in self._named_params() if p.requires_grad]
+        assert [id(p) for _, p in named] == [id(p) for p in self.params]
+        return named
+
+    def checkpoint_state(self, iteration: int, wall: float, init) -> tuple[dict[str, torch.Tensor], dict]:
+        """``(tensors, meta)`` of this run after ``iteration``."""
+        tensors: dict[str, torch.Tensor] = {f"param/{n}": p.data for n, p in self._named_params()}
+        adam = []  # the parameters with Adam state (all of them once an update was made)
+        for name, prm in self._trainable():
+            state = {k: v for k, v in self.optim.state.get(prm, {}).items() if torch.is_tensor(v)}
+            if state:
+                adam.append(name)
+            tensors.update({f"adam/{name}/{k}": v for k, v in state.items()})
+        rng_t, rng_m = ckpt.rng_state([self.gen, self.cpu_gen])
+        tensors.update(rng_t)
+        meta = {
+            "format": CHECKPOINT_FORMAT, "trainer": "lm", "config_hash": config_hash(self.cfg), "seed": self.seed,
+            "iteration": iteration, "wall_time_s": wall, "rng": rng_m, "prompt_rng": ckpt.random_state(self.rng),
+            "tokens": int(self.tokens), "prompts_truncated": int(self.truncated_total),
+            "kl_beta": float(self.kl_beta), "mem_peak": float(self.mem_peak), "init": list(init),
+            "adam": adam, "rows": self.run_dir.rows,
+        }
+        return tensors, meta
+
+    def save_checkpoint(self, iteration: int, wall: float, init) -> None:
+        """Flush the metrics, then write the checkpoint (one atomic write)."""
+        self.run_dir.flush()
+        ckpt.save(self.run_dir.path / ckpt.CHECKPOINT_FILE, *self.checkpoint_state(iteration, wall, init))
+
+    def check_checkpoint(self, meta: dict) -> None:
+        """Raise :class:`CheckpointError` unless ``meta`` is this run's (format, trainer, config
+        hash, seed) with metric rows ``1..iteration``."""
+        def bad(msg):
+            raise ckpt.CheckpointError(msg)
+
+        if meta.get("format") != CHECKPOINT_FORMAT or meta.get("trainer") != "lm":
+            bad(f"format {meta.get('format')!r} of trainer {meta.get('trainer')!r}, expected lm format "
+                f"{CHECKPOINT_FORMAT}")
+        if meta.get("config_hash") != config_hash(self.cfg):
+            bad(f"config hash {meta.get('config_hash')!r} is not this run's {config_hash(self.cfg)!r}")
+        if meta.get("seed") != self.seed:
+            bad(f"saved by seed {meta.get('seed')!r}, this run has seed {self.seed}")
+        k = meta.get("iteration")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            bad(f"iteration {k!r}")
+        rows = meta.get("rows")
+        its = [r.get("iteration") if isinstance(r, dict) else None for r in rows] if isinstance(rows, list) else None
+        if its != list(range(1, k + 1)):
+            bad(f"rows hold iterations {(its or [])[:1]}..{(its or [])[-1:]} at checkpoint iteration {k}")
+        init = meta.get("init")
+        if not (isinstance(init, list) and len(init) == 2):
+            bad(f"initial evaluation {init!r}")
+
+    def restore(self, tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+        """Load a checkpoint into this freshly built trainer; returns the loop's resume state.
+        Raises :class:`CheckpointError` (nothing written yet; the trainer is then unusable) if
+        it does not fit."""
+        self.check_checkpoint(meta)
+        try:
+            with torch.no_grad():
+                for name, prm in self._named_params():
+                    t = tensors[f"param/{name}"]
+                    if t.shape != prm.shape or t.dtype != prm.dtype:
+                        raise ckpt.CheckpointError(f"param/{name}: saved {tuple(t.shape)} {t.dtype}, "
+                                                   f"model has {tuple(prm.shape)} {prm.dtype}")
+                    prm.copy_(t)
+            extra = {k for k in tensors if k.startswith("param/")} - {f"param/{n}" for n, _ in self._named_params()}
+            if extra:
+                raise ckpt.CheckpointError(f"parameters the model does not have: {sorted(extra)[:3]}")
+            state, with_state = {}, set(meta["adam"])
+            for i, (name, _) in enumerate(self._trainable()):
+                prefix = f"adam/{name}/"
+                st = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+                if bool(st) != (name in with_state):
+                    raise ckpt.CheckpointError(f"Adam state of {name} {'missing' if not st else 'unexpected'}")
+                if st:
+                    state[i] = st
+            sd = self.optim.state_dict()
+            sd["state"] = state
+            self.optim.load_state_dict(sd)  # moves the moments to the parameters' device
+            ckpt.set_rng_state(tensors, meta["rng"], [self.gen, self.cpu_gen])
+            ckpt.set_random_state(self.rng, meta["prompt_rng"])
+            self.tokens = int(meta["tokens"])
+            self.truncated_total = int(meta["prompts_truncated"])
+            self.kl_beta = float(meta["kl_beta"])
+            self.mem_peak = max(self.mem_peak, float(meta["mem_peak"]))
+        except KeyError as exc:
+            raise ckpt.CheckpointError(f"missing {exc}") from None
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise ckpt.CheckpointError(f"{type(exc).__name__}: {exc}") from None
+        # fits: now (and only now) touch the run directory
+        self.run_dir.resume_rows(meta["rows"])
+        return {"iteration": meta["iteration"], "wall_time_s": float(meta["wall_time_s"]), "init": meta["init"]}
 
     def _row(self, iteration, wall, it_time, ro: Rollout, stats, adv, returns, old_values, kl_ref, kl_tok, rewards,
              beta, eval_return) -> dict:
@@ -422,15 +547,36 @@ class LMTrainer:
         }
 
 
+def start(cfg: DictConfig, task: LMTask, run: RunDir) -> tuple[LMTrainer, dict | None]:
+    """A trainer for ``run`` and its resume state: from the run's checkpoint if there is a
+    valid one (metrics.parquet truncated to it), else from zero (progress discarded); an
+    unusable checkpoint is named in a log line."""
+    trainer = LMTrainer(cfg, task, run)
+    path = run.path / ckpt.CHECKPOINT_FILE
+    if path.is_file():
+        try:
+            resume = trainer.restore(*ckpt.load(path))
+            log.info("resume %s from %s at iteration %d (metrics.parquet truncated to it)",
+                     run.run_id, path, resume["iteration"])
+            return trainer, resume
+        except ckpt.CheckpointError as exc:
+            log.warning("not resuming from %s: %s; starting from zero", path, exc)
+            trainer = LMTrainer(cfg, task, run)  # restore may have loaded part of it
+    run.discard_progress()
+    return trainer, None
+
+
 def train(cfg: DictConfig, runs: list[RunDir]) -> None:
-    """Build (or load) the cached pipeline once, then train the members one after another."""
+    """Build (or load) the cached pipeline once, then train the members one after another,
+    each resuming from its own checkpoint if it has one."""
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     task = build_task(cfg)
     for r in runs:
         t0 = time.time()
         try:
-            LMTrainer(r.cfg, task, r).run()
+            trainer, resume = start(r.cfg, task, r)
+            trainer.run(resume)
         except Exception as exc:  # record this member as failed, go on with the next
             log.exception("lm run %s failed", r.run_id)
             if r.status() is None:
