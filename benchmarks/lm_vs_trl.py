@@ -37,10 +37,10 @@ Tokens/s also follows the response length each policy drifts to (both start from
 policy, then sample on their own); the seconds-per-iteration columns are the length-free view.
 
 Work that differs (what each trainer does, not a setting): the harness always runs a
-teacher-forced forward of the policy for ``log pi_old`` and one of the reference (its ``kl_ref``
-metric), also at ``epochs=1`` and ``beta=0``; TRL skips the first when ``num_iterations=1`` and
-loads no reference model at ``beta=0``. TRL samples with ``model.generate``; the harness with
-its own KV-cache loop.
+teacher-forced pass of the reference (its ``kl_ref`` metric), also at ``beta=0``, where TRL loads
+no reference model; in fp32 both take ``log pi_old`` without an extra policy pass (the harness
+from its sampler, TRL because ``num_iterations=1``). TRL samples with ``model.generate``; the
+harness with its own KV-cache loop.
 
 Usage::
 

@@ -118,3 +118,29 @@ def test_evaluation_scores_the_sft_policy_first_and_never_moves_training(tmp_pat
     assert summary["eval_return_init"] == pytest.approx(want_sampled, abs=1e-12)
     assert summary["eval_gold_greedy_init"] == pytest.approx(want_greedy, abs=1e-12)
     assert with_eval.eval_gold_greedy.between(0, 1).all()
+
+
+def test_sampler_logprobs_stand_in_for_the_old_policy_pass_in_fp32(tmp_path, monkeypatch):
+    """In fp32 without a value head, log pi_old comes from the sampler (C12: equal to the
+    teacher-forced pass to float rounding), saving one policy pass per iteration: the metrics
+    match a run that recomputes it, and the policy runs only in the update."""
+    import harness.train.lm as lm_mod
+
+    calls = {"n": 0}
+    forward = lm_mod.PolicyWithValue.forward
+
+    def counted(self, *args, **kwargs):
+        calls["n"] += 1
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(lm_mod.PolicyWithValue, "forward", counted)
+    _, fast, _ = run_one(tmp_path / "fast", "estimator=rloo", "eval_every=0")
+    n_fast = calls["n"]
+    calls["n"] = 0
+    monkeypatch.setattr(lm_mod, "uses_bf16", lambda *a, **k: True)  # as under bf16: recompute
+    _, slow, _ = run_one(tmp_path / "slow", "estimator=rloo", "eval_every=0")
+    n_slow = calls["n"]
+    assert n_fast == 2 and n_slow == 4  # 2 iterations x 1 epoch x 1 minibatch (+ 1 collect pass each)
+    assert list(fast.tokens) == list(slow.tokens)
+    for col in ("reward", "gold_reward", "kl_ref", "policy_loss", "entropy", "approx_kl"):
+        assert fast[col].to_numpy() == pytest.approx(slow[col].to_numpy(), abs=1e-5), col

@@ -53,7 +53,7 @@ from ..io import checkpoint as ckpt
 from ..losses import adaptive_kl_beta, entropy_bonus, explained_variance, get_policy_loss, kl_penalty, value_loss
 from ..models.lm import NonFiniteError, PolicyWithValue, ValueModel, generate, response_forward
 from ..tasks.lm.data import decode_responses, left_pad
-from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_gold
+from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_gold, uses_bf16
 
 log = logging.getLogger("harness.lm")
 CHECKPOINT_FORMAT = 1
@@ -128,6 +128,11 @@ class LMTrainer:
         self.est_params = EstimatorParams(gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, n_steps=cfg.n_steps,
                                           std_normalize=cfg.std_normalize)
         self.kl_beta = float(cfg.kl.beta)
+        # log pi_old straight from the sampler, skipping a teacher-forced pass of the policy: in
+        # fp32 the two agree to float rounding (claim C12, tests/test_lm_model.py). Not under bf16
+        # autocast (the KV-cache decode and the full pass round differently), nor with a value
+        # head, whose values need that pass anyway.
+        self.reuse_sampler_logp = not uses_bf16(self.device, task.dtype) and not critic_head
         self.tok = task.tokenizer
         self.tokens = 0
         self.truncated_total = 0
@@ -174,7 +179,11 @@ class LMTrainer:
                          self.tok.pad_token_id, temperature=lm.temperature, generator=self.gen)
         mask = g.mask.float()
         with self._ac():
-            out, values = self.policy(p_ids, p_mask, g.tokens, g.mask, lm.temperature)
+            if self.reuse_sampler_logp:
+                old_logp, values = g.logp * mask, None
+            else:
+                out, values = self.policy(p_ids, p_mask, g.tokens, g.mask, lm.temperature)
+                old_logp = out.logp
             ref = self.policy_forward_ref(p_ids, p_mask, g.tokens, g.mask)
             if self.spec.needs_critic:
                 values = self._values(p_ids, p_mask, g.tokens, g.mask, values)
@@ -202,7 +211,7 @@ class LMTrainer:
                 g_kl = self._sequence_kl(g_out.logp, g_ref, gg.mask.float()).sum(-1)
                 greedy_scores = greedy_scores - self.kl_beta * g_kl
             sampled += int(gg.mask.sum())
-        return Rollout(p_ids, p_mask, g.tokens, mask, out.logp.float(), ref.float(),
+        return Rollout(p_ids, p_mask, g.tokens, mask, old_logp.float(), ref.float(),
                        None if values is None else values.float(), score.to(self.device), reward, gold,
                        g.has_eos, greedy_scores, greedy_reward, sampled, truncated)
 

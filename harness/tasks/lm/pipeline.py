@@ -55,10 +55,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def uses_bf16(device: torch.device, dtype: str = "auto") -> bool:
+    """Whether the model's matrix work runs in bf16 (autocast) for this device and ``lm.dtype``."""
+    return dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda")
+
+
 def autocast(device: torch.device, dtype: str = "auto"):
     """bf16 autocast on GPU (weights and optimizer state stay fp32); plain fp32 on CPU."""
-    use_bf16 = dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda")
-    if use_bf16:
+    if uses_bf16(device, dtype):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
