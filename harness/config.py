@@ -100,19 +100,23 @@ MODES = ("train", "probe")
 DEVICES = ("auto", "cpu", "cuda")
 
 
+def refuse_unknown_keys(cfg: DictConfig, name: str, schema: type) -> None:
+    """Refuse keys of node ``name`` (``""``: the root) that the dataclass ``schema`` lacks."""
+    node = cfg if not name else cfg.get(name)
+    if not isinstance(node, DictConfig):
+        return
+    known = {f.name for f in fields(schema)}
+    extra = sorted(str(k) for k in node.keys() if k not in known and not (k == "hydra" and not name))
+    if extra:
+        where = f"{name}." if name else ""
+        raise ValueError(f"{where}{extra[0]} is not a known setting (known keys{' of ' + name if name else ''}: "
+                         f"{sorted(known)})")
+
+
 def check_known_keys(cfg: DictConfig) -> None:
     """Refuse keys the schema does not know (``+foo=1`` adds one past struct mode)."""
-    nodes = (("", Config), ("task", TaskConfig), ("budget", BudgetConfig), ("kl", KLConfig))
-    for name, schema in nodes:
-        node = cfg if not name else cfg.get(name)
-        if not isinstance(node, DictConfig):
-            continue
-        known = {f.name for f in fields(schema)}
-        extra = sorted(str(k) for k in node.keys() if k not in known and not (k == "hydra" and not name))
-        if extra:
-            where = f"{name}." if name else ""
-            raise ValueError(f"{where}{extra[0]} is not a known setting (known keys{' of ' + name if name else ''}: "
-                             f"{sorted(known)})")
+    for name, schema in (("", Config), ("task", TaskConfig), ("budget", BudgetConfig), ("kl", KLConfig)):
+        refuse_unknown_keys(cfg, name, schema)
 
 
 def validate(cfg: DictConfig) -> None:
@@ -268,18 +272,10 @@ def validate(cfg: DictConfig) -> None:
     if cfg.task.family == "toy":
         from .tasks.toy import ToySpec, validate_toy
 
-        if isinstance(cfg.get("toy"), DictConfig):
-            known = {f.name for f in fields(ToySpec)}
-            extra = sorted(str(k) for k in cfg.toy.keys() if k not in known)
-            if extra:
-                raise ValueError(f"toy.{extra[0]} is not a known setting (known keys of toy: {sorted(known)})")
+        refuse_unknown_keys(cfg, "toy", ToySpec)
         validate_toy(cfg)
     if cfg.mode == "probe":
         from .probes import ProbeSettings, validate_probe
 
-        if isinstance(cfg.get("probe"), DictConfig):
-            known = {f.name for f in fields(ProbeSettings)}
-            extra = sorted(str(k) for k in cfg.probe.keys() if k not in known)
-            if extra:
-                raise ValueError(f"probe.{extra[0]} is not a known setting (known keys of probe: {sorted(known)})")
+        refuse_unknown_keys(cfg, "probe", ProbeSettings)
         validate_probe(cfg)

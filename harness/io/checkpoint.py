@@ -33,6 +33,20 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used: unreadable, truncated, or from another run/config."""
 
 
+def check_header(meta: dict[str, Any], trainer: str, fmt: int, config_hash: str) -> int:
+    """Raise :class:`CheckpointError` unless ``meta`` was written by ``trainer`` in format
+    ``fmt`` for the config with ``config_hash``; return its iteration (an int >= 1)."""
+    if meta.get("format") != fmt or meta.get("trainer") != trainer:
+        raise CheckpointError(f"format {meta.get('format')!r} of trainer {meta.get('trainer')!r}, expected "
+                              f"{trainer} format {fmt}")
+    if meta.get("config_hash") != config_hash:
+        raise CheckpointError(f"config hash {meta.get('config_hash')!r} is not this run's {config_hash!r}")
+    k = meta.get("iteration")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise CheckpointError(f"iteration {k!r}")
+    return k
+
+
 def dumps(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> bytes:
     """Serialize ``tensors`` and the JSON-able ``meta`` to safetensors bytes."""
     from safetensors.torch import save

@@ -376,16 +376,9 @@ class ControlTrainer:
         def bad(msg):
             raise ckpt.CheckpointError(msg)
 
-        if meta.get("format") != CHECKPOINT_FORMAT or meta.get("trainer") != "control":
-            bad(f"format {meta.get('format')!r} of trainer {meta.get('trainer')!r}, expected control format "
-                f"{CHECKPOINT_FORMAT}")
-        if meta.get("config_hash") != config_hash(self.cfg):
-            bad(f"config hash {meta.get('config_hash')!r} is not this run's {config_hash(self.cfg)!r}")
+        k = ckpt.check_header(meta, "control", CHECKPOINT_FORMAT, config_hash(self.cfg))
         if meta.get("seeds") != self.seeds:
             bad(f"saved by a population of seeds {meta.get('seeds')}, this one has {self.seeds}")
-        k = meta.get("iteration")
-        if not isinstance(k, int) or k < 1:
-            bad(f"iteration {k!r}")
         members = meta.get("members")
         if not isinstance(members, list) or len(members) != self.P:
             bad("member list does not match the population")

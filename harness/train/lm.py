@@ -451,16 +451,9 @@ class LMTrainer:
         def bad(msg):
             raise ckpt.CheckpointError(msg)
 
-        if meta.get("format") != CHECKPOINT_FORMAT or meta.get("trainer") != "lm":
-            bad(f"format {meta.get('format')!r} of trainer {meta.get('trainer')!r}, expected lm format "
-                f"{CHECKPOINT_FORMAT}")
-        if meta.get("config_hash") != config_hash(self.cfg):
-            bad(f"config hash {meta.get('config_hash')!r} is not this run's {config_hash(self.cfg)!r}")
+        k = ckpt.check_header(meta, "lm", CHECKPOINT_FORMAT, config_hash(self.cfg))
         if meta.get("seed") != self.seed:
             bad(f"saved by seed {meta.get('seed')!r}, this run has seed {self.seed}")
-        k = meta.get("iteration")
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            bad(f"iteration {k!r}")
         rows = meta.get("rows")
         its = [r.get("iteration") if isinstance(r, dict) else None for r in rows] if isinstance(rows, list) else None
         if its != list(range(1, k + 1)):
