@@ -383,8 +383,7 @@ class LMTrainer:
                         reason = f"{exc} (evaluation)"
                 wall = time.time() - t0
                 row = self._row(iteration, wall, time.time() - t_it, ro, stats, adv, returns, old_values, kl_ref,
-                                kl_tok, rewards, beta_used, eval_return)
-                row["eval_gold_greedy"] = eval_greedy
+                                kl_tok, rewards, beta_used, eval_return, eval_greedy)
                 self.run_dir.log(row)
                 if reason is not None:
                     status, reason = "diverged", f"{reason} at iteration {iteration}"
@@ -504,7 +503,7 @@ class LMTrainer:
         return {"iteration": meta["iteration"], "wall_time_s": float(meta["wall_time_s"]), "init": meta["init"]}
 
     def _row(self, iteration, wall, it_time, ro: Rollout, stats, adv, returns, old_values, kl_ref, kl_tok, rewards,
-             beta, eval_return) -> dict:
+             beta, eval_return, eval_greedy) -> dict:
         cfg = self.cfg
         mask_tm = ro.mask.transpose(0, 1)
         a_mean, a_std = _masked_mean_std(adv, mask_tm)
@@ -522,7 +521,7 @@ class LMTrainer:
         return {
             "run_id": self.run_dir.run_id, "task": cfg.task.name, "estimator": cfg.estimator, "seed": self.seed,
             "iteration": iteration, "env_steps": int(self.tokens), "wall_time_s": float(wall),
-            "episode_return": reward, "eval_return": eval_return,
+            "episode_return": reward, "eval_return": eval_return, "eval_gold_greedy": eval_greedy,
             "gamma": float(cfg.gamma), "gae_lambda": float(cfg.gae_lambda),
             "clip_eps": None if cfg.clip_eps is None else float(cfg.clip_eps),
             "kl_beta": float(beta), "n_steps": int(cfg.n_steps), "group_size": int(cfg.group_size),
