@@ -49,7 +49,7 @@ def final_rows(folder: str) -> pd.DataFrame:
         if "eval_gold_greedy" not in m or summary.get("eval_return_init") is None:
             continue  # made before the sampled evaluation existed
         ev = m.dropna(subset=["eval_return"])
-        if ev.empty or not (run_dir / "summary.json").is_file():
+        if ev.empty or not summary:
             continue  # still running (or killed): not a finished run
         last = ev.iloc[-1]
         rows.append({"estimator": last.estimator, "seed": int(last.seed), "status": summary.get("status", "incomplete"),
