@@ -19,7 +19,7 @@ AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
 def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
-              norm_len: int | None = None) -> torch.Tensor:
+              norm_len: int | None = None, seq_id: torch.Tensor | None = None) -> torch.Tensor:
     r"""Reduce per-token ``x [..., T, B]`` over its last two dims; a column of ``B`` is one sequence.
 
     * ``token_mean``: :math:`\sum_{t,b} m x / \sum_{t,b} m` (every token weighs the same;
@@ -32,16 +32,31 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
 
     ``S`` counts the sequences with at least one unmasked token. Leading dims (a population
     of independent agents ``P``) are kept: the result has shape ``x.shape[:-2]``.
+
+    ``seq_id`` (long, the shape of ``x``) names each entry's sequence when a column is not one
+    sequence: the control task's step-level minibatches, where an entry is one environment step
+    and its sequence is its episode (or the segment of one env column between resets). Ids are
+    are non-negative; the sums above then run over the entries sharing an id.
     """
     if x.shape != mask.shape or x.dim() < 2:
         raise ValueError(f"x and mask must share a shape [..., T, B], got {list(x.shape)} and {list(mask.shape)}")
     mask = mask.to(x.dtype)
     if mode == "token_mean":
         return (x * mask).sum(dim=(-2, -1)) / mask.sum(dim=(-2, -1)).clamp(min=1.0)
-    tokens = mask.sum(dim=-2)
+    if mode not in AGG_MODES:
+        raise ValueError(f"loss_agg must be one of {list(AGG_MODES)}, got {mode!r}")
+    if seq_id is None:
+        tokens = mask.sum(dim=-2)
+        sums = (x * mask).sum(dim=-2)
+    else:  # [..., n_ids]: per-sequence token counts and sums
+        lead = x.shape[:-2]
+        ids = seq_id.reshape(*lead, -1).long()
+        n_ids = int(ids.max()) + 1 if ids.numel() else 1
+        tokens = torch.zeros(*lead, n_ids, dtype=x.dtype, device=x.device).scatter_add(-1, ids, mask.reshape(*lead, -1))
+        sums = torch.zeros(*lead, n_ids, dtype=x.dtype, device=x.device).scatter_add(
+            -1, ids, (x * mask).reshape(*lead, -1))
     has_tokens = (tokens > 0).to(x.dtype)
     n_seq = has_tokens.sum(dim=-1).clamp(min=1.0)
-    sums = (x * mask).sum(dim=-2)
     if mode == "seq_mean_token_mean":
         return (sums / tokens.clamp(min=1.0) * has_tokens).sum(dim=-1) / n_seq
     if mode == "seq_mean_token_sum_norm":
@@ -76,6 +91,7 @@ def clipped_surrogate_loss(
     agg: str = "token_mean",
     norm_len: int | None = None,
     with_metrics: bool = True,
+    seq_id: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""PPO's clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7), negated.
 
@@ -109,7 +125,7 @@ def clipped_surrogate_loss(
         if with_metrics:
             active = ((advantages > 0) & (ratio > 1.0 + high)) | ((advantages < 0) & (ratio < 1.0 - clip_eps))
             metrics["clip_frac"] = _masked_mean(active.to(logp.dtype), mask)  # detached inside
-    loss = -aggregate(objective, mask, agg, norm_len)
+    loss = -aggregate(objective, mask, agg, norm_len, seq_id)
     metrics["policy_loss"] = loss.detach()
     return loss, metrics
 
@@ -124,6 +140,7 @@ def pg_loss(
     agg: str = "token_mean",
     norm_len: int | None = None,
     with_metrics: bool = True,
+    seq_id: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Vanilla policy gradient (REINFORCE, Williams 1992), negated:
     :math:`L = -\operatorname{agg}[\log\pi(a_t|s_t) A_t]`.
@@ -131,7 +148,7 @@ def pg_loss(
     ``old_logp`` is used only for diagnostics (ratio, approx KL); ``clip_eps`` is ignored.
     Its gradient equals the surrogate's at ``r = 1`` (the first epoch).
     """
-    loss = -aggregate(logp * advantages, mask, agg, norm_len)
+    loss = -aggregate(logp * advantages, mask, agg, norm_len, seq_id)
     metrics = {}
     if with_metrics:
         metrics = _ratio_metrics((logp - old_logp).detach(), mask)
@@ -174,21 +191,27 @@ def value_loss(
 
 
 def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, agg: str = "token_mean",
+                  norm_len: int | None = None, seq_id: torch.Tensor | None = None,
                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Entropy term to *minimise*: :math:`-\operatorname{agg}[H(\pi(\cdot|s_t))]`; the trainer
-    adds ``ent_coef`` times it (PPO paper eq. 9, ``+ c_2 H``)."""
-    loss = -aggregate(entropy, mask, agg)
+    adds ``ent_coef`` times it (PPO paper eq. 9, ``+ c_2 H``). Aggregated like the policy loss
+    (same ``agg``, ``norm_len``, ``seq_id``), so ``ent_coef`` means the same under every mode."""
+    loss = -aggregate(entropy, mask, agg, norm_len, seq_id)
     return loss, {"entropy": -loss.detach()}
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
-               estimator: str = "k3", agg: str = "token_mean",
+               estimator: str = "k3", agg: str = "token_mean", norm_len: int | None = None,
+               seq_id: torch.Tensor | None = None,
                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""KL penalty as a loss term (GRPO style): :math:`\operatorname{agg}[\hat{k}(x)]` with the
     per-sample estimator k1, k2 or k3 of :mod:`harness.estimators.kl`; the trainer multiplies
-    by ``kl.beta``. ``ref_logp`` is the target policy (pre-update or reference), detached."""
+    by ``kl.beta``. ``ref_logp`` is the target policy (pre-update or reference), detached.
+    Aggregated like the policy loss (same ``agg``, ``norm_len``, ``seq_id``): with
+    ``seq_mean_token_sum_norm`` the constant ``norm_len``, never the batch's longest sequence,
+    so the effective beta does not depend on the batch."""
     kl = kl_estimate(estimator, logp, ref_logp.detach())
-    loss = aggregate(kl, mask, agg)
+    loss = aggregate(kl, mask, agg, norm_len, seq_id)
     return loss, {"kl": loss.detach()}
 
 

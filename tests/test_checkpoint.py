@@ -17,7 +17,8 @@ from harness.app import restore_determinism, run, set_determinism
 from harness.config import validate
 from harness.io import checkpoint as ckpt
 from harness.io import config_hash
-from harness.train.control import ControlTrainer
+from harness.train import loop as train_loop
+from harness.train.loop import Loop
 from tests.control_helpers import TINY, make_cfg
 
 
@@ -27,25 +28,25 @@ class Killed(BaseException):
 
 def kill_at(monkeypatch, iteration: int) -> None:
     """Make the control trainer die while building iteration ``iteration``'s metric rows."""
-    original = ControlTrainer._row
+    original = Loop._row
 
     def row(self, p, it, *args):
         if it == iteration:
             raise Killed(f"killed at iteration {it}")
         return original(self, p, it, *args)
 
-    monkeypatch.setattr(ControlTrainer, "_row", row)
+    monkeypatch.setattr(Loop, "_row", row)
 
 
 def count_updates(monkeypatch) -> list[int]:
     calls = []
-    original = ControlTrainer.update
+    original = train_loop.update
 
-    def update(self, *args):
+    def update(*args):
         calls.append(1)
-        return original(self, *args)
+        return original(*args)
 
-    monkeypatch.setattr(ControlTrainer, "update", update)
+    monkeypatch.setattr(train_loop, "update", update)
     return calls
 
 
@@ -136,16 +137,16 @@ def test_checkpoint_is_safetensors_with_weights_optimizer_and_rng(tmp_path, monk
     (path,) = tmp_path.rglob(ckpt.CHECKPOINT_FILE)
     raw = path.read_bytes()
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])  # safetensors: length + JSON
-    assert "__metadata__" in header and raw[:1] != b"\x80"  # not a pickle (protocol byte 0x80)
+    assert "__metadata__" in header and raw[8:9] == b"{"  # a JSON header at byte 8, not a pickle
     tensors, meta = ckpt.load(path)
     assert meta["iteration"] == 4 and meta["seeds"] == [0]
     names = set(tensors)
     assert {"param/net.weights.0", "param/net.biases.0", "rng/torch", "rng/generator0", "rng/numpy_keys",
-            "kl_beta", "env_steps", "collector/actions"} <= names
+            "loop/kl_beta", "loop/cost", "source/actions"} <= names
     assert {"adam/net.weights.0/exp_avg", "adam/net.weights.0/exp_avg_sq", "adam/net.weights.0/step"} <= names
     # policy and critic rows (P=1: [actor, critic]); 4 iterations x 8 steps of 2 envs logged
     assert tensors["param/net.weights.0"].shape[0] == 2
-    assert tuple(tensors["collector/actions"].shape) == (4 * 8, 1, 2)
+    assert tuple(tensors["source/actions"].shape) == (4 * 8, 1, 2)
     assert [r["iteration"] for r in meta["members"][0]["rows"]] == [1, 2, 3, 4]
     assert len(meta["rng"]["python"][1]) == 625
 

@@ -11,7 +11,9 @@ from harness.app import run
 from harness.estimators import EstimatorParams, gae, get_estimator
 from harness.io.rundir import METRIC_COLUMNS
 from harness.tasks.control import EpisodeCollector, MemberEnvs, StepCollector, env_info
-from harness.train.control import ControlTrainer
+from harness.train.control import ControlSource
+from harness.train.loop import Loop
+from harness.train.update import update
 from tests.control_helpers import TINY, make_cfg
 
 TASKS = ["cartpole", "acrobot", "mountaincar", "pendulum"]
@@ -77,16 +79,16 @@ def test_truncation_bootstraps_from_the_real_final_observation():
     # Through the trainer's advantage path with V(s) := position (a hand-set critic):
     cfg = make_cfg(["task.env_id=ChainTrunc-v0", "estimator=ppo_gae", "gamma=0.5", "gae_lambda=1.0",
                     "task.num_envs=1", "task.rollout_steps=3", "task.hidden=[8]", "progress=false"])
-    trainer = ControlTrainer.__new__(ControlTrainer)
-    trainer.cfg, trainer.P, trainer.spec = cfg, 1, get_estimator("ppo_gae")
-    trainer.est_params = EstimatorParams(gamma=0.5, gae_lambda=1.0)
+    source = ControlSource.__new__(ControlSource)
+    source.P, source.spec, source.group_size = 1, get_estimator("ppo_gae"), None
 
     class PositionCritic:
         def value(self, obs):
             return obs[..., 0]
 
-    trainer.agent = PositionCritic()
-    adv, returns, values = trainer.advantages(ro)
+    source.agent = PositionCritic()
+    batch = source.advantage_batch(ro)
+    adv = source.spec(batch, EstimatorParams(gamma=0.5, gae_lambda=1.0)).advantages.reshape(3, 1, 1)
     # t=1: r=1, truncated, bootstrap 0.5 * V(final obs = 2) = 1 -> A = 1 + 1 - V(s1 = 1) = 1
     # t=0: r=1 + 0.5 * (A1 + V(s1)) = 1 + 0.5 * 2 = 2 -> A0 = 2 - 0 = 2
     assert adv[0, 0, 0].item() == pytest.approx(2.0)
@@ -173,22 +175,33 @@ def test_population_member_equals_lone_run(estimator, tmp_path):
     common = ["task=cartpole", f"estimator={estimator}", *TINY, "budget.iterations=1", "eval_every=0"]
     pop = make_cfg(common + ["seed=3", "population=3", f"results_dir={tmp_path}/pop"])
     lone = make_cfg(common + ["seed=4", f"results_dir={tmp_path}/lone"])
-    from harness.app import member_configs
-    from harness.io import RunDir
-
-    t_pop = ControlTrainer(pop, [RunDir(m) for m in member_configs(pop)])
-    t_lone = ControlTrainer(lone, [RunDir(m) for m in member_configs(lone)])
-    ro_pop, ro_lone = t_pop.collector.collect(t_pop.agent), t_lone.collector.collect(t_lone.agent)
+    s_pop, ro_pop, src_pop = one_update(pop)
+    s_lone, ro_lone, src_lone = one_update(lone)
     assert torch.equal(ro_pop.actions[:, 1], ro_lone.actions[:, 0])
     assert torch.equal(ro_pop.obs[:, 1], ro_lone.obs[:, 0])
-    s_pop = t_pop.update(ro_pop, *t_pop.advantages(ro_pop))
-    s_lone = t_lone.update(ro_lone, *t_lone.advantages(ro_lone))
     for key in ("policy_loss", "loss", "grad_norm", "entropy"):
         assert float(s_pop[key][1]) == pytest.approx(float(s_lone[key][0]), abs=1e-5), key
     from harness.models.mlp import member_view
 
-    for a, b in zip(t_pop.agent.parameters(), t_lone.agent.parameters()):
+    for a, b in zip(src_pop.agent.parameters(), src_lone.agent.parameters()):
         assert torch.allclose(member_view(a.data, 3)[:, 1], member_view(b.data, 1)[:, 0], atol=1e-5)
+
+
+def one_update(cfg):
+    """Collect one rollout and make one update through the loop's pieces: ``(stats, rollout, source)``."""
+    from harness.app import member_configs
+    from harness.io import RunDir
+
+    runs = [RunDir(m) for m in member_configs(cfg)]
+    source = ControlSource(cfg, runs)
+    loop = Loop(cfg, source, runs, "control")
+    ro = source.collect()
+    batch = source.advantage_batch(ro)
+    out = loop.spec(batch, loop.est_params)
+    ub = source.update_batch(ro, out.advantages, out.returns, batch.values)
+    stats = update(loop.learner, loop.opt, ub, loop.settings, source.gens, loop.active, loop.member_lr(),
+                   loop.kl_beta)
+    return stats, ro, source
 
 
 def test_population_writes_the_same_run_directories_as_lone_runs(tmp_path):

@@ -16,7 +16,8 @@ import pytest
 from harness.app import run
 from harness.config import validate
 from harness.io import checkpoint as ckpt
-from harness.train.lm import LMTrainer
+from harness.train.lm import LMSource
+from harness.train.loop import Loop
 
 from .test_lm_common import compose, one_thread  # noqa: F401  (autouse fixture)
 
@@ -31,25 +32,25 @@ class Killed(BaseException):
 
 def kill_at(monkeypatch, iteration: int, seed: int | None = None) -> None:
     """Make the LM trainer (of ``seed``, or any) die while building iteration ``iteration``'s row."""
-    original = LMTrainer._row
+    original = Loop._row
 
-    def row(self, it, *args):
-        if it == iteration and seed in (None, self.seed):
+    def row(self, p, it, *args):
+        if it == iteration and seed in (None, self.source.seeds[p]):
             raise Killed(f"killed at iteration {it}")
-        return original(self, it, *args)
+        return original(self, p, it, *args)
 
-    monkeypatch.setattr(LMTrainer, "_row", row)
+    monkeypatch.setattr(Loop, "_row", row)
 
 
 def count_calls(monkeypatch, name: str) -> list[int]:
     calls = []
-    original = getattr(LMTrainer, name)
+    original = getattr(LMSource, name)
 
     def wrapped(self, *args, **kwargs):
         calls.append(1)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(LMTrainer, name, wrapped)
+    monkeypatch.setattr(LMSource, name, wrapped)
     return calls
 
 
@@ -119,10 +120,10 @@ def test_killed_lm_run_resumes_from_checkpoint_with_identical_metrics(case, tmp_
         assert len(half) == 10 > resumed_at  # rows past the checkpoint: resume drops them
     _, meta = ckpt.load(d / ckpt.CHECKPOINT_FILE)
     assert meta["trainer"] == "lm" and meta["iteration"] == resumed_at
-    assert [r["iteration"] for r in meta["rows"]] == list(range(1, resumed_at + 1))
+    assert [r["iteration"] for r in meta["members"][0]["rows"]] == list(range(1, resumed_at + 1))
 
     collects = count_calls(monkeypatch, "collect")
-    evaluations = count_calls(monkeypatch, "evaluate")
+    evaluations = count_calls(monkeypatch, "_evaluate")
     assert run(compose(*args, results_dir=killed)) == {"skipped": 0, "completed": 1}
     assert len(collects) == n_iter - resumed_at  # resumed at the checkpoint, not from zero
     assert len(evaluations) == n_iter - resumed_at  # eval_every=1; the initial evaluation is not redone
@@ -140,7 +141,7 @@ def test_lm_checkpoint_is_safetensors_with_weights_optimizer_rng_and_counters(tm
     (path,) = tmp_path.rglob(ckpt.CHECKPOINT_FILE)
     raw = path.read_bytes()
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])  # safetensors: length + JSON
-    assert "__metadata__" in header and raw[:1] != b"\x80"  # not a pickle (protocol byte 0x80)
+    assert "__metadata__" in header and raw[8:9] == b"{"  # a JSON header at byte 8, not a pickle
     assert b"torch._utils" not in raw and b"cnumpy" not in raw  # nothing pickled in the metadata
     tensors, meta = ckpt.load(path)
     names = set(tensors)
@@ -152,11 +153,12 @@ def test_lm_checkpoint_is_safetensors_with_weights_optimizer_rng_and_counters(tm
     assert {f"adam/{some}/exp_avg", f"adam/{some}/exp_avg_sq", f"adam/{some}/step"} <= names
     assert {"adam/critic.head.weight/exp_avg", "rng/torch", "rng/numpy_keys", "rng/generator0",
             "rng/generator1"} <= names
-    assert meta["iteration"] == 2 and meta["seed"] == 0 and meta["format"] == 1
-    assert [r["iteration"] for r in meta["rows"]] == [1, 2]
-    assert meta["tokens"] == meta["rows"][-1]["tokens"] > 0 and meta["kl_beta"] == 0.05
-    assert len(meta["prompt_rng"][1]) == 625 and len(meta["rng"]["python"][1]) == 625
-    assert len(meta["init"]) == 2 and 0 <= meta["init"][0] <= 1
+    assert meta["iteration"] == 2 and meta["seeds"] == [0] and meta["format"] == 2
+    assert [r["iteration"] for r in meta["members"][0]["rows"]] == [1, 2]
+    assert meta["source"]["tokens"] == meta["members"][0]["rows"][-1]["tokens"] > 0
+    assert tensors["loop/kl_beta"].tolist() == [0.05]
+    assert len(meta["source"]["prompt_rng"][1]) == 625 and len(meta["rng"]["python"][1]) == 625
+    assert 0 <= meta["init"]["eval_return_init"] <= 1 and "eval_gold_greedy_init" in meta["init"]
 
     # a head on the policy (lm.critic=head) is saved with it
     kill_at(monkeypatch, 3)
@@ -202,7 +204,7 @@ def test_unusable_lm_checkpoint_is_named_and_the_run_restarts_from_zero(damage, 
     else:
         tensors, meta = ckpt.load(c)
         if damage == "other_seed":
-            meta["seed"] = 1
+            meta["seeds"] = [1]
         elif damage == "missing_generator":
             tensors.pop("rng/generator1")
         else:

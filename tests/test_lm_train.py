@@ -100,7 +100,7 @@ def test_evaluation_scores_the_sft_policy_first_and_never_moves_training(tmp_pat
     import torch
 
     from harness.tasks.lm.pipeline import build_task, evaluate_gold
-    from harness.train.lm import LMTrainer
+    from harness.train.lm import LMSource
 
     _, with_eval, summary = run_one(tmp_path / "a", "estimator=rloo", "lm.eval_samples=3")
     _, no_eval, summary0 = run_one(tmp_path / "b", "estimator=rloo", "lm.eval_samples=3", "eval_every=0")
@@ -112,7 +112,7 @@ def test_evaluation_scores_the_sft_policy_first_and_never_moves_training(tmp_pat
     task = build_task(cfg)
     sft = task.load_policy()
     args = (sft, task.tokenizer, task.held_out, 4, 10, 1.0)  # TINY: lm.eval_prompts=4, max_response_len=10
-    seed = int(cfg.lm.pipeline_seed) + LMTrainer.EVAL_SEED_OFFSET
+    seed = int(cfg.lm.pipeline_seed) + LMSource.EVAL_SEED_OFFSET
     want_sampled = evaluate_gold(*args, False, seed, torch.device("cpu"), samples=3)
     want_greedy = evaluate_gold(*args, True, seed, torch.device("cpu"))
     assert summary["eval_return_init"] == pytest.approx(want_sampled, abs=1e-12)

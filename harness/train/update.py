@@ -1,0 +1,299 @@
+"""The one update step: ``epochs`` x ``minibatches`` of the policy loss looked up by name, plus
+value loss, entropy bonus and KL penalty, per-member gradient clipping, per-member learning
+rates and the divergence guard. Every task family (control, LM, toy) calls :func:`update`.
+
+Layout (DESIGN.md, "Tensor conventions"): every tensor of an :class:`UpdateBatch` is
+``[P, T, B]``: ``P`` population members (1 for the LM and toy tasks, whose members train one
+after another), ``T`` steps of a column, ``B`` columns. Minibatches are drawn over the ``B``
+columns, per member from the member's own generator. The LM and toy tasks put one sequence
+per column; the control task puts one *step* per column (``T = 1``, ``B = steps``: CleanRL's and
+SB3's step-level minibatches) and names each step's sequence in ``seq_id`` (an episode for
+whole-episode collectors, a segment of one env column between resets for step-based ones), so
+that ``loss_agg`` aggregates by sequence there too (:func:`harness.losses.aggregate`).
+
+One meaning for every diagnostic (every task): values of the **last epoch**, averaged over its
+minibatches; ``grad_norm`` is the policy's gradient norm before clipping, ``value_grad_norm``
+the critic's; ``adv_mean``/``adv_std`` describe the advantages before whitening.
+
+A member whose loss or gradient is non-finite in a minibatch takes no optimizer step from then
+on in this update (weights and Adam state kept); the caller marks it diverged.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import torch
+
+from ..losses import entropy_bonus, explained_variance, get_policy_loss, kl_penalty, value_loss
+from ..models.mlp import member_view
+
+ADAM_EPS = 1e-5  # every trainer's Adam (SB3's and CleanRL's PPO default)
+
+
+def masked_mean_std(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-member mean and (biased) std of ``x [P, ...]`` over its unmasked entries: ``[P]`` each."""
+    dims = tuple(range(1, x.dim()))
+    n = mask.sum(dim=dims).clamp(min=1.0)
+    mean = (x * mask).sum(dim=dims) / n
+    shape = (-1,) + (1,) * (x.dim() - 1)
+    var = (((x - mean.view(shape)) ** 2) * mask).sum(dim=dims) / n
+    return mean, var.sqrt()
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Advantage whitening, per member (``normalize_advantages: batch | minibatch``):
+    ``(x - mean) / (std + 1e-8)`` over the unmasked entries, masked entries set to 0
+    (PPO's per-minibatch normalisation as in OpenAI baselines / SB3 / CleanRL)."""
+    mean, std = masked_mean_std(x, mask)
+    shape = (-1,) + (1,) * (x.dim() - 1)
+    return (x - mean.view(shape)) / (std.view(shape) + 1e-8) * mask
+
+
+def within_sequence_std(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per member, the mean over columns of the std of the advantage across a column's steps
+    (claim C14: 0 when every step of a sequence gets the same advantage). Float64 so that a
+    constant column gives exactly 0. ``[P]``."""
+    a64, m64 = adv.double(), mask.double()
+    n_tok = m64.sum(-2).clamp(min=1.0)
+    col_mean = (a64 * m64).sum(-2) / n_tok
+    col_std = ((((a64 - col_mean.unsqueeze(-2)) ** 2) * m64).sum(-2) / n_tok).sqrt()
+    return col_std.mean(-1)
+
+
+@dataclass
+class UpdateSettings:
+    """Plain-Python copies of the update knobs (OmegaConf access is slow in the hot loop)."""
+
+    policy_loss: Callable
+    epochs: int
+    minibatches: int
+    normalize: str
+    clip_eps: float | None
+    clip_eps_high: float | None
+    vf_clip_eps: float | None
+    loss_agg: str
+    norm_len: int | None
+    ent_coef: float
+    vf_coef: float
+    max_grad_norm: float | None
+    clip_per_network: bool
+    kl_loss: bool
+    kl_estimator: str
+
+    @classmethod
+    def from_cfg(cls, cfg, norm_len: int | None) -> "UpdateSettings":
+        """``norm_len``: the constant length of ``loss_agg=seq_mean_token_sum_norm`` (Dr. GRPO's L)."""
+        return cls(
+            policy_loss=get_policy_loss(cfg["update"]), epochs=int(cfg.epochs), minibatches=int(cfg.minibatches),
+            normalize=str(cfg.normalize_advantages), clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
+            vf_clip_eps=cfg.vf_clip_eps, loss_agg=str(cfg.loss_agg), norm_len=norm_len,
+            ent_coef=float(cfg.ent_coef), vf_coef=float(cfg.vf_coef),
+            max_grad_norm=None if cfg.max_grad_norm is None else float(cfg.max_grad_norm),
+            clip_per_network=cfg.grad_clip == "per_network",
+            kl_loss=not cfg.kl.in_reward and (float(cfg.kl.beta) > 0 or bool(cfg.kl.adaptive)),
+            kl_estimator=str(cfg.kl.estimator))
+
+
+@dataclass
+class UpdateBatch:
+    """One iteration's samples, ``[P, T, B]`` (see the module docstring)."""
+
+    adv: torch.Tensor
+    mask: torch.Tensor
+    old_logp: torch.Tensor
+    inputs: Any  # what the learner needs to recompute log-probs/values of chosen columns
+    returns: torch.Tensor | None = None  # critic targets (A + V_old)
+    old_values: torch.Tensor | None = None
+    kl_target: torch.Tensor | None = None  # log-probs of the KL penalty's target policy
+    seq_id: torch.Tensor | None = None  # [P, T, B] long: sequence of each step when a column is not one
+
+
+class Learner(Protocol):
+    """What a task family's model offers the update step."""
+
+    population: int
+    params: list[torch.Tensor]  # in the optimizer's order
+
+    def forward(self, inputs: Any, idx: torch.Tensor | None, need_entropy: bool
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``(logp, entropy or None, values or None)``, each ``[P, T, b]``, for columns ``idx [P, b]``
+        (``None``: all columns)."""
+
+    def clip_grads(self, max_norm: float | None, per_network: bool) -> torch.Tensor:
+        """Clip per member; return the pre-clip norms ``[k, P]`` (row 0: policy, row 1: critic)."""
+
+
+def _select(x: torch.Tensor | None, idx: torch.Tensor | None) -> torch.Tensor | None:
+    """Columns ``idx [P, b]`` of ``x [P, T, B, ...]``."""
+    if x is None or idx is None:
+        return x
+    P, T = x.shape[:2]
+    index = idx.view(P, 1, -1, *([1] * (x.dim() - 3))).expand(P, T, -1, *x.shape[3:])
+    return x.gather(2, index)
+
+
+class MemberOptimizer:
+    """Adam over a population's parameters with per-member learning rates and frozen members.
+
+    Adam is elementwise, so one optimizer over batched weights keeps per-member moments. A
+    member's learning rate ``lr[p]`` is applied by stepping with the largest active rate and
+    scaling the other members' parameter change by ``lr[p] / lr_max`` (exact for a lone run;
+    within float rounding otherwise); a frozen member keeps its weights and moments."""
+
+    def __init__(self, params: list[torch.Tensor], population: int, lr: float, fused: bool = False):
+        self.params, self.P = params, population
+        self.optim = torch.optim.Adam(params, lr=lr, eps=ADAM_EPS, **({"fused": True} if fused else {}))
+
+    def zero_grad(self) -> None:
+        self.optim.zero_grad(set_to_none=True)
+
+    def step(self, lr: torch.Tensor, frozen: torch.Tensor) -> None:
+        """``lr [P]`` float64, ``frozen [P]`` bool."""
+        moving = ~frozen
+        if not bool(moving.any()):
+            return
+        lr_max = float(lr[moving].max())
+        for g in self.optim.param_groups:
+            g["lr"] = lr_max
+        scale = (lr / lr_max) if lr_max > 0 else torch.zeros_like(lr)
+        rescale = moving & (scale != 1.0)
+        if not bool(frozen.any()) and not bool(rescale.any()):
+            self.optim.step()
+            return
+        P = self.P
+        touched = (frozen | rescale).nonzero().flatten()
+        fro = frozen[touched]
+        saved = []
+        for p in self.params:
+            st = self.optim.state.get(p, {})
+            saved.append((member_view(p.data, P)[:, touched].clone(),
+                          {k: member_view(v, P)[:, touched].clone() for k, v in st.items()
+                           if torch.is_tensor(v) and v.dim() > 0}))
+        self.optim.step()
+        f = scale[touched].to(self.params[0].dtype)
+        for p, (old, st) in zip(self.params, saved):
+            view = member_view(p.data, P)
+            new = view[:, touched]
+            fb = f.view(1, -1, *([1] * (new.dim() - 2)))
+            keep = fro.view(1, -1, *([1] * (new.dim() - 2)))
+            view[:, touched] = torch.where(keep, old, old + (new - old) * fb)
+            for k, v in st.items():
+                sv = member_view(self.optim.state[p][k], P)
+                sv[:, touched] = torch.where(keep, v, sv[:, touched])
+
+    # checkpoints
+    def state_tensors(self, named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, prm in named:
+            for key, value in self.optim.state.get(prm, {}).items():
+                if torch.is_tensor(value):
+                    out[f"adam/{name}/{key}"] = value
+        return out
+
+
+@torch.no_grad()
+def clip_grad_groups(groups: list[list[torch.Tensor]], max_norm: float | None, per_network: bool) -> torch.Tensor:
+    """Gradient clipping of a lone run (``P = 1``) whose parameters form ``groups`` (policy, then
+    critic): the norm of each group ``[k, 1]`` before clipping; ``per_network=False`` clips all
+    groups by their joint norm (``torch.nn.utils.clip_grad_norm_``'s rule: scale
+    ``min(1, max_norm / (norm + 1e-6))``), ``True`` each group by its own."""
+    grads = [[p.grad for p in g if p.grad is not None] for g in groups]
+    grads = [g for g in grads if g]
+    norms = [torch.linalg.vector_norm(torch.stack(torch._foreach_norm(g))) for g in grads]
+    if max_norm is not None:
+        if per_network or len(norms) == 1:
+            totals = norms
+        else:
+            joint = torch.linalg.vector_norm(torch.stack(torch._foreach_norm([x for g in grads for x in g])))
+            totals = [joint] * len(norms)
+        for g, n in zip(grads, totals):
+            torch._foreach_mul_(g, (max_norm / (n + 1e-6)).clamp(max=1.0))
+    return torch.stack(norms).view(-1, 1)
+
+
+def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: UpdateSettings,
+           gens: list[torch.Generator], active: torch.Tensor, lr: torch.Tensor,
+           kl_beta: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``s.epochs`` passes over ``batch`` in ``s.minibatches`` column minibatches.
+
+    ``active [P]``: members still training (the others' weights are frozen); ``lr [P]``, ``kl_beta [P]``:
+    each member's own. Returns ``[P]`` diagnostics (last epoch, see the module docstring) plus
+    ``nonfinite`` (``[P]`` codes: 0 finite, 1 loss, 2 gradient)."""
+    P, _, B = batch.adv.shape
+    device = batch.adv.device
+    mask = batch.mask * active.to(device).view(P, 1, 1).to(batch.mask.dtype)
+    n_mb = max(1, min(s.minibatches, B))
+    mb_size = math.ceil(B / n_mb)
+    # one minibatch: per-minibatch whitening is the batch's, the same every epoch
+    normalize_each = s.normalize == "minibatch" and n_mb > 1
+    adv = whiten(batch.adv, mask) if s.normalize == "batch" or (s.normalize == "minibatch" and n_mb == 1) else batch.adv
+    agg = {"agg": s.loss_agg, "norm_len": s.norm_len}
+    critic = batch.returns is not None
+    bad = torch.zeros(P, dtype=torch.long)  # first non-finite kind per member
+    beta = kl_beta.to(device)
+    stats: dict[str, list[torch.Tensor]] = {}
+    stop = False
+    for epoch in range(s.epochs):
+        last_epoch = epoch == s.epochs - 1
+        perm = torch.stack([torch.randperm(B, generator=g) for g in gens]).to(device) if n_mb > 1 else None
+        for i in range(n_mb):
+            idx = None if perm is None else perm[:, i * mb_size:(i + 1) * mb_size]
+            if idx is not None and idx.shape[1] == 0:
+                continue
+            m_mask, m_adv, m_old = _select(mask, idx), _select(adv, idx), _select(batch.old_logp, idx)
+            seq = _select(batch.seq_id, idx)
+            if normalize_each:
+                m_adv = whiten(m_adv, m_mask)
+            need_entropy = s.ent_coef > 0 or last_epoch
+            logp, entropy, values = learner.forward(batch.inputs, idx, need_entropy)
+            pl, metrics = s.policy_loss(logp, m_old, m_adv, m_mask, clip_eps=s.clip_eps,
+                                        clip_eps_high=s.clip_eps_high, with_metrics=last_epoch, seq_id=seq, **agg)
+            loss = pl
+            if need_entropy:
+                ent_l, ent_m = entropy_bonus(entropy, m_mask, seq_id=seq, **agg)
+                if s.ent_coef > 0:
+                    loss = loss + s.ent_coef * ent_l
+                metrics.update(ent_m)
+            if critic:
+                vl, vm = value_loss(values, _select(batch.returns, idx), m_mask,
+                                    old_values=_select(batch.old_values, idx), clip_eps=s.vf_clip_eps)
+                loss = loss + s.vf_coef * vl
+                metrics.update(vm)
+            if s.kl_loss:
+                kl_l, klm = kl_penalty(logp, _select(batch.kl_target, idx), m_mask, s.kl_estimator,
+                                       seq_id=seq, **agg)
+                loss = loss + beta * kl_l
+                metrics["kl_loss"] = klm["kl"]
+            loss_ok = torch.isfinite(loss.detach()).cpu()
+            bad = torch.where((bad == 0) & ~loss_ok & active, torch.ones_like(bad), bad)
+            if not bool(((bad == 0) & active).any()):  # nothing left to learn from this batch
+                stats.setdefault("loss", []).append(loss.detach().cpu())
+                stop = True
+                break
+            opt.zero_grad()
+            loss.sum().backward()
+            norms = learner.clip_grads(s.max_grad_norm, s.clip_per_network)
+            grad_ok = torch.isfinite(norms.detach()).all(dim=0).cpu()
+            bad = torch.where((bad == 0) & ~grad_ok & active, torch.full_like(bad, 2), bad)
+            opt.step(lr, ~active | (bad != 0))
+            if last_epoch:
+                metrics["grad_norm"] = norms[0]
+                if critic and norms.shape[0] > 1:
+                    metrics["value_grad_norm"] = norms[1]
+                metrics["loss"] = loss.detach()
+                for k, v in metrics.items():
+                    stats.setdefault(k, []).append(v)
+        if stop:
+            break
+    out = {k: torch.stack([x.reshape(P).cpu() for x in v]).mean(0) for k, v in stats.items()}
+    a_mean, a_std = masked_mean_std(batch.adv, mask)
+    out["adv_mean"], out["adv_std"] = a_mean.cpu().double(), a_std.cpu().double()
+    if batch.adv.shape[1] > 1:  # columns are sequences (LM, toy); control columns are single steps
+        out["adv_within_std"] = within_sequence_std(batch.adv, mask).cpu()
+    if critic:
+        out["explained_variance"] = torch.tensor(
+            [explained_variance(batch.old_values[p], batch.returns[p], mask[p]) for p in range(P)], dtype=torch.float64)
+    out["nonfinite"] = bad
+    return out
