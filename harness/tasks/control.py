@@ -129,6 +129,8 @@ class Rollout:
     episode_returns: list[list[float]]  # per member, episodes finished this iteration
     steps: torch.Tensor  # [P] real env steps taken (reset transitions excluded)
     greedy_returns: torch.Tensor | None = None  # [P, n_groups]
+    horizon: list[int] | None = None  # per member, the steps its own episodes took (greedy ones
+    # included): the T of its lone run; rows past it are the population's padding
 
 
 def _noise(agent, gens, shape_tail, steps) -> torch.Tensor:
@@ -246,10 +248,12 @@ class EpisodeCollector:
         finished = [totals[p, :E].tolist() for p in range(P)]
         greedy_returns = totals[:, E:] if self.greedy else None
         sl = slice(0, E)
+        alive_rows = mask.amax(dim=2) > 0  # [T, P]
+        horizon = [int(alive_rows[:, p].nonzero().max()) + 1 if bool(alive_rows[:, p].any()) else 0 for p in range(P)]
         return Rollout(stacked["obs"][:, :, sl], stacked["next"][:, :, sl], stacked["act"][:, :, sl],
                        stacked["logp"][:, :, sl], stacked["rew"][:, :, sl], stacked["term"][:, :, sl].float(),
                        stacked["trunc"][:, :, sl].float(), mask[:, :, sl], finished, mask.sum(dim=(0, 2)),
-                       greedy_returns)
+                       greedy_returns, horizon)
 
     def close(self) -> None:
         self.envs.close()

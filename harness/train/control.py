@@ -158,7 +158,7 @@ class ControlSource(Source):
             seq = sequence_ids(done, self.whole_episodes).transpose(0, 1).reshape(P, 1, T * N)
         return UpdateBatch(adv=to_pm(adv), mask=ro.mask.transpose(0, 1).reshape(P, 1, T * N), old_logp=old_logp,
                            inputs=(obs, act), returns=to_pm(returns), old_values=to_pm(values), kl_target=old_logp,
-                           seq_id=seq)
+                           seq_id=seq, columns=None if ro.horizon is None else [h * N for h in ro.horizon])
 
     def evaluate(self, flags):
         evals = evaluate(self.agent, self.env_id, self.eval_episodes, self.max_steps, self.info, self.eval_seeds)

@@ -108,6 +108,8 @@ class UpdateBatch:
     old_values: torch.Tensor | None = None
     kl_target: torch.Tensor | None = None  # log-probs of the KL penalty's target policy
     seq_id: torch.Tensor | None = None  # [P, T, B] long: sequence of each step when a column is not one
+    columns: list[int] | None = None  # per member, how many leading columns are its own (the rest
+    # is padding that only the population's shared shape adds); None: all B
 
 
 class Learner(Protocol):
@@ -224,8 +226,14 @@ def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: Update
     P, _, B = batch.adv.shape
     device = batch.adv.device
     mask = batch.mask * active.to(device).view(P, 1, 1).to(batch.mask.dtype)
+    cols = batch.columns or [B] * P
     n_mb = max(1, min(s.minibatches, B))
     mb_size = math.ceil(B / n_mb)
+    ragged = len(set(cols)) > 1  # members' own batch sizes differ (whole episodes in a population)
+    if ragged:  # minibatches drawn as each member's lone run draws them, padded with masked entries
+        n_mb_p = [max(1, min(s.minibatches, c)) for c in cols]
+        mb_p = [math.ceil(c / n) for c, n in zip(cols, n_mb_p)]
+        n_mb = max(n_mb_p)
     # one minibatch: per-minibatch whitening is the batch's, the same every epoch
     normalize_each = s.normalize == "minibatch" and n_mb > 1
     adv = whiten(batch.adv, mask) if s.normalize == "batch" or (s.normalize == "minibatch" and n_mb == 1) else batch.adv
@@ -234,15 +242,37 @@ def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: Update
     bad = torch.zeros(P, dtype=torch.long)  # first non-finite kind per member
     beta = kl_beta.to(device)
     stats: dict[str, list[torch.Tensor]] = {}
+    present: list[torch.Tensor] = []  # per recorded minibatch, the members it had entries for
     stop = False
     for epoch in range(s.epochs):
         last_epoch = epoch == s.epochs - 1
-        perm = torch.stack([torch.randperm(B, generator=g) for g in gens]).to(device) if n_mb > 1 else None
+        empty = None
+        if ragged:
+            perms = [torch.randperm(c, generator=g) if n > 1 else torch.arange(c)
+                     for c, n, g in zip(cols, n_mb_p, gens)]
+        else:
+            perm = torch.stack([torch.randperm(B, generator=g) for g in gens]).to(device) if n_mb > 1 else None
         for i in range(n_mb):
-            idx = None if perm is None else perm[:, i * mb_size:(i + 1) * mb_size]
-            if idx is not None and idx.shape[1] == 0:
-                continue
+            valid = None
+            if ragged:
+                parts = [q[i * m:(i + 1) * m] for q, m in zip(perms, mb_p)]
+                width = max(len(q) for q in parts)
+                if width == 0:
+                    continue
+                idx = torch.zeros(P, width, dtype=torch.long)
+                valid = torch.zeros(P, 1, width, dtype=mask.dtype)
+                for p, q in enumerate(parts):
+                    idx[p, :len(q)] = q
+                    valid[p, 0, :len(q)] = 1.0
+                idx, valid = idx.to(device), valid.to(device)
+                empty = torch.tensor([len(q) == 0 for q in parts])
+            else:
+                idx = None if perm is None else perm[:, i * mb_size:(i + 1) * mb_size]
+                if idx is not None and idx.shape[1] == 0:
+                    continue
             m_mask, m_adv, m_old = _select(mask, idx), _select(adv, idx), _select(batch.old_logp, idx)
+            if valid is not None:
+                m_mask = m_mask * valid
             seq = _select(batch.seq_id, idx)
             if normalize_each:
                 m_adv = whiten(m_adv, m_mask)
@@ -277,7 +307,7 @@ def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: Update
             norms = learner.clip_grads(s.max_grad_norm, s.clip_per_network)
             grad_ok = torch.isfinite(norms.detach()).all(dim=0).cpu()
             bad = torch.where((bad == 0) & ~grad_ok & active, torch.full_like(bad, 2), bad)
-            opt.step(lr, ~active | (bad != 0))
+            opt.step(lr, ~active | (bad != 0) | (empty if empty is not None else False))
             if last_epoch:
                 metrics["grad_norm"] = norms[0]
                 if critic and norms.shape[0] > 1:
@@ -285,9 +315,15 @@ def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: Update
                 metrics["loss"] = loss.detach()
                 for k, v in metrics.items():
                     stats.setdefault(k, []).append(v)
+                present.append(torch.ones(P) if empty is None else (~empty).double())
         if stop:
             break
-    out = {k: torch.stack([x.reshape(P).cpu() for x in v]).mean(0) for k, v in stats.items()}
+    if ragged and present:  # a member's mean over the minibatches it had entries in (as its lone run)
+        w = torch.stack(present)
+        out = {k: (torch.stack([x.reshape(P).cpu().double() for x in v]) * w).sum(0) / w.sum(0).clamp(min=1)
+               for k, v in stats.items() if len(v) == len(present)}
+    else:
+        out = {k: torch.stack([x.reshape(P).cpu() for x in v]).mean(0) for k, v in stats.items()}
     a_mean, a_std = masked_mean_std(batch.adv, mask)
     out["adv_mean"], out["adv_std"] = a_mean.cpu().double(), a_std.cpu().double()
     if batch.adv.shape[1] > 1:  # columns are sequences (LM, toy); control columns are single steps
