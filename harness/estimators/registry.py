@@ -92,6 +92,12 @@ def register(spec: EstimatorSpec) -> EstimatorSpec:
     return spec
 
 
+def estimator_names() -> list[str]:
+    """Every registered estimator name, in registration order (stable): what tests,
+    benchmarks and validation enumerate instead of keeping their own list."""
+    return list(ESTIMATORS)
+
+
 def get_estimator(name: str) -> EstimatorSpec:
     try:
         return ESTIMATORS[name]
