@@ -14,7 +14,15 @@ Rules (the output contract in DESIGN.md "Outputs"):
 * each row gets ``run_dir`` (path of its run directory relative to the folder, POSIX
   separators) and ``status`` from ``summary.json`` (``incomplete`` when there is none yet,
   ``unknown`` when it exists but cannot be parsed), plus ``reason``;
-* diverged runs are kept: dropping them would hide the instability being measured.
+* diverged runs are kept: dropping them would hide the instability being measured;
+* runs that differ in a :data:`VARIANT_KEYS` setting (``update``, the policy loss, and
+  ``loss_agg``) are never pooled: where one estimator name was run with more than one such
+  setting in the loaded folder, its rows get the label ``name[update=clip]`` (only the
+  settings that differ, ``null`` for files older than those columns) in ``estimator``, so
+  everything that groups by estimator keeps them apart; ``estimator_name`` always holds the
+  registered name.
+
+The columns and their types are those of :mod:`harness.io.schema`, shared with the writer.
 
 The unit of analysis ("a run") is ``(run_dir, seed)``: a population run (several seeds
 trained in one process) writes several seeds into one directory.
@@ -32,11 +40,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from harness.io import schema
+
 __all__ = [
     "AnalysisWarning",
     "RUN_KEYS",
     "METRIC_COLUMNS",
     "HYPERPARAMETERS",
+    "VARIANT_KEYS",
     "DIAGNOSTICS",
     "find_run_dirs",
     "load",
@@ -50,17 +61,15 @@ CONFIG_FILE = "config.yaml"
 #: Columns that identify one run (one seed of one run directory).
 RUN_KEYS = ["run_dir", "seed"]
 
-HYPERPARAMETERS = ["gamma", "gae_lambda", "clip_eps", "kl_beta", "n_steps", "group_size", "lr"]
-DIAGNOSTICS = [
-    "policy_loss", "entropy", "approx_kl", "clip_frac", "grad_norm", "adv_mean", "adv_std",
-    "value_loss", "explained_variance",
-]
-LM_COLUMNS = ["reward", "gold_reward", "kl_ref", "response_len", "tokens"]
-_STRING_COLUMNS = ["run_id", "task", "estimator"]
-_NUMERIC_CORE = ["seed", "iteration", "env_steps", "wall_time_s", "episode_return", "eval_return"]
+HYPERPARAMETERS = list(schema.HYPERPARAMETERS)
+#: String settings that change the algorithm; runs differing in one are never pooled.
+VARIANT_KEYS = list(schema.VARIANTS)
+DIAGNOSTICS = list(schema.DIAGNOSTICS)
+LM_COLUMNS = list(schema.LM_COLUMNS)
+_STRING_COLUMNS = list(schema.STRING_COLUMNS)
 
 #: Every column of the output contract; each is present in the loaded frame (null if absent).
-METRIC_COLUMNS = _STRING_COLUMNS + _NUMERIC_CORE + HYPERPARAMETERS + DIAGNOSTICS + LM_COLUMNS
+METRIC_COLUMNS = list(schema.METRIC_COLUMNS)
 
 STATUSES = ["completed", "diverged", "failed", "incomplete", "unknown"]
 
@@ -148,6 +157,9 @@ def _read_config(run_dir: Path) -> dict:
         out["estimator"] = estimator
     if isinstance(cfg.get("seed"), (int, float)) and not isinstance(cfg.get("seed"), bool):
         out["seed"] = cfg["seed"]
+    for key in VARIANT_KEYS:  # written to the metrics too since they joined the schema
+        if isinstance(cfg.get(key), str):
+            out[key] = cfg[key]
     return out
 
 
@@ -257,13 +269,16 @@ def load(path: str | os.PathLike) -> pd.DataFrame:
             if c not in df.columns:
                 df[c] = None if c in _STRING_COLUMNS else np.nan
         df = _fill_identity(df, runs, root)
+    df["estimator_name"] = df["estimator"]
 
     for c in METRIC_COLUMNS:
         if c not in _STRING_COLUMNS:
             df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
         else:
             df[c] = df[c].astype(object).where(df[c].notna(), None)
-    lead = ["run_dir", "status"] + METRIC_COLUMNS
+    df["estimator_name"] = df["estimator_name"].astype(object)
+    df = label_variants(df)
+    lead = ["run_dir", "status"] + METRIC_COLUMNS + ["estimator_name"]
     df = df[lead + [c for c in df.columns if c not in lead]]
     sort_cols = ["task", "estimator", "run_dir", "seed", "iteration"]
     df = df.sort_values(sort_cols, kind="stable", na_position="last").reset_index(drop=True)
@@ -272,9 +287,32 @@ def load(path: str | os.PathLike) -> pd.DataFrame:
     return df
 
 
+def label_variants(df: pd.DataFrame) -> pd.DataFrame:
+    """Give runs of one estimator that differ in a :data:`VARIANT_KEYS` setting their own
+    ``estimator`` label, ``name[key=value, ...]`` (only the keys that differ for that name,
+    over the whole frame so a label means the same on every task; ``null`` where a run did
+    not record the setting). Names run with one setting keep the plain name. The registered
+    name is (or stays) in ``estimator_name``. Returns a new frame."""
+    df = df.copy()
+    if "estimator_name" not in df.columns:
+        df["estimator_name"] = df["estimator"]
+    keys = [k for k in VARIANT_KEYS if k in df.columns]
+    if not keys or df.empty:
+        return df
+    name = df["estimator_name"].astype(object)
+    vals = {k: df[k].astype(object).where(df[k].notna(), "null").astype(str) for k in keys}
+    n_values = {k: vals[k].groupby(name.to_numpy()).transform("nunique").to_numpy() for k in keys}
+    labels = []
+    for i in range(len(df)):
+        differ = [f"{k}={vals[k].iat[i]}" for k in keys if n_values[k][i] > 1]
+        labels.append(f"{name.iat[i]}[{', '.join(differ)}]" if differ else name.iat[i])
+    df["estimator"] = labels
+    return df
+
+
 def _fill_identity(df: pd.DataFrame, runs: pd.DataFrame, root: Path) -> pd.DataFrame:
     info = runs.set_index("run_dir")
-    for col in ["task", "estimator", "seed"]:
+    for col in ["task", "estimator", "seed", *VARIANT_KEYS]:
         cfg_col = f"config_{col}"
         if cfg_col in info.columns:
             df[col] = df[col].where(df[col].notna(), df["run_dir"].map(info[cfg_col]))

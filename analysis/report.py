@@ -18,7 +18,7 @@ import pandas as pd
 
 from . import figures as figs
 from . import stats
-from .load import load
+from .load import VARIANT_KEYS, label_variants, load
 
 __all__ = ["NoRunsError", "Tables", "compute_tables", "build_report", "FIGURES"]
 
@@ -69,7 +69,11 @@ def _status_counts(g: pd.DataFrame) -> dict:
 
 def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAULT_REPS,
                    seed: int = stats.DEFAULT_SEED) -> Tables:
-    """All statistics of a loaded results frame (see :func:`analysis.load`)."""
+    """All statistics of a loaded results frame (see :func:`analysis.load`).
+
+    Runs of one estimator that differ in ``update`` or ``loss_agg`` are never pooled: they
+    carry separate ``estimator`` labels (:func:`analysis.load.label_variants`, idempotent)."""
+    df = label_variants(df)
     runs = stats.run_table(df, last_n=last_n)
     runs["norm_score"] = stats.normalize_by_task(runs, "score")
     tasks = sorted(runs["task"].unique())
@@ -89,7 +93,8 @@ def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAU
             **_ci([g["auc"].to_numpy(dtype=float)], "iqm", reps, seed, "auc"),
             "collapsed": int(g["collapsed"].sum()),
             **_status_counts(g),
-            "n_configs": int(g[stats.HYPERPARAMETERS].drop_duplicates().shape[0]),
+            "n_configs": int(g[[c for c in stats.HYPERPARAMETERS + VARIANT_KEYS if c in g]]
+                             .drop_duplicates().shape[0]),
         })
     scores = pd.DataFrame(rows)
 
@@ -242,6 +247,11 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
     L.append(_md_table(["task", "estimator", "runs (scored/all)", "IQM", "IQM 95% CI", "mean",
                         "mean 95% CI", "AUC (IQM)", "AUC 95% CI", "diverged", "collapsed",
                         "incomplete", "configs pooled"], rows))
+    split = sorted(e for e in runs["estimator"].unique() if "[" in str(e))
+    if split:
+        L.append("\nEstimators run with more than one `update` (policy loss) or `loss_agg` are "
+                 "never pooled: each setting is its own row, " + ", ".join(f"`{e}`" for e in split)
+                 + ".")
     if (t.scores["n_configs"] > 1).any():
         L.append("\n'configs pooled' > 1: the row pools runs with different hyperparameters "
                  "(see Sensitivity).")
@@ -325,6 +335,7 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
     out.mkdir(parents=True, exist_ok=True)
 
     t = compute_tables(df, last_n=last_n, reps=reps, seed=seed)
+    df = t.metrics  # with the estimator labels the tables use
     palette = figs.estimator_palette(t.runs["estimator"])
     files = {k: name for k, (name, _) in FIGURES.items()}
     draw = {

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
-from .load import HYPERPARAMETERS, RUN_KEYS
+from .load import HYPERPARAMETERS, RUN_KEYS, VARIANT_KEYS
 
 __all__ = [
     "Interval",
@@ -370,8 +370,9 @@ def run_table(df: pd.DataFrame, last_n: int = 5) -> pd.DataFrame:
     Adds to :func:`final_scores`: ``x_col`` and ``budget`` (the task's largest logged
     env_steps - or tokens, or iteration), ``auc`` (:func:`area_under_curve` of the score
     curve over that axis), ``collapsed`` (:func:`is_collapsed` on the score curve, shifted
-    by the task's minimum observed score when that is negative), ``iterations`` and one
-    column per hyperparameter (its first logged value).
+    by the task's minimum observed score when that is negative), ``iterations``, one
+    column per hyperparameter (its first logged value) and per :data:`VARIANT_KEYS` setting
+    (``update``, ``loss_agg``: its first logged value, None when the run did not log it).
     """
     scores = final_scores(df, last_n=last_n).set_index(RUN_KEYS)
     extra = []
@@ -397,6 +398,9 @@ def run_table(df: pd.DataFrame, last_n: int = 5) -> pd.DataFrame:
             for hp in HYPERPARAMETERS:
                 v = run[hp].dropna()
                 row[hp] = float(v.iloc[0]) if len(v) else np.nan
+            for key in VARIANT_KEYS:
+                v = run[key].dropna() if key in run else ()
+                row[key] = str(v.iloc[0]) if len(v) else None
             extra.append(row)
     extra = pd.DataFrame(extra)
     if extra.empty:

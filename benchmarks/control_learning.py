@@ -22,7 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-ESTIMATORS = ["reinforce", "baseline", "a2c", "ppo_gae", "grpo", "rloo", "remax", "dr_grpo", "reinforce_pp"]
+from harness.estimators import estimator_names  # noqa: E402  (after the sys.path line)
+
+ESTIMATORS = estimator_names()  # every registered estimator, in registration order
 
 
 def sweep(out: str, tasks: str, estimators: str, seeds: int, steps: int) -> None:

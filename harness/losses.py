@@ -158,13 +158,36 @@ def pg_loss(
 
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-POLICY_LOSSES: dict[str, PolicyLoss] = {"pg": pg_loss, "clip": clipped_surrogate_loss}
+# The only list of policy losses (config key ``update``): name -> loss function. Adding one is
+# one function plus one :func:`register_policy_loss` call; config checks, tests and docs
+# enumerate this dict.
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str, fn: PolicyLoss | None = None):
+    """Register ``fn`` as the policy loss selected by ``update: <name>``.
+
+    Usable as a decorator, ``@register_policy_loss("clip")``, or a plain call,
+    ``register_policy_loss("clip", clipped_surrogate_loss)``; either way returns ``fn``.
+    Registering a name twice raises ``ValueError``.
+    """
+    def _register(f: PolicyLoss) -> PolicyLoss:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        POLICY_LOSSES[name] = f
+        return f
+
+    return _register if fn is None else _register(fn)
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
     if name not in POLICY_LOSSES:
         raise ValueError(f"update must be one of {sorted(POLICY_LOSSES)}, got {name!r}")
     return POLICY_LOSSES[name]
+
+
+register_policy_loss("pg", pg_loss)
+register_policy_loss("clip", clipped_surrogate_loss)
 
 
 def value_loss(

@@ -120,3 +120,43 @@ def test_run_without_metrics_is_listed(tmp_path):
     assert runs.loc[f"{TASK}/ppo_gae/crashed", "status"] == "failed"
     assert not runs.loc[f"{TASK}/ppo_gae/crashed", "has_metrics"]
     assert set(df["run_dir"]) == {f"{TASK}/ppo_gae/ok"}
+
+
+def test_old_files_without_update_or_loss_agg_load_with_nulls_or_their_config(tmp_path):
+    write_run(tmp_path / TASK / "rloo" / "old", _cols("rloo", 0, critic=False),
+              summary=_summary("o", "completed", 6))                          # no config: nulls
+    write_run(tmp_path / TASK / "rloo" / "cfg", _cols("rloo", 1, critic=False),
+              summary=_summary("c", "completed", 6), config="update: pg\nloss_agg: token_mean\n")
+    df = analysis.load(tmp_path)
+    by = df.groupby("run_dir")
+    assert by["update"].first().to_dict() == {f"{TASK}/rloo/cfg": "pg", f"{TASK}/rloo/old": None}
+    assert df.loc[df.run_dir.str.endswith("old"), ["update", "loss_agg"]].isna().all().all()
+    assert (df.loc[df.run_dir.str.endswith("cfg"), "loss_agg"] == "token_mean").all()
+    # a setting only one run recorded still splits the name: the other run's is unknown
+    assert set(df["estimator"]) == {"rloo[update=null, loss_agg=null]", "rloo[update=pg, loss_agg=token_mean]"}
+    assert (df["estimator_name"] == "rloo").all()
+
+
+def test_runs_differing_in_update_or_loss_agg_get_separate_labels(tmp_path):
+    def run(est, seed, update, agg):
+        cols = _cols(est, seed)
+        cols["update"], cols["loss_agg"] = [update] * 6, [agg] * 6
+        write_run(tmp_path / TASK / est / f"s{seed}", cols, summary=_summary(f"{est}{seed}", "completed", 6))
+
+    run("ppo_gae", 0, "clip", "token_mean")
+    run("ppo_gae", 1, "pg", "token_mean")
+    run("grpo", 2, "clip", "token_mean")
+    run("grpo", 3, "clip", "seq_mean_token_sum_norm")
+    run("a2c", 4, "pg", "token_mean")
+    run("a2c", 5, "pg", "token_mean")
+    df = analysis.load(tmp_path)
+    labels = df.drop_duplicates("run_dir").set_index("run_dir")["estimator"].to_dict()
+    assert labels == {
+        f"{TASK}/ppo_gae/s0": "ppo_gae[update=clip]", f"{TASK}/ppo_gae/s1": "ppo_gae[update=pg]",
+        f"{TASK}/grpo/s2": "grpo[loss_agg=token_mean]",
+        f"{TASK}/grpo/s3": "grpo[loss_agg=seq_mean_token_sum_norm]",
+        f"{TASK}/a2c/s4": "a2c", f"{TASK}/a2c/s5": "a2c",                 # one setting: plain name
+    }
+    assert sorted(df["estimator_name"].unique()) == ["a2c", "grpo", "ppo_gae"]
+    from analysis.load import label_variants
+    assert label_variants(df)["estimator"].tolist() == df["estimator"].tolist()  # idempotent

@@ -116,3 +116,23 @@ def test_missing_folder_and_file_are_one_line_errors(tmp_path):
     r = _cli("report", str(tmp_path / "missing"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "does not exist" in r.stderr and "metrics.parquet" in r.stderr
+
+
+def test_report_never_pools_update_or_loss_agg(tmp_path):
+    from analysis.load import load
+    from analysis.report import compute_tables
+    from tests.analysis_fixtures import _summary, curve_columns, write_run
+
+    for seed, update in enumerate(["clip", "clip", "pg", "pg"]):
+        cols = curve_columns("CartPole-v1", "ppo_gae", seed, iterations=8)
+        cols["update"], cols["loss_agg"] = [update] * 8, ["token_mean"] * 8
+        write_run(tmp_path / "CartPole-v1" / "ppo_gae" / f"s{seed}", cols,
+                  summary=_summary(str(seed), "completed", 8))
+    t = compute_tables(load(tmp_path), reps=50)
+    assert t.scores[["estimator", "n_runs", "n_configs"]].values.tolist() == [
+        ["ppo_gae[update=clip]", 2, 1], ["ppo_gae[update=pg]", 2, 1]]
+    assert t.runs.set_index("seed")["update"].to_dict() == {0: "clip", 1: "clip", 2: "pg", 3: "pg"}
+    assert sorted(t.poi["x"]) == ["ppo_gae[update=clip]", "ppo_gae[update=pg]"]
+    # the same frame with the labels stripped is relabelled, not pooled
+    raw = t.metrics.assign(estimator=t.metrics["estimator_name"])
+    assert compute_tables(raw, reps=50).scores["estimator"].tolist() == t.scores["estimator"].tolist()

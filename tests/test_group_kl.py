@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from harness.estimators import (
-    AdvantageBatch, EstimatorParams, ESTIMATORS, get_estimator, grpo, kl_k1, kl_k2, kl_k3, remax, rloo,
+    AdvantageBatch, EstimatorParams, ESTIMATORS, estimator_names, get_estimator, grpo, kl_k1, kl_k2, kl_k3,
+    remax, rloo,
 )
 
 
@@ -89,18 +90,21 @@ def test_k3_is_nonnegative_pointwise_and_k1_can_be_negative():
 
 
 # ------------------------------------------------------------------------------- registry
-PRESETS = ["reinforce", "baseline", "a2c", "ppo_gae", "grpo", "rloo", "remax", "dr_grpo", "reinforce_pp"]
+# The presets DESIGN.md requires (a spec check: the registry may hold more).
+DESIGN_PRESETS = ["reinforce", "baseline", "a2c", "ppo_gae", "grpo", "rloo", "remax", "dr_grpo", "reinforce_pp"]
+# Hand-checked below with V = 0, gamma = lambda = 1, n_steps >= T: advantages = reward-to-go.
+REWARD_TO_GO_FAMILY = {"reinforce", "baseline", "a2c", "ppo_gae", "reinforce_pp"}
 
 
 def test_registry_has_all_presets_and_lists_names_on_a_miss():
-    assert sorted(ESTIMATORS) == sorted(PRESETS)
+    assert set(DESIGN_PRESETS) <= set(ESTIMATORS)
     with pytest.raises(ValueError) as e:
         get_estimator("ppo")
-    for name in PRESETS:
+    for name in ESTIMATORS:
         assert name in str(e.value)
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", estimator_names())
 def test_every_preset_runs_through_one_signature(name):
     """Two groups of two one-column episodes; numbers checked by hand per family."""
     spec = get_estimator(name)
@@ -125,6 +129,7 @@ def test_every_preset_runs_through_one_signature(name):
         assert torch.allclose(out.advantages, want, atol=1e-5)
         assert out.returns is None
     else:  # reward-to-go family with V = 0: advantages are the returns-to-go
+        assert name in REWARD_TO_GO_FAMILY, f"add hand-computed advantages for {name!r} to this test"
         want = torch.tensor([[2.0, 0.0, 1.0, 3.0], [1.0, 0.0, 0.0, 2.0], [0.0, 0.0, 0.0, 1.0]])
         assert torch.allclose(out.advantages * mask, want * mask)
         if spec.needs_critic:

@@ -2,7 +2,7 @@
 
 Public API (stable): :func:`gae`, :func:`n_step`, :func:`reward_to_go`, :func:`grpo`,
 :func:`rloo`, :func:`remax`, :func:`kl_k1`, :func:`kl_k2`, :func:`kl_k3`,
-:func:`get_estimator`, :data:`ESTIMATORS`.
+:func:`get_estimator`, :func:`estimator_names`, :data:`ESTIMATORS`.
 """
 from .group import grpo, remax, rloo
 from .kl import KL_ESTIMATORS, kl_estimate, kl_k1, kl_k2, kl_k3
@@ -13,6 +13,7 @@ from .registry import (
     EstimatorParams,
     EstimatorSpec,
     episode_scores,
+    estimator_names,
     get_estimator,
     register,
 )
@@ -22,5 +23,5 @@ __all__ = [
     "gae", "n_step", "reward_to_go", "grpo", "rloo", "remax",
     "kl_k1", "kl_k2", "kl_k3", "kl_estimate", "KL_ESTIMATORS",
     "ESTIMATORS", "AdvantageBatch", "AdvantageResult", "EstimatorParams", "EstimatorSpec",
-    "episode_scores", "get_estimator", "register",
+    "episode_scores", "estimator_names", "get_estimator", "register",
 ]

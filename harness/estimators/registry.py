@@ -7,13 +7,15 @@ A trainer looks a preset up with :func:`get_estimator`, asks the returned
 
 Normalisation, clipping and loss aggregation are *not* done here: they are separate config
 axes applied by the trainer, so an ablation cannot silently credit whitening to GAE. A
-preset only carries defaults for those axes (``spec.defaults``), e.g. ``reinforce_pp`` sets
-batch whitening and ``dr_grpo`` sets the token-sum aggregation.
+preset's defaults for those axes (``update``, ``epochs``, whitening, ``loss_agg``, ...) live
+in its Hydra file ``conf/estimator/<name>.yaml`` and nowhere else, e.g. ``reinforce_pp.yaml``
+sets batch whitening and ``dr_grpo.yaml`` the token-sum aggregation. Adding an estimator is
+one adapter function, one :func:`register` call and that one YAML file.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -69,8 +71,6 @@ class EstimatorSpec:
     needs_groups: bool = False
     needs_greedy: bool = False
     full_episodes: bool = False  # Monte Carlo: collect whole episodes, no bootstrap
-    defaults: dict[str, Any] = field(default_factory=dict)
-    doc: str = ""
 
     def __call__(self, batch: AdvantageBatch, params: EstimatorParams) -> AdvantageResult:
         if self.needs_critic and (batch.values is None or batch.next_values is None):
@@ -90,6 +90,12 @@ def register(spec: EstimatorSpec) -> EstimatorSpec:
         raise ValueError(f"estimator {spec.name!r} is already registered")
     ESTIMATORS[spec.name] = spec
     return spec
+
+
+def estimator_names() -> list[str]:
+    """Every registered estimator name, in registration order (stable): what tests,
+    benchmarks and validation enumerate instead of keeping their own list."""
+    return list(ESTIMATORS)
 
 
 def get_estimator(name: str) -> EstimatorSpec:
@@ -119,73 +125,66 @@ def _broadcast(per_traj: torch.Tensor, batch: AdvantageBatch) -> torch.Tensor:
 
 
 def _reinforce(batch, p):
+    """``reinforce``: A_t = G_t, the reward-to-go (Williams 1992). Also ``reinforce_pp``
+    (REINFORCE++, Hu 2025): the same advantages, whitened over the batch by its config."""
     return AdvantageResult(
         _returns.reward_to_go(batch.rewards, batch.terminated, batch.truncated, p.gamma), None
     )
 
 
 def _baseline(batch, p):
+    """``baseline``: A_t = G_t - V(s_t), V regressed on G_t."""
     g = _returns.reward_to_go(batch.rewards, batch.terminated, batch.truncated, p.gamma)
     return AdvantageResult(g - batch.values, g)
 
 
 def _a2c(batch, p):
+    """``a2c``: n-step TD advantage (Mnih et al. 2016)."""
     a, r = _returns.n_step(batch.rewards, batch.values, batch.next_values,
                            batch.terminated, batch.truncated, p.gamma, p.n_steps)
     return AdvantageResult(a, r)
 
 
 def _ppo_gae(batch, p):
+    """``ppo_gae``: GAE(gamma, lambda) (Schulman et al. 2016/2017); returns = A + V_old."""
     a, r = _returns.gae(batch.rewards, batch.values, batch.next_values,
                         batch.terminated, batch.truncated, p.gamma, p.gae_lambda)
     return AdvantageResult(a, r)
 
 
 def _grpo(batch, p):
+    """``grpo``: (R_i - group mean) / (group std + eps) (Shao et al. 2024)."""
     adv = _group.grpo(episode_scores(batch), std_normalize=p.std_normalize, eps=p.group_eps)
     return AdvantageResult(_broadcast(adv, batch), None)
 
 
 def _dr_grpo(batch, p):
+    """``dr_grpo``: R_i - group mean, no std (Liu et al. 2025); its config adds the
+    token-sum aggregation."""
     adv = _group.grpo(episode_scores(batch), std_normalize=False, eps=p.group_eps)
     return AdvantageResult(_broadcast(adv, batch), None)
 
 
 def _rloo(batch, p):
+    """``rloo``: R_i - mean of the other group members (Ahmadian et al. 2024)."""
     return AdvantageResult(_broadcast(_group.rloo(episode_scores(batch)), batch), None)
 
 
 def _remax(batch, p):
+    """``remax``: R_i - R_greedy, the greedy rollout's return from the same start (Li et al. 2023)."""
     adv = _group.remax(episode_scores(batch), batch.greedy_scores)
     return AdvantageResult(_broadcast(adv, batch), None)
 
 
-register(EstimatorSpec("reinforce", _reinforce, needs_critic=False, full_episodes=True,
-                       defaults={"update": "pg", "epochs": 1},
-                       doc="A_t = G_t (reward-to-go), Williams 1992"))
-register(EstimatorSpec("baseline", _baseline, needs_critic=True, full_episodes=True,
-                       defaults={"update": "pg", "epochs": 1},
-                       doc="A_t = G_t - V(s_t), V regressed on G_t"))
-register(EstimatorSpec("a2c", _a2c, needs_critic=True,
-                       defaults={"update": "pg", "epochs": 1},
-                       doc="n-step TD advantage, Mnih et al. 2016"))
-register(EstimatorSpec("ppo_gae", _ppo_gae, needs_critic=True,
-                       defaults={"update": "clip", "epochs": 10},
-                       doc="GAE(gamma, lambda), Schulman et al. 2016/2017"))
-register(EstimatorSpec("grpo", _grpo, needs_critic=False, needs_groups=True, full_episodes=True,
-                       defaults={"update": "clip", "epochs": 4},
-                       doc="(R_i - mean) / (std + eps) within a group, Shao et al. 2024"))
-register(EstimatorSpec("rloo", _rloo, needs_critic=False, needs_groups=True, full_episodes=True,
-                       defaults={"update": "pg", "epochs": 1},
-                       doc="R_i - mean of the other members, Ahmadian et al. 2024"))
+# The only list of estimators. Each name has its defaults in conf/estimator/<name>.yaml.
+register(EstimatorSpec("reinforce", _reinforce, needs_critic=False, full_episodes=True))
+register(EstimatorSpec("baseline", _baseline, needs_critic=True, full_episodes=True))
+register(EstimatorSpec("a2c", _a2c, needs_critic=True))
+register(EstimatorSpec("ppo_gae", _ppo_gae, needs_critic=True))
+register(EstimatorSpec("grpo", _grpo, needs_critic=False, needs_groups=True, full_episodes=True))
+register(EstimatorSpec("rloo", _rloo, needs_critic=False, needs_groups=True, full_episodes=True))
 register(EstimatorSpec("remax", _remax, needs_critic=False, needs_groups=True, needs_greedy=True,
-                       full_episodes=True, defaults={"update": "pg", "epochs": 1},
-                       doc="R_i - R_greedy, Li et al. 2023"))
+                       full_episodes=True))
 register(EstimatorSpec("dr_grpo", _dr_grpo, needs_critic=False, needs_groups=True,
-                       full_episodes=True,
-                       defaults={"update": "clip", "epochs": 4,
-                                 "loss_agg": "seq_mean_token_sum_norm"},
-                       doc="R_i - group mean (no std), token-sum aggregation, Liu et al. 2025"))
-register(EstimatorSpec("reinforce_pp", _reinforce, needs_critic=False, full_episodes=True,
-                       defaults={"update": "clip", "epochs": 1, "normalize_advantages": "batch"},
-                       doc="reward-to-go whitened over the batch, Hu 2025 (REINFORCE++)"))
+                       full_episodes=True))
+register(EstimatorSpec("reinforce_pp", _reinforce, needs_critic=False, full_episodes=True))

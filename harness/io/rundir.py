@@ -40,6 +40,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
+from . import schema
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: runs are not claimed
@@ -57,19 +59,8 @@ CHECKPOINT_NAME = "checkpoint.safetensors"  # harness.io.checkpoint.CHECKPOINT_F
 WRITE_DELAY_ENV = "HARNESS_TEST_WRITE_DELAY"
 _NOT_HASHED_NESTED = (("lm", "cache_dir"),)  # where a cache lives does not change the run
 
-# Columns every metrics.parquet carries (nulls where a value does not apply).
-METRIC_COLUMNS: dict[str, pa.DataType] = {
-    "run_id": pa.string(), "task": pa.string(), "estimator": pa.string(), "seed": pa.int64(),
-    "iteration": pa.int64(), "env_steps": pa.int64(), "wall_time_s": pa.float64(),
-    "episode_return": pa.float64(), "eval_return": pa.float64(),
-    "gamma": pa.float64(), "gae_lambda": pa.float64(), "clip_eps": pa.float64(),
-    "kl_beta": pa.float64(), "n_steps": pa.int64(), "group_size": pa.int64(), "lr": pa.float64(),
-    "policy_loss": pa.float64(), "entropy": pa.float64(), "approx_kl": pa.float64(),
-    "clip_frac": pa.float64(), "grad_norm": pa.float64(), "adv_mean": pa.float64(),
-    "adv_std": pa.float64(), "value_loss": pa.float64(), "explained_variance": pa.float64(),
-    "reward": pa.float64(), "gold_reward": pa.float64(), "kl_ref": pa.float64(),
-    "response_len": pa.float64(), "tokens": pa.int64(),
-}
+# Columns every metrics.parquet carries (nulls where a value does not apply): harness.io.schema.
+METRIC_COLUMNS = schema.METRIC_COLUMNS
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -278,12 +269,7 @@ class RunDir:
         self.rows.append(row)
 
     def flush(self) -> None:
-        columns = dict(METRIC_COLUMNS)
-        for row in self.rows:
-            for key, value in row.items():
-                if key not in columns:
-                    columns[key] = pa.string() if isinstance(value, str) else pa.int64() if (
-                        isinstance(value, int) and not isinstance(value, bool)) else pa.float64()
+        columns = schema.columns_for(self.rows)
         arrays = {k: pa.array([r.get(k) for r in self.rows], type=t) for k, t in columns.items()}
         table = pa.table(arrays)
         sink = pa.BufferOutputStream()

@@ -1,0 +1,108 @@
+"""The registries are the only lists: estimators (one function + one ``register`` call + one
+YAML file) and policy losses (one function + one ``register_policy_loss`` call)."""
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import harness.losses as losses
+from harness.estimators import (
+    ESTIMATORS, AdvantageResult, EstimatorSpec, estimator_names, get_estimator, register,
+)
+from harness.losses import POLICY_LOSSES, get_policy_loss, pg_loss, register_policy_loss
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "estimator"
+
+
+def _yaml(name: str) -> dict:
+    return yaml.safe_load((CONF / f"{name}.yaml").read_text())
+
+
+# ------------------------------------------------------------------ estimators <-> YAML files
+def test_every_registered_estimator_has_a_yaml_and_vice_versa():
+    assert set(estimator_names()) == {p.stem for p in CONF.glob("*.yaml")}
+    assert estimator_names() == list(ESTIMATORS)  # registration order, one entry each
+
+
+@pytest.mark.parametrize("name", estimator_names())
+def test_estimator_yaml_names_itself_and_a_registered_policy_loss(name):
+    cfg = _yaml(name)
+    assert cfg["estimator"] == name
+    assert cfg["update"] in POLICY_LOSSES
+
+
+def test_registering_an_estimator_twice_raises():
+    before = dict(ESTIMATORS)
+    with pytest.raises(ValueError, match="'rloo' is already registered"):
+        register(EstimatorSpec("rloo", lambda b, p: None, needs_critic=False))
+    assert ESTIMATORS == before and get_estimator("rloo") is before["rloo"]
+
+
+def _zero(batch, params):
+    return AdvantageResult(torch.zeros_like(batch.rewards), None)
+
+
+def test_a_throwaway_estimator_is_enumerated(monkeypatch):
+    spec = EstimatorSpec("throwaway_test", _zero, needs_critic=False)
+    assert "throwaway_test" not in estimator_names()
+    monkeypatch.setitem(ESTIMATORS, spec.name, spec)  # removed again at teardown
+    assert estimator_names()[-1] == "throwaway_test"
+    assert get_estimator("throwaway_test") is spec
+    with pytest.raises(ValueError, match="already registered"):
+        register(spec)
+
+
+def test_register_adds_to_the_registry(monkeypatch):
+    import harness.estimators.registry as registry
+
+    fresh: dict = {}
+    monkeypatch.setattr(registry, "ESTIMATORS", fresh)
+    spec = register(EstimatorSpec("throwaway_test", _zero, needs_critic=False))
+    assert fresh == {"throwaway_test": spec} and registry.estimator_names() == ["throwaway_test"]
+    with pytest.raises(ValueError, match="unknown estimator 'x'; valid: throwaway_test"):
+        registry.get_estimator("x")
+
+
+# ------------------------------------------------------------------------- policy losses
+def test_the_design_policy_losses_are_registered():
+    assert {"pg", "clip"} <= set(POLICY_LOSSES)  # DESIGN.md: update: pg | clip
+    assert get_policy_loss("pg") is pg_loss
+    assert get_policy_loss("clip") is losses.clipped_surrogate_loss
+
+
+def test_register_policy_loss_as_decorator_and_as_call(monkeypatch):
+    registered = list(POLICY_LOSSES)
+    monkeypatch.setattr(losses, "POLICY_LOSSES", dict(POLICY_LOSSES))
+
+    @register_policy_loss("throwaway")
+    def throwaway(logp, old_logp, advantages, mask, **kw):
+        return pg_loss(logp, old_logp, advantages, mask)
+
+    assert throwaway.__name__ == "throwaway"  # the decorator returns the function itself
+    assert losses.get_policy_loss("throwaway") is throwaway
+    assert register_policy_loss("throwaway_call", pg_loss) is pg_loss
+    assert list(losses.POLICY_LOSSES) == [*registered, "throwaway", "throwaway_call"]
+    with pytest.raises(ValueError) as e:
+        losses.get_policy_loss("trpo")
+    for name in losses.POLICY_LOSSES:
+        assert repr(name) in str(e.value)
+
+
+def test_registering_a_policy_loss_twice_raises():
+    with pytest.raises(ValueError, match="'pg' is already registered"):
+        register_policy_loss("pg", lambda *a, **k: None)
+    with pytest.raises(ValueError, match="'clip' is already registered"):
+        register_policy_loss("clip")(pg_loss)
+    assert POLICY_LOSSES["pg"] is pg_loss and POLICY_LOSSES["clip"] is losses.clipped_surrogate_loss
+
+
+# ---------------------------------------------------------------------- docs follow them
+def test_readme_lists_exactly_the_registered_names():
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (est,) = re.findall(r"`estimator=([a-z_0-9|]+)`", readme)
+    assert est.split("|") == estimator_names()
+    (upd,) = re.findall(r"`update=([a-z_0-9|]+)`", readme)
+    assert upd.split("|") == list(POLICY_LOSSES)
