@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 from harness.app import member_configs  # noqa: E402
 from harness.io import RunDir  # noqa: E402
 from harness.tasks.control import env_info, evaluate  # noqa: E402
-from harness.train.control import ControlTrainer, default_threads  # noqa: E402
+from harness.train.control import ControlSource, default_threads  # noqa: E402
+from harness.train.loop import Loop  # noqa: E402
 from tests.control_helpers import make_cfg  # noqa: E402
 
 ZOO = ["task=cartpole", "estimator=ppo_gae", "task.num_envs=8", "task.rollout_steps=32", "minibatches=1",
@@ -46,13 +47,14 @@ def ours(steps: int, population: int, seed: int = 0) -> tuple[float, list[float]
             r.start()
         initial_threads = torch.get_num_threads()
         torch.set_num_threads(default_threads(cfg, population))  # as harness.train.control.train
-        trainer = ControlTrainer(cfg, runs)
+        source = ControlSource(cfg, runs)
+        loop = Loop(cfg, source, runs, "control")
         t0 = time.perf_counter()
-        trainer.run()
+        loop.run()
         wall = time.perf_counter() - t0
         torch.set_num_threads(initial_threads)
         info = env_info("CartPole-v1")
-        returns = evaluate(trainer.agent, "CartPole-v1", 10, None, info, [10_000 + s for s in trainer.seeds])
+        returns = evaluate(source.agent, "CartPole-v1", 10, None, info, [10_000 + s for s in source.seeds])
     return wall, returns
 
 

@@ -29,7 +29,7 @@ Rates per side, the first ``--warmup`` iterations of each run excluded:
 * ``cycle`` (wall): sampled tokens / wall time from the end of the last warm-up iteration to
   the end of the last one (adds per-iteration logging and data loading on both sides);
 * ``cpu_step`` / ``cpu_cycle``: the same with this process's CPU time (``time.process_time``;
-  the harness's iterations are bracketed by wrapping ``LMTrainer.collect`` and ``_row`` here,
+  the harness's iterations are bracketed by wrapping ``LMSource.collect`` and ``Loop._row`` here,
   nothing in the harness changes). With one intra-op thread an iteration's CPU time hardly
   moves when other jobs share the cores, so on a busy machine it is the steadier ratio.
 
@@ -145,11 +145,12 @@ def run_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: fl
     cfg = compose(base_overrides(cache, results, iterations, lr, beta, seed))
     # CPU-time probes (the parquet holds wall times only): an iteration starts with collect()
     # and its iter_time_s is taken just before _row() is entered
-    from harness.train.lm import LMTrainer
+    from harness.train.lm import LMSource
+    from harness.train.loop import Loop
 
     cpu_begin: list[float] = []
     cpu_end: list[float] = []
-    orig_collect, orig_row = LMTrainer.collect, LMTrainer._row
+    orig_collect, orig_row = LMSource.collect, Loop._row
 
     def collect(self, *a, **k):
         cpu_begin.append(time.process_time())
@@ -159,12 +160,12 @@ def run_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: fl
         cpu_end.append(time.process_time())
         return orig_row(self, *a, **k)
 
-    LMTrainer.collect, LMTrainer._row = collect, row
+    LMSource.collect, Loop._row = collect, row
     t0 = time.time()
     try:
         counts = harness_run(cfg)
     finally:
-        LMTrainer.collect, LMTrainer._row = orig_collect, orig_row
+        LMSource.collect, Loop._row = orig_collect, orig_row
     wall = time.time() - t0
     paths = list((results / "lm_summarize" / "grpo").glob("seed*/metrics.parquet"))
     if len(paths) != 1:

@@ -53,6 +53,12 @@ class EstimatorParams:
     std_normalize: bool = True
     group_eps: float = 1e-6
 
+    @classmethod
+    def from_cfg(cls, cfg) -> "EstimatorParams":
+        """The estimator knobs of a run's config (``gamma, gae_lambda, n_steps, std_normalize``)."""
+        return cls(gamma=float(cfg.gamma), gae_lambda=float(cfg.gae_lambda), n_steps=int(cfg.n_steps),
+                   std_normalize=bool(cfg.std_normalize))
+
 
 @dataclass
 class AdvantageResult:

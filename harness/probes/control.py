@@ -32,12 +32,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..estimators import AdvantageBatch, EstimatorParams, get_estimator
+from ..estimators import EstimatorParams, get_estimator
 from ..io import RunDir, atomic_write_bytes
-from ..losses import explained_variance, pg_loss
+from ..losses import explained_variance, get_policy_loss, pg_loss, within_sequence_std
 from ..models.control import ControlAgent
 from ..models.mlp import member_view
-from ..tasks.control import EpisodeCollector, env_info
+from ..tasks.control import EpisodeCollector, advantage_batch, env_info
 from . import stats as pstats
 from .toy import ProbeSettings, _parquet_bytes, settings_from_config
 
@@ -99,20 +99,10 @@ def _batch_seeds(seed: int, start: int, n: int, stream: int) -> list[int]:
     return [(int(seed) * 1_000_003 + stream * 7_919_993 + i) % (2**31 - 1) for i in range(start, start + n)]
 
 
-def _gradients(agent: ControlAgent, ro, spec, params: EstimatorParams, group: int):
+def _gradients(agent: ControlAgent, ro, spec, params: EstimatorParams, group: int, policy_loss=pg_loss):
     """Per-member policy-gradient estimates of one collected population rollout."""
     T, M, E = ro.rewards.shape
-    flat = lambda x: x.reshape(T, M * E)  # noqa: E731
-    values = next_values = None
-    if spec.needs_critic:
-        with torch.no_grad():
-            values = flat(agent.value(ro.obs.transpose(0, 1).reshape(M, T * E, -1)).reshape(M, T, E).transpose(0, 1))
-            next_values = flat(agent.value(ro.next_obs.transpose(0, 1).reshape(M, T * E, -1))
-                               .reshape(M, T, E).transpose(0, 1))
-    greedy = ro.greedy_returns.reshape(-1) if ro.greedy_returns is not None else None
-    batch = AdvantageBatch(rewards=flat(ro.rewards), terminated=flat(ro.terminated), truncated=flat(ro.truncated),
-                           mask=flat(ro.mask), values=values, next_values=next_values, greedy_scores=greedy,
-                           group_size=group if spec.needs_groups else None)
+    batch = advantage_batch(agent, ro, spec.needs_critic, group if spec.needs_groups else None)
     adv = spec(batch, params).advantages.reshape(T, M, E) * ro.mask
     obs = ro.obs.transpose(0, 1).reshape(M, T * E, -1)
     act = ro.actions.transpose(0, 1).reshape(M, T * E, *ro.actions.shape[3:])
@@ -120,13 +110,10 @@ def _gradients(agent: ControlAgent, ro, spec, params: EstimatorParams, group: in
     logp = agent.log_prob(agent.dist_params(obs), act).reshape(M, T, E)
     adv_m = adv.permute(1, 0, 2)
     mask_m = ro.mask.permute(1, 0, 2)
-    loss, _ = pg_loss(logp, logp.detach(), adv_m, mask_m, with_metrics=False, **SEQ_SUM)
+    loss, _ = policy_loss(logp, logp.detach(), adv_m, mask_m, with_metrics=False, **SEQ_SUM)  # at ratio 1
     loss.sum().backward()
     g = -_actor_grad(agent).double()
-    # C14-style spread of the advantage across the steps of one episode
-    n_tok = mask_m.sum(1).clamp(min=1.0)
-    col_mean = (adv_m * mask_m).sum(1) / n_tok
-    spread = ((((adv_m - col_mean[:, None]) ** 2) * mask_m).sum(1) / n_tok).sqrt().mean(1)
+    spread = within_sequence_std(adv_m, mask_m)  # C14-style spread of the advantage across an episode's steps
     returns = (ro.rewards * ro.mask).sum(0).mean(1)  # [M] mean episode return per batch
     return g, spread.double().numpy(), returns.double().numpy(), int(ro.steps.sum())
 
@@ -181,8 +168,7 @@ def probe_run(cfg, run: RunDir) -> None:
     chunk = max(2, int(s.chunk))
     E, k = int(cfg.task.episodes_per_iter), int(cfg.group_size)
     group = k if E % k == 0 else 1  # one layout for every estimator (common random numbers)
-    params = EstimatorParams(gamma=float(cfg.gamma), gae_lambda=float(cfg.gae_lambda), n_steps=int(cfg.n_steps),
-                             std_normalize=bool(cfg.std_normalize))
+    params = EstimatorParams.from_cfg(cfg)
     ref_params = EstimatorParams(gamma=1.0)
     agent1 = _make_agent(cfg, info, 1, s.init_seed)
     meta = {"target": "policy_gradient", "batches": M, "batch_size": E, "group_size": group,
@@ -195,21 +181,22 @@ def probe_run(cfg, run: RunDir) -> None:
     if spec.needs_critic:
         meta.update(_fit_critic(cfg, info, agent1, s, params.gamma))
 
-    def run_batches(est, est_params, n, stream, greedy):
+    def run_batches(est, est_params, n, stream, greedy, policy_loss=pg_loss):
         gs, spreads, rets, steps = [], [], [], 0
         for start in range(0, n, chunk):
             m = min(chunk, n - start)
             agent = _make_agent(cfg, info, m, s.init_seed)
             _broadcast_weights(agent1, agent)
             ro = _collect(cfg, info, agent, _batch_seeds(int(cfg.seed), start, m, stream), group, greedy)
-            g, sp, r, st = _gradients(agent, ro, est, est_params, group)
+            g, sp, r, st = _gradients(agent, ro, est, est_params, group, policy_loss)
             gs.append(g)
             spreads.append(sp)
             rets.append(r)
             steps += st
         return torch.cat(gs).numpy(), np.concatenate(spreads), np.concatenate(rets), steps
 
-    G, spread, rets, steps = run_batches(spec, params, M, stream=1, greedy=spec.needs_greedy)
+    G, spread, rets, steps = run_batches(spec, params, M, stream=1, greedy=spec.needs_greedy,
+                                         policy_loss=get_policy_loss(cfg["update"]))
     Gref, _, ref_rets, _ = run_batches(ref_spec, ref_params, R, stream=2, greedy=False)
     truth = Gref.mean(0)
     Wref = pstats.resample_weights(R, int(s.reps), seed=int(cfg.seed) + 11)

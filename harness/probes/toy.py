@@ -48,10 +48,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..estimators import AdvantageBatch, EstimatorParams, EstimatorSpec, get_estimator
+from ..estimators import EstimatorParams, EstimatorSpec, get_estimator
 from ..io import RunDir, atomic_write_bytes
-from ..losses import clipped_surrogate_loss, kl_penalty, pg_loss
-from ..tasks.toy import DTYPE, ToyBatch, ToyTask, build_task, time_major, validate_toy
+from ..losses import clipped_surrogate_loss, get_policy_loss, kl_penalty, whiten
+from ..tasks.toy import DTYPE, ToyBatch, ToyTask, advantage_batch, build_task, validate_toy
 from . import stats as pstats
 
 TARGETS = ("policy_gradient", "importance", "kl")
@@ -200,30 +200,18 @@ def draw_batches(task: ToyTask, theta_sample: torch.Tensor, M: int, n_groups: in
     return task.sample(theta_sample, prompts, uniforms=uniforms)
 
 
-def _per_batch_whiten(adv: torch.Tensor, mask: torch.Tensor, M: int) -> torch.Tensor:
-    L = adv.shape[0]
-    a, m = adv.reshape(L, M, -1), mask.reshape(L, M, -1)
-    n = m.sum(dim=(0, 2), keepdim=True).clamp(min=1.0)
-    mean = (a * m).sum(dim=(0, 2), keepdim=True) / n
-    std = ((((a - mean) ** 2) * m).sum(dim=(0, 2), keepdim=True) / n).sqrt()
-    return ((a - mean) / (std + 1e-8) * m).reshape(L, -1)
-
-
 def estimator_advantages(task: ToyTask, spec: EstimatorSpec, params: EstimatorParams, batch: ToyBatch,
                          theta: torch.Tensor, M: int, k: int, critic: torch.Tensor | None,
                          normalize: str = "none") -> torch.Tensor:
     """Advantages ``[L, M*B]`` of every batch at once (groups never straddle two batches)."""
-    tm = time_major(task, batch, critic if spec.needs_critic else None)
     greedy = None
     if spec.needs_greedy:
         leaves = task.greedy(theta)[batch.prompts[::k]]
         greedy = task.leaf_reward[leaves]
-    ab = AdvantageBatch(rewards=tm["rewards"], terminated=tm["terminated"], truncated=tm["truncated"],
-                        mask=tm["mask"], values=tm.get("values"), next_values=tm.get("next_values"),
-                        greedy_scores=greedy, group_size=k if spec.needs_groups else None)
-    adv = spec(ab, params).advantages * tm["mask"]
-    if normalize in ("batch", "minibatch"):
-        adv = _per_batch_whiten(adv, tm["mask"], M)
+    ab = advantage_batch(task, batch, critic if spec.needs_critic else None, greedy, k if spec.needs_groups else None)
+    adv = spec(ab, params).advantages * ab.mask
+    if normalize in ("batch", "minibatch"):  # each batch whitened on its own, as the update step does
+        adv = _to_tm(whiten(_to_mb(adv, M), _to_mb(ab.mask, M)))
     return adv
 
 
@@ -249,6 +237,12 @@ def _to_mb(x_tm: torch.Tensor, M: int) -> torch.Tensor:
     return x_tm.reshape(L, M, -1).permute(1, 0, 2)
 
 
+def _to_tm(x_mb: torch.Tensor) -> torch.Tensor:
+    """``[M, L, B]`` -> ``[L, M*B]``."""
+    M, L, B = x_mb.shape
+    return x_mb.permute(1, 0, 2).reshape(L, M * B)
+
+
 def sequence_sum_agg() -> dict:
     """Sum over tokens, mean over sequences: the aggregation whose expectation is grad J."""
     return {"agg": "seq_mean_token_sum_norm", "norm_len": 1}
@@ -267,7 +261,7 @@ class ProbeResult:
 def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: EstimatorParams, *,
               settings: ProbeSettings, batch_size: int, group_size: int, seed: int,
               normalize: str = "none", theta_ref: torch.Tensor | None = None,
-              kl_name: str = "k3") -> ProbeResult:
+              kl_name: str = "k3", update: str = "pg") -> ProbeResult:
     """Run one probe (one estimator, one target) and summarise it per scope (all, prompt<x>)."""
     s = settings
     M, k = int(s.batches or TOY_DEFAULT_BATCHES), int(group_size)
@@ -333,8 +327,10 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
             lw = (task.leaf_log_probs(theta) - task.leaf_log_probs(theta_q))[batch.leaf]
             values = (lw.exp() * batch.reward).view(M, batch_size).mean(1).numpy()
         else:
-            def loss_fn(logp, mask):
-                return pg_loss(logp, logp.detach(), adv_mb, mask, with_metrics=False, **sequence_sum_agg())[0]
+            policy_loss = get_policy_loss(update)
+
+            def loss_fn(logp, mask):  # the registered loss at the sampling policy (ratio 1)
+                return policy_loss(logp, logp.detach(), adv_mb, mask, with_metrics=False, **sequence_sum_agg())[0]
 
             values = batch.reward.view(M, batch_size).mean(1).numpy()
         grads, _ = batch_gradients(theta, batch, M, loss_fn)
@@ -408,11 +404,10 @@ def probe_run(cfg, run: RunDir) -> None:
     task = build_task(cfg)
     theta, theta_ref, policy = load_policy(task, s)
     spec = get_estimator(cfg.estimator)
-    params = EstimatorParams(gamma=float(cfg.gamma), gae_lambda=float(cfg.gae_lambda), n_steps=int(cfg.n_steps),
-                             std_normalize=bool(cfg.std_normalize))
+    params = EstimatorParams.from_cfg(cfg)
     res = probe_toy(task, theta, spec, params, settings=s, batch_size=int(cfg.task.episodes_per_iter),
                     group_size=int(cfg.group_size), seed=int(cfg.seed), normalize=str(cfg.normalize_advantages),
-                    theta_ref=theta_ref, kl_name=str(cfg.kl.estimator))
+                    theta_ref=theta_ref, kl_name=str(cfg.kl.estimator), update=str(cfg["update"]))
     wall = time.time() - t0
     ident = {"run_id": run.run_id, "task": str(cfg.task.name), "estimator": str(cfg.estimator),
              "seed": int(cfg.seed), "policy": policy, "wall_time_s": wall}

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from ..estimators import AdvantageBatch
+
 
 @dataclass
 class EnvInfo:
@@ -279,3 +281,21 @@ def evaluate(agent, env_id: str, episodes: int, max_episode_steps: int | None, i
         return total.mean(dim=1).tolist()
     finally:
         envs.close()
+
+
+def advantage_batch(agent, ro: Rollout, needs_critic: bool, group_size: int | None) -> AdvantageBatch:
+    """The estimator's input from a ``[T, P, N]`` rollout: members side by side, ``[T, P*N]``
+    (members never mix: every estimator works column-wise or within a group, and groups lie
+    inside a member); ``V(s_t)`` and ``V(s_{t+1})`` from the agent's critic when needed."""
+    T, P, N = ro.rewards.shape
+    flat = lambda x: x.reshape(T, P * N)  # noqa: E731
+    values = next_values = None
+    if needs_critic:
+        with torch.no_grad():
+            v = agent.value(ro.obs.transpose(0, 1).reshape(P, T * N, -1)).reshape(P, T, N).transpose(0, 1)
+            nv = agent.value(ro.next_obs.transpose(0, 1).reshape(P, T * N, -1)).reshape(P, T, N).transpose(0, 1)
+        values, next_values = flat(v), flat(nv)
+    greedy = None if ro.greedy_returns is None else ro.greedy_returns.reshape(-1)
+    return AdvantageBatch(rewards=flat(ro.rewards), terminated=flat(ro.terminated), truncated=flat(ro.truncated),
+                          mask=flat(ro.mask), values=values, next_values=next_values, greedy_scores=greedy,
+                          group_size=group_size)

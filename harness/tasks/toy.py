@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from ..estimators import AdvantageBatch
+
 DTYPE = torch.float64  # exact quantities and estimates: float64 keeps rounding far below any bias measured
 
 
@@ -369,9 +371,20 @@ def time_major(task: ToyTask, batch: ToyBatch, state_values: torch.Tensor | None
     return out
 
 
+def advantage_batch(task: ToyTask, batch: ToyBatch, state_values: torch.Tensor | None, greedy: torch.Tensor | None,
+                    group_size: int | None, reward_penalty: torch.Tensor | None = None) -> AdvantageBatch:
+    """The estimator's input ``[T = L, B = N]`` (:func:`time_major`); ``reward_penalty [L, N]`` is
+    subtracted from the per-token rewards (the in-reward KL penalty, InstructGPT style)."""
+    tm = time_major(task, batch, state_values)
+    rewards = tm["rewards"] if reward_penalty is None else tm["rewards"] - reward_penalty * tm["mask"]
+    return AdvantageBatch(rewards=rewards, terminated=tm["terminated"], truncated=tm["truncated"], mask=tm["mask"],
+                          values=tm.get("values"), next_values=tm.get("next_values"), greedy_scores=greedy,
+                          group_size=group_size)
+
+
 def build_task(cfg) -> ToyTask:
     return ToyTask(spec_from_config(cfg))
 
 
 __all__ = ["PRESETS", "PromptSpec", "ToySpec", "ToyTask", "ToyBatch", "build_task", "spec_from_config",
-           "time_major", "validate_toy", "DTYPE"]
+           "time_major", "advantage_batch", "validate_toy", "DTYPE"]

@@ -33,7 +33,7 @@ from ..io import RunDir
 from ..io import checkpoint as ckpt
 from ..models.control import ControlAgent
 from ..models.mlp import clip_grad_norm_per_member, member_view
-from ..tasks.control import EpisodeCollector, MemberEnvs, StepCollector, env_info, evaluate
+from ..tasks.control import EpisodeCollector, MemberEnvs, StepCollector, advantage_batch, env_info, evaluate
 from .loop import Source, train_population
 from .update import UpdateBatch
 
@@ -130,20 +130,7 @@ class ControlSource(Source):
         return ro
 
     def advantage_batch(self, ro) -> AdvantageBatch:
-        """Per-member columns side by side, ``[T, P*N]`` (members never mix: every estimator
-        works column-wise or within a group, and groups lie inside a member)."""
-        T, P, N = ro.rewards.shape
-        flat = lambda x: x.reshape(T, P * N)  # noqa: E731
-        values = next_values = None
-        if self.spec.needs_critic:
-            with torch.no_grad():
-                v = self.agent.value(ro.obs.transpose(0, 1).reshape(P, T * N, -1)).reshape(P, T, N).transpose(0, 1)
-                nv = self.agent.value(ro.next_obs.transpose(0, 1).reshape(P, T * N, -1)).reshape(P, T, N).transpose(0, 1)
-            values, next_values = flat(v), flat(nv)
-        greedy = None if ro.greedy_returns is None else ro.greedy_returns.reshape(-1)
-        return AdvantageBatch(rewards=flat(ro.rewards), terminated=flat(ro.terminated), truncated=flat(ro.truncated),
-                              mask=flat(ro.mask), values=values, next_values=next_values, greedy_scores=greedy,
-                              group_size=self.group_size)
+        return advantage_batch(self.agent, ro, self.spec.needs_critic, self.group_size)
 
     def update_batch(self, ro, adv, returns, values) -> UpdateBatch:
         T, P, N = ro.rewards.shape

@@ -126,11 +126,6 @@ class Source:
         pass
 
 
-def estimator_params(cfg: DictConfig) -> EstimatorParams:
-    return EstimatorParams(gamma=float(cfg.gamma), gae_lambda=float(cfg.gae_lambda), n_steps=int(cfg.n_steps),
-                           std_normalize=bool(cfg.std_normalize))
-
-
 class Loop:
     """Train ``runs`` (one per member of ``source``) to their budgets."""
 
@@ -138,7 +133,7 @@ class Loop:
         self.cfg, self.source, self.runs, self.family = cfg, source, runs, family
         self.P = source.P
         self.spec = get_estimator(cfg.estimator)
-        self.est_params = estimator_params(cfg)
+        self.est_params = EstimatorParams.from_cfg(cfg)
         self.settings = UpdateSettings.from_cfg(cfg, source.norm_len)
         self.learner = source.learner
         self.opt = MemberOptimizer(self.learner.params, self.P, float(cfg.lr), fused=source.fused_adam)

@@ -29,7 +29,7 @@ from ..estimators import AdvantageBatch, get_estimator, kl_estimate
 from ..io import RunDir
 from ..io import checkpoint as ckpt
 from ..losses import get_policy_loss
-from ..tasks.toy import DTYPE, ToyTask, build_task, time_major, validate_toy
+from ..tasks.toy import DTYPE, ToyTask, advantage_batch, build_task, validate_toy
 from .loop import Source, train_one_by_one
 from .update import UpdateBatch, clip_grad_groups
 
@@ -132,18 +132,17 @@ class ToySource(Source):
         return batch
 
     def advantage_batch(self, batch) -> AdvantageBatch:
-        tm = time_major(self.task, batch, self.critic.detach() if self.critic is not None else None)
         with torch.no_grad():
             batch.old_logp = gather_logp(self.theta, batch.states, batch.tokens)
             batch.ref_logp = gather_logp(self.theta_ref, batch.states, batch.tokens)
-        rewards = tm["rewards"]
         beta = float(self.kl_beta_now[0])
+        penalty = None
         if self.kl_in_reward and beta > 0:  # InstructGPT: per-token penalty folded into the reward
-            rewards = rewards - beta * kl_estimate(self.kl_estimator, batch.old_logp, batch.ref_logp) * tm["mask"]
-        batch.mask_tm = tm["mask"]
-        return AdvantageBatch(rewards=rewards, terminated=tm["terminated"], truncated=tm["truncated"],
-                              mask=tm["mask"], values=tm.get("values"), next_values=tm.get("next_values"),
-                              greedy_scores=batch.greedy, group_size=self.k if self.spec.needs_groups else None)
+            penalty = beta * kl_estimate(self.kl_estimator, batch.old_logp, batch.ref_logp)
+        ab = advantage_batch(self.task, batch, self.critic.detach() if self.critic is not None else None,
+                             batch.greedy, self.k if self.spec.needs_groups else None, penalty)
+        batch.mask_tm = ab.mask
+        return ab
 
     def update_batch(self, batch, adv, returns, values) -> UpdateBatch:
         one = lambda x: None if x is None else x.unsqueeze(0)  # noqa: E731

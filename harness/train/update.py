@@ -26,40 +26,11 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from ..losses import entropy_bonus, explained_variance, get_policy_loss, kl_penalty, value_loss
+from ..losses import (entropy_bonus, explained_variance, get_policy_loss, kl_penalty, masked_mean_std, value_loss,
+                      whiten, within_sequence_std)
 from ..models.mlp import member_view
 
 ADAM_EPS = 1e-5  # every trainer's Adam (SB3's and CleanRL's PPO default)
-
-
-def masked_mean_std(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-member mean and (biased) std of ``x [P, ...]`` over its unmasked entries: ``[P]`` each."""
-    dims = tuple(range(1, x.dim()))
-    n = mask.sum(dim=dims).clamp(min=1.0)
-    mean = (x * mask).sum(dim=dims) / n
-    shape = (-1,) + (1,) * (x.dim() - 1)
-    var = (((x - mean.view(shape)) ** 2) * mask).sum(dim=dims) / n
-    return mean, var.sqrt()
-
-
-def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Advantage whitening, per member (``normalize_advantages: batch | minibatch``):
-    ``(x - mean) / (std + 1e-8)`` over the unmasked entries, masked entries set to 0
-    (PPO's per-minibatch normalisation as in OpenAI baselines / SB3 / CleanRL)."""
-    mean, std = masked_mean_std(x, mask)
-    shape = (-1,) + (1,) * (x.dim() - 1)
-    return (x - mean.view(shape)) / (std.view(shape) + 1e-8) * mask
-
-
-def within_sequence_std(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per member, the mean over columns of the std of the advantage across a column's steps
-    (claim C14: 0 when every step of a sequence gets the same advantage). Float64 so that a
-    constant column gives exactly 0. ``[P]``."""
-    a64, m64 = adv.double(), mask.double()
-    n_tok = m64.sum(-2).clamp(min=1.0)
-    col_mean = (a64 * m64).sum(-2) / n_tok
-    col_std = ((((a64 - col_mean.unsqueeze(-2)) ** 2) * m64).sum(-2) / n_tok).sqrt()
-    return col_std.mean(-1)
 
 
 @dataclass
