@@ -104,32 +104,54 @@ def test_registry_has_all_presets_and_lists_names_on_a_miss():
         assert name in str(e.value)
 
 
-@pytest.mark.parametrize("name", estimator_names())
-def test_every_preset_runs_through_one_signature(name):
-    """Two groups of two one-column episodes; numbers checked by hand per family."""
-    spec = get_estimator(name)
+def _two_groups_batch() -> AdvantageBatch:
+    """Two groups of two one-column episodes (returns: group 0 = (2, 0), group 1 = (1, 3))."""
     rewards = torch.tensor([[1.0, 0.0, 1.0, 1.0], [1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
     mask = torch.tensor([[1.0, 1, 1, 1], [1, 0, 1, 1], [0, 0, 0, 1]])
     terminated = torch.tensor([[0.0, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 1]])
-    batch = AdvantageBatch(
+    return AdvantageBatch(
         rewards=rewards * mask, terminated=terminated, truncated=torch.zeros(3, 4), mask=mask,
         values=torch.zeros(3, 4), next_values=torch.zeros(3, 4),
         greedy_scores=torch.tensor([1.0, 1.0]), group_size=2,
     )
+
+
+@pytest.mark.parametrize("name", estimator_names())
+def test_every_registered_estimator_runs_through_one_signature(name):
+    """The contract every estimator keeps: [T, B] advantages, finite where the mask is 1,
+    critic targets exactly when it needs a critic."""
+    spec = get_estimator(name)
+    batch = _two_groups_batch()
     out = spec(batch, EstimatorParams(gamma=1.0, gae_lambda=1.0, n_steps=10))
-    # Episode returns: group 0 = (2, 0), group 1 = (1, 3)
-    per_col = {
-        "grpo": [1 / math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2), 1 / math.sqrt(2)],
-        "dr_grpo": [1.0, -1.0, -1.0, 1.0],
-        "rloo": [2.0, -2.0, -2.0, 2.0],
-        "remax": [1.0, -1.0, 0.0, 2.0],
-    }
-    if name in per_col:
-        want = torch.tensor(per_col[name]).expand(3, 4) * mask
+    assert out.advantages.shape == (3, 4)
+    assert torch.isfinite(out.advantages[batch.mask.bool()]).all()
+    assert (out.returns is not None) == spec.needs_critic
+
+
+# Hand-computed on _two_groups_batch (V = 0, gamma = lambda = 1, n_steps >= T).
+HAND = {
+    "grpo": [1 / math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2), 1 / math.sqrt(2)],
+    "dr_grpo": [1.0, -1.0, -1.0, 1.0],
+    "rloo": [2.0, -2.0, -2.0, 2.0],
+    "remax": [1.0, -1.0, 0.0, 2.0],
+}
+
+
+def test_every_shipped_preset_has_hand_computed_advantages():
+    assert set(DESIGN_PRESETS) <= set(HAND) | REWARD_TO_GO_FAMILY
+
+
+@pytest.mark.parametrize("name", sorted(set(HAND) | REWARD_TO_GO_FAMILY))
+def test_presets_give_the_hand_computed_advantages(name):
+    spec = get_estimator(name)
+    batch = _two_groups_batch()
+    mask = batch.mask
+    out = spec(batch, EstimatorParams(gamma=1.0, gae_lambda=1.0, n_steps=10))
+    if name in HAND:
+        want = torch.tensor(HAND[name]).expand(3, 4) * mask
         assert torch.allclose(out.advantages, want, atol=1e-5)
         assert out.returns is None
     else:  # reward-to-go family with V = 0: advantages are the returns-to-go
-        assert name in REWARD_TO_GO_FAMILY, f"add hand-computed advantages for {name!r} to this test"
         want = torch.tensor([[2.0, 0.0, 1.0, 3.0], [1.0, 0.0, 0.0, 2.0], [0.0, 0.0, 0.0, 1.0]])
         assert torch.allclose(out.advantages * mask, want * mask)
         if spec.needs_critic:
