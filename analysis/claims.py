@@ -51,6 +51,8 @@ from harness.experiments import sweep_params as _sweep_params
 from harness.io import atomic_write_json, atomic_write_text, run_status
 from harness.probes.stats import percentile_interval  # one percentile rule for probes and claims
 
+from .stats import iqm, run_table
+
 CONFIDENCE = 0.95
 REPS = 2000
 SEED = 0
@@ -58,7 +60,6 @@ BIAS_TOL_SQ = 0.01  # null-bias tolerance: relative bias |E g - grad J| / |grad 
 EXACT_ZERO = 1e-9  # "the same advantage for every token": within-response std below this
 
 REPO = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO / "conf"
 TESTS_DIR = REPO / "tests"
 
 VERDICTS = ("supported", "refuted", "inconclusive")
@@ -608,8 +609,6 @@ def eval_c20(d):
 # ---------------------------------------------------------------- control
 
 def _control_runs(e: ExpData, last_n: int = 5) -> pd.DataFrame:
-    from analysis.stats import run_table
-
     m = e.metrics.copy()
     if m.empty:
         raise NotRun(f"{e.name}: no training metrics")
@@ -647,8 +646,6 @@ def eval_c8(d):
 def eval_c9(d):
     e = d["claim_c9"]
     require(e, 2)
-    from analysis.stats import iqm
-
     r = _control_runs(e)
     ppo = r[r.estimator == "ppo_gae"].auc.to_numpy()
     if not ppo.size:

@@ -54,6 +54,8 @@ from ..config import ProbeSettings, settings_from_config
 from ..config import check_probe_settings as check_settings  # noqa: F401
 from ..estimators import AdvantageBatch, EstimatorParams, EstimatorSpec, get_estimator
 from ..io import RunDir, atomic_write_bytes
+from ..io.checkpoint import CheckpointError
+from ..io.checkpoint import load as load_checkpoint
 from ..losses import clipped_surrogate_loss, kl_penalty, pg_loss
 from ..tasks.toy import DTYPE, ToyBatch, ToyTask, build_task, time_major, validate_toy
 from . import stats as pstats
@@ -73,10 +75,8 @@ def load_policy(task: ToyTask, s: ProbeSettings) -> tuple[torch.Tensor, torch.Te
         if not path.is_file():
             raise ValueError(f"probe.checkpoint: no policy checkpoint at {path}")
         if path.suffix == ".safetensors":  # never unpickle what a results folder holds
-            from ..io.checkpoint import CheckpointError, load
-
             try:
-                ck = load(path)[0]
+                ck = load_checkpoint(path)[0]
             except CheckpointError as exc:
                 raise ValueError(f"probe.checkpoint: {exc}") from None
         else:
