@@ -1,4 +1,4 @@
-"""Claims report: ``python -m analysis claims DIR [--run | --quick]``.
+"""Claims report: ``python -m analysis claims DIR [--quick]``.
 
 Every claim C1-C22 of CLAIMS.md gets a row: source document, experiment (``conf/experiment/
 claim_*.yaml``), statistic, 95% interval, n, verdict - **supported**, **refuted** or
@@ -7,7 +7,12 @@ text, statistic, threshold and direction), fixed before any data is read, stated
 and applied only to runs the harness produced in ``DIR`` for exactly the configs of the
 experiment (the run directories are derived from the composed configs, so other runs lying in
 the folder are never mixed in). Exact claims (C1, C2, C7, C12, C16) quote the pytest node ids
-that check them; with ``--run``/``--quick`` those tests are run and their outcome recorded.
+that check them and their outcome as recorded in ``DIR/exact_tests.json``.
+
+This module only reads: the runs and the test outcomes are produced by the harness,
+``python -m harness.experiments claims DIR [--quick]`` (:mod:`harness.experiments`, which also
+holds what each claim needs run: :data:`~harness.experiments.CLAIM_EXPERIMENTS`,
+:data:`~harness.experiments.EXACT_TESTS` and the sweeps, expanded by Hydra).
 
 Rules, with an interval ``[lo, hi]`` of a statistic ``s``:
 
@@ -22,26 +27,31 @@ A claim with several parts is supported when every part is, refuted when any par
 inconclusive otherwise. A claim whose runs are missing or failed is "inconclusive - not run:
 <reason>" (never a made-up verdict).
 
-``--quick`` composes the same experiments with smaller budgets (fewer batches, seeds and steps;
-wider intervals) and skips the LM task; it writes its runs beside the full ones (other config
-hashes) and reports only on them.
+``--quick`` reports on the quick variant of the same experiments (smaller budgets: fewer batches,
+seeds and steps; wider intervals; LM task skipped), whose runs lie beside the full ones (other
+config hashes) after ``python -m harness.experiments claims DIR --quick``.
 """
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 import traceback
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from harness.experiments import CLAIM_EXPERIMENTS, EXACT_TESTS, EXPERIMENTS, NotComposed, Point
+from harness.experiments import compose_points as _compose_points
+from harness.experiments import lm_unavailable
+from harness.experiments import sweep_params as _sweep_params
+from harness.io import atomic_write_json, atomic_write_text, run_status
+from harness.probes.stats import percentile_interval  # one percentile rule for probes and claims
+
+from .stats import iqm, run_table
 
 CONFIDENCE = 0.95
 REPS = 2000
@@ -50,7 +60,6 @@ BIAS_TOL_SQ = 0.01  # null-bias tolerance: relative bias |E g - grad J| / |grad 
 EXACT_ZERO = 1e-9  # "the same advantage for every token": within-response std below this
 
 REPO = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO / "conf"
 TESTS_DIR = REPO / "tests"
 
 VERDICTS = ("supported", "refuted", "inconclusive")
@@ -153,8 +162,6 @@ class NotRun(Exception):
 # ============================================================================ bootstrap helpers
 
 def _interval(reps: np.ndarray) -> tuple[float, float]:
-    from harness.probes.stats import percentile_interval  # one percentile rule for probes and claims
-
     return percentile_interval(reps, CONFIDENCE)
 
 
@@ -190,135 +197,23 @@ def _mean(x):
 
 # ============================================================================ experiments
 
-@dataclass(frozen=True)
-class Experiment:
-    name: str
-    family: str  # toy | control | lm
-    quick: dict[str, str] = field(default_factory=dict)  # sweep params replaced/added under --quick
-    quick_skip: str | None = None  # not run under --quick, and why
-
-
-_TOY_QUICK = {"++probe.batches": "2000"}
-EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
-    Experiment("claim_c3", "toy", _TOY_QUICK),
-    Experiment("claim_c3_control", "control", {"++probe.batches": "100"}),
-    Experiment("claim_c4", "toy", _TOY_QUICK),
-    Experiment("claim_c5", "toy", {**_TOY_QUICK, "gae_lambda": "0.0,1.0", "++probe.critic_noise": "0.3"}),
-    Experiment("claim_c13", "toy", _TOY_QUICK),
-    Experiment("claim_c14", "toy", {"++probe.batches": "200"}),
-    Experiment("claim_c17", "toy", _TOY_QUICK),
-    Experiment("claim_c18", "toy", {"population": "5", "loss_agg": "seq_mean_token_mean,seq_mean_token_sum_norm"}),
-    Experiment("claim_c20", "toy", {"population": "3", "++probe.batches": "1000", "group_size": "2,8"}),
-    Experiment("claim_c22", "toy", _TOY_QUICK),
-    Experiment("claim_c8", "control", {"population": "3", "budget.env_steps": "12000", "clip_eps": "0.2,null",
-                                       "epochs": "10", "eval_every_steps": "3000"}),
-    Experiment("claim_c9", "control", {"population": "3", "budget.env_steps": "12000",
-                                       "eval_every_steps": "3000"}),
-    Experiment("claim_c11", "control", {"population": "3", "budget.env_steps": "12000", "ent_coef": "0.0,0.05",
-                                        "eval_every_steps": "3000"}),
-    Experiment("claim_c10", "lm", quick_skip="--quick skips the LM task (its SFT/reward-model pipeline alone "
-                                             "takes minutes on CPU)"),
-    Experiment("claim_c15", "lm", quick_skip="--quick skips the LM task"),
-    Experiment("claim_c19", "lm", quick_skip="--quick skips the LM task"),
-]}
-
-
-@dataclass
-class Point:
-    """One config of an experiment's sweep and the run directories it makes."""
-
-    experiment: str
-    overrides: list[str]
-    cfg: Any = None
-    run_dirs: list[Path] = field(default_factory=list)
-    error: str | None = None
-
+# Experiment, EXPERIMENTS, Point, the sweeps (expanded by Hydra) and lm_unavailable live in
+# harness.experiments, which runs them; here they only say where the evidence lies.
 
 def sweep_params(name: str, quick: bool) -> dict[str, str]:
-    from omegaconf import OmegaConf
-
-    path = CONF_DIR / "experiment" / f"{name}.yaml"
-    if not path.is_file():
-        raise NotRun(f"no experiment file {path.relative_to(REPO)}")
-    node = OmegaConf.load(path)
-    params = OmegaConf.select(node, "hydra.sweeper.params") or {}
-    params = {str(k): str(v) for k, v in OmegaConf.to_container(params).items()} if params else {}
-    if quick:
-        params.update(EXPERIMENTS[name].quick)
-    return params
-
-
-def expand(params: dict[str, str]) -> list[list[str]]:
-    """Cartesian product of a sweep (Hydra's own override grammar, as its basic sweeper)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
-    lists = []
-    for o in parsed:
-        key = o.get_key_element()
-        vals = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
-        lists.append([f"{key}={v}" for v in vals])
-    out = [[]]
-    for choices in lists:
-        out = [prev + [c] for prev in out for c in choices]
-    return out
+    """The sweep of experiment ``name`` as run (``--quick``: with its replacements)."""
+    try:
+        return _sweep_params(name, quick)
+    except NotComposed as exc:
+        raise NotRun(str(exc)) from None
 
 
 def compose_points(name: str, root: Path, quick: bool) -> list[Point]:
-    """Compose every config of experiment ``name`` with ``results_dir=root/name``."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from harness.app import member_configs
-    from harness.config import register_configs
-    from harness.io import run_dir_for
-
-    register_configs()
-    points = []
-    base = [f"experiment={name}", f"results_dir={root / name}", "progress=false"]
-    if EXPERIMENTS[name].family == "lm":
-        base.append(f"lm.cache_dir={root / '.cache' / 'lm'}")  # one SFT/RM pipeline for every LM experiment
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for combo in expand(sweep_params(name, quick)):
-            p = Point(name, base + combo)
-            try:
-                p.cfg = compose(config_name="config", overrides=p.overrides)
-                p.run_dirs = [run_dir_for(m) for m in member_configs(p.cfg)]
-            except Exception as exc:  # missing task config, schema error, ...
-                p.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            points.append(p)
-    GlobalHydra.instance().clear()
-    return points
-
-
-def run_points(points: list[Point], progress: Callable[[str], None] = print) -> None:
-    """Run what is missing (finished run directories are skipped by the harness itself)."""
-    from harness.io import run_status
-    from harness.io.rundir import FINISHED
-
-    for i, p in enumerate(points, 1):
-        tag = " ".join(o for o in p.overrides[3:] if not o.startswith("lm.cache_dir"))
-        if p.error:
-            progress(f"[claims] {p.experiment} ({i}/{len(points)}) {tag}: cannot compose: {p.error}")
-            continue
-        if all(run_status(d) in FINISHED and (p.cfg.mode != "probe" or (d / "probe.parquet").is_file())
-               for d in p.run_dirs):
-            progress(f"[claims] {p.experiment} ({i}/{len(points)}) {tag}: done already")
-            continue
-        t0 = time.time()
-        try:
-            if p.cfg.mode == "probe":
-                from harness.probes import run as run_cfg
-            else:
-                from harness.app import run as run_cfg
-            counts = run_cfg(p.cfg)
-            desc = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()) if v)
-        except Exception as exc:  # invalid config or import failure: recorded as this point's error
-            p.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            desc = f"error: {p.error}"
-            traceback.print_exc(file=sys.stderr)
-        progress(f"[claims] {p.experiment} ({i}/{len(points)}) {tag}: {desc} ({time.time() - t0:.1f} s)")
+    """Every config of experiment ``name`` with ``results_dir=root/name`` and its run directories."""
+    try:
+        return _compose_points(name, root, quick)
+    except NotComposed as exc:
+        raise NotRun(str(exc)) from None
 
 
 # ============================================================================ loading evidence
@@ -353,8 +248,6 @@ def _cfg_values(cfg) -> dict:
 
 
 def load_points(name: str, points: list[Point]) -> ExpData:
-    from harness.io import run_status
-
     runs, probes, batches, metrics = [], [], [], []
     for p in points:
         if p.error and not p.run_dirs:
@@ -410,7 +303,7 @@ def require(data: ExpData, min_runs: int = 1) -> None:
     if reasons:
         why += f" ({reasons[0]})"
     if set(st) <= {"missing"}:
-        why += " (run with --run, or --quick)"
+        why += " (run them: python -m harness.experiments claims DIR [--quick])"
     raise NotRun(why)
 
 
@@ -463,10 +356,10 @@ class Claim:
     id: str
     text: str
     source: str
-    experiments: tuple[str, ...] = ()
     rule: str = ""
     evaluate: Callable[[dict[str, ExpData]], Verdict] | None = None
-    tests: tuple[str, ...] = ()  # pytest -k prefixes (exact claims)
+    experiments: tuple[str, ...] = ()  # harness.experiments.CLAIM_EXPERIMENTS
+    tests: tuple[str, ...] = ()  # pytest -k prefixes (exact claims; harness.experiments.EXACT_TESTS)
     test_files: tuple[str, ...] = ()
 
     @property
@@ -716,8 +609,6 @@ def eval_c20(d):
 # ---------------------------------------------------------------- control
 
 def _control_runs(e: ExpData, last_n: int = 5) -> pd.DataFrame:
-    from analysis.stats import run_table
-
     m = e.metrics.copy()
     if m.empty:
         raise NotRun(f"{e.name}: no training metrics")
@@ -755,8 +646,6 @@ def eval_c8(d):
 def eval_c9(d):
     e = d["claim_c9"]
     require(e, 2)
-    from analysis.stats import iqm
-
     r = _control_runs(e)
     ppo = r[r.estimator == "ppo_gae"].auc.to_numpy()
     if not ppo.size:
@@ -911,75 +800,73 @@ def eval_c19(d):
 _NULL = "null rule: refuted if the interval excludes 0, supported if it lies within the tolerance"
 CLAIMS: list[Claim] = [
     Claim("C1", "Worked GAE example (values 0.5, 0.4, 0.8; terminal reward 1): deltas, lambda=1 and lambda=0 "
-                "advantages and returns", "002", rule="exact: every listed test passes",
-          tests=("test_c1_",), test_files=("test_returns.py",)),
+                "advantages and returns", "002", rule="exact: every listed test passes"),
     Claim("C2", "GAE(lambda=1) = MC advantage, GAE(lambda=0) = TD error; n-step with n=1 is TD, n>=T is MC",
-          "002, 003", rule="exact: every listed test passes", tests=("test_c2_",), test_files=("test_returns.py",)),
+          "002, 003", rule="exact: every listed test passes"),
     Claim("C3", "A state-dependent baseline leaves the expected gradient unchanged and lowers its variance", "002",
-          ("claim_c3", "claim_c3_control"), "variance ratio baseline/REINFORCE (paired) < 1 (upper bound) on the "
-                                            "toy task and on CartPole when claim_c3_control ran; baseline's relative "
-                         f"squared bias: {_NULL} {BIAS_TOL_SQ:g}; the negative control's bias must be detected"
-                         " (lower bound > 0), else inconclusive", eval_c3),
+          "variance ratio baseline/REINFORCE (paired) < 1 (upper bound) on the toy task and on CartPole when "
+          f"claim_c3_control ran; baseline's relative squared bias: {_NULL} {BIAS_TOL_SQ:g}; the negative "
+          "control's bias must be detected (lower bound > 0), else inconclusive", eval_c3),
     Claim("C4", "RLOO's leave-one-out baseline adds no bias; GRPO's group mean and std add a little bias", "002",
-          ("claim_c4",), f"RLOO relative squared bias: {_NULL} {BIAS_TOL_SQ:g}; GRPO and dr_grpo relative squared "
-                         "bias > 0 (lower bound)", eval_c4),
+          f"RLOO relative squared bias: {_NULL} {BIAS_TOL_SQ:g}; GRPO and dr_grpo relative squared "
+          "bias > 0 (lower bound)", eval_c4),
     Claim("C5", "GAE lambda trades bias for variance: lambda=1 unbiased high variance, lambda=0 low variance biased "
-                "with a wrong critic", "002, 003", ("claim_c5",),
+                "with a wrong critic", "002, 003",
           f"variance ratio lambda0/lambda1 (critic noise {C5_NOISE}) < 1; lambda=1 bias: {_NULL} {BIAS_TOL_SQ:g}; "
           "lambda=0 bias > 0", eval_c5),
-    Claim("C6", "(000) lambda=1 is low variance", "000", ("claim_c5",),
+    Claim("C6", "(000) lambda=1 is low variance", "000",
           f"variance ratio lambda1/lambda0 (critic noise {C5_NOISE}) < 1 (C5's runs)", eval_c6),
     Claim("C7", "Clipped objective: zero gradient for A>0, r>1+eps and A<0, r<1-eps; not cut off for A<0, r>1+eps; "
-                "a lower bound of the unclipped objective", "003", rule="exact: every listed test passes",
-          tests=("test_c7_",), test_files=("test_losses.py",)),
+                "a lower bound of the unclipped objective", "003", rule="exact: every listed test passes"),
     Claim("C8", "Clipping keeps updates stable: without it, several epochs move the policy far and performance "
-                "collapses more often", "003, 000", ("claim_c8",),
+                "collapses more often", "003, 000",
           "at the largest epochs: mean KL ratio no-clip/clip-0.2 > 1 and final return clip-0.2 minus no-clip > 0 "
           "(both lower bounds)", eval_c8),
     Claim("C9", "Several epochs per batch (PPO) are more sample-efficient than one update (vanilla PG)", "000",
-          ("claim_c9",), "IQM AUC difference ppo_gae - X > 0 for X in reinforce, baseline, a2c (all lower bounds "
-                         "> 0: supported; any upper bound < 0: refuted)", eval_c9),
+          "IQM AUC difference ppo_gae - X > 0 for X in reinforce, baseline, a2c (all lower bounds "
+          "> 0: supported; any upper bound < 0: refuted)", eval_c9),
     Claim("C10", "The KL penalty stops reward hacking: with beta=0 proxy reward rises while gold falls and KL grows",
-          "003", ("claim_c10",), "beta=0: gold change < 0 and proxy change > 0; gold change (largest beta) - "
-                                 "(beta=0) > 0", eval_c10),
+          "003", "beta=0: gold change < 0 and proxy change > 0; gold change (largest beta) - "
+                 "(beta=0) > 0", eval_c10),
     Claim("C11", "The entropy bonus keeps the action distribution from collapsing prematurely", "003",
-          ("claim_c11",), "policy entropy over the first half of training, largest ent_coef minus ent_coef=0, > 0",
-          eval_c11),
+          "policy entropy over the first half of training, largest ent_coef minus ent_coef=0, > 0", eval_c11),
     Claim("C12", "Teacher forcing gives every response token's log-probability in one pass, equal to sequential "
-                 "decoding", "003", rule="exact: every listed test passes", tests=("test_c12",),
-          test_files=("test_lm*.py",)),
+                 "decoding", "003", rule="exact: every listed test passes"),
     Claim("C13", "Importance-weighted estimates keep their mean but their variance grows as p/q departs from 1",
-          "002", ("claim_c13",), f"variance ratio (largest shift)/(q = p) > 1; gradient bias at every shift: {_NULL} "
-                                 f"{BIAS_TOL_SQ:g}", eval_c13),
+          "002", f"variance ratio (largest shift)/(q = p) > 1; gradient bias at every shift: {_NULL} "
+                 f"{BIAS_TOL_SQ:g}", eval_c13),
     Claim("C14", "Critic-free methods give every token the same advantage; a learned critic spreads credit",
-          "000, 002", ("claim_c14",), f"critic-free within-response advantage std <= {EXACT_ZERO:g} (exact); "
-                                      "ppo_gae and a2c within-response std > 0", eval_c14),
-    Claim("C15", "RLOO and ReMax reach PPO's reward on the LM task at lower memory and time", "002", ("claim_c15",),
+          "000, 002", f"critic-free within-response advantage std <= {EXACT_ZERO:g} (exact); "
+                      "ppo_gae and a2c within-response std > 0", eval_c14),
+    Claim("C15", "RLOO and ReMax reach PPO's reward on the LM task at lower memory and time", "002",
           "final reward X - ppo_gae > -10% of PPO's reward gain; peak memory and wall-time ratios X/ppo_gae < 1, "
           "X in rloo, remax", eval_c15),
     Claim("C16", "Group-mean-centred advantage times k/(k-1) equals RLOO exactly", "Dr. GRPO",
-          rule="exact: every listed test passes", tests=("test_c16_",), test_files=("test_group_kl.py",)),
+          rule="exact: every listed test passes"),
     Claim("C17", "Dividing by the group std up-weights prompts that are almost always right or wrong", "Dr. GRPO",
-          ("claim_c17",), "(mean weight of the p~0.05 and p~0.95 prompts / weight of p=0.5), with std over "
-                          "without, > 1 (paired)", eval_c17),
+          "(mean weight of the p~0.05 and p~0.95 prompts / weight of p=0.5), with std over "
+          "without, > 1 (paired)", eval_c17),
     Claim("C18", "Per-sequence 1/length averaging lets wrong answers grow longer; token-sum with a constant "
-                 "normaliser does not", "Dr. GRPO", ("claim_c18",),
+                 "normaliser does not", "Dr. GRPO",
           "growth of E[len|wrong], seq_mean_token_mean minus seq_mean_token_sum_norm, > 0; growth with "
           "seq_mean_token_sum_norm: null within 0.1 tokens", eval_c18),
     Claim("C19", "Clipping is rarely active in LM RL with 1-2 epochs (<5% of tokens); removing it costs little",
-          "Back to Basics", ("claim_c19",), "mean clip fraction < 0.05; final reward no-clip minus clip: null "
-                                           "within 10% of the reward gain", eval_c19),
+          "Back to Basics", "mean clip fraction < 0.05; final reward no-clip minus clip: null "
+                            "within 10% of the reward gain", eval_c19),
     Claim("C20", "RLOO's gradient variance falls and final reward rises as k grows (equal samples)",
-          "Back to Basics", ("claim_c20",), "variance ratio k_max/k_min < 1 and final exact J k_max - k_min > 0",
+          "Back to Basics", "variance ratio k_max/k_min < 1 and final exact J k_max - k_min > 0",
           eval_c20),
     Claim("C21", "A KL penalty slows the climb along the gold-vs-KL curve but does not lift it", "Gao et al. 2022",
-          ("claim_c10",), "gold gap of beta>0 runs to the beta=0 frontier at equal sqrt(KL): null within 0.25 gold "
-                          "std; final KL ratio beta>0/beta=0 < 1", eval_c21),
+          "gold gap of beta>0 runs to the beta=0 frontier at equal sqrt(KL): null within 0.25 gold "
+          "std; final KL ratio beta>0/beta=0 < 1", eval_c21),
     Claim("C22", "k1, k2, k3 differ in bias and variance: k3 unbiased low-variance value, biased gradient in the "
-                 "loss", "Schulman; verl/TRL", ("claim_c22",),
+                 "loss", "Schulman; verl/TRL",
           "value variance ratio k3/k1 < 1; k3 value bias / KL: null within 0.05; k3 gradient relative squared "
           "bias > 0", eval_c22),
 ]
+# what each claim needs run (its experiments, an exact claim's tests) is harness.experiments' table
+CLAIMS = [replace(c, experiments=CLAIM_EXPERIMENTS.get(c.id, ()), tests=EXACT_TESTS.get(c.id, ((), ()))[0],
+                  test_files=EXACT_TESTS.get(c.id, ((), ()))[1]) for c in CLAIMS]
 CLAIMS_BY_ID = {c.id: c for c in CLAIMS}
 
 
@@ -993,48 +880,11 @@ def exact_test_nodes(claim: Claim) -> tuple[list[str], str | None]:
     return files, " or ".join(claim.tests)
 
 
-def run_exact_tests(claims: list[Claim], out: Path, progress=print) -> dict:
-    """One pytest run over every exact claim's tests; outcomes per claim into ``out``."""
-    exact = [c for c in claims if c.exact]
-    files = sorted({f for c in exact for f in exact_test_nodes(c)[0]})
-    expr = " or ".join(t for c in exact for t in c.tests)
-    xml = out.with_suffix(".xml")
-    t0 = time.time()
-    results: dict[str, Any] = {}
-    if files:
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", "-k", expr, *files]
-        progress(f"[claims] exact tests: {' '.join(cmd[3:])}")
-        env = {**os.environ, "MPLBACKEND": "Agg"}
-        subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
-        cases = []
-        if xml.is_file():
-            for tc in ET.parse(xml).getroot().iter("testcase"):
-                outcome = "passed"
-                for child in tc:
-                    if child.tag in ("failure", "error"):
-                        outcome = "failed"
-                    elif child.tag == "skipped":
-                        outcome = "skipped"
-                node = tc.get("classname", "").replace(".", "/") + ".py::" + tc.get("name", "")
-                cases.append((node, tc.get("name", ""), outcome))
-        for c in exact:
-            mine = [(node, o) for node, name, o in cases if any(name.startswith(t) for t in c.tests)]
-            results[c.id] = {"nodes": [n for n, _ in mine], "outcomes": [o for _, o in mine]}
-    for c in exact:
-        results.setdefault(c.id, {"nodes": [], "outcomes": []})
-    payload = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": time.time() - t0, "claims": results}
-    from harness.io import atomic_write_json
-
-    atomic_write_json(out, payload)
-    progress(f"[claims] exact tests done ({time.time() - t0:.1f} s)")
-    return payload
-
-
 def eval_exact(claim: Claim, record: dict | None) -> Verdict:
     files, expr = exact_test_nodes(claim)
     where = f"`pytest {' '.join(files) or 'tests/' + claim.test_files[0]} -k \"{expr}\"`"
     if record is None:
-        v = Verdict(claim.id, "inconclusive", "tests " + where, not_run="tests not run here (use --run or --quick)")
+        v = Verdict(claim.id, "inconclusive", "tests " + where, not_run="tests not run here (python -m harness.experiments claims DIR runs them)")
         return v
     r = record.get("claims", {}).get(claim.id, {"nodes": [], "outcomes": []})
     nodes, outcomes = r["nodes"], r["outcomes"]
@@ -1159,8 +1009,9 @@ def _ci(v: Verdict | Part) -> str:
     return f"[{_fmt(v.low)}, {_fmt(v.high)}]"
 
 
-def evaluate_all(root: Path, quick: bool, run: bool, only: set[str] | None = None,
+def evaluate_all(root: Path, quick: bool, only: set[str] | None = None,
                  progress: Callable[[str], None] = print) -> tuple[list[Verdict], dict[str, ExpData], dict]:
+    """Verdicts from what lies in ``root`` (runs nothing: ``python -m harness.experiments claims``)."""
     claims = [c for c in CLAIMS if only is None or c.id in only]
     exp_names = []
     for c in claims:
@@ -1171,8 +1022,6 @@ def evaluate_all(root: Path, quick: bool, run: bool, only: set[str] | None = Non
     exp_names.sort(key=lambda x: order[EXPERIMENTS[x].family])
     skipped: dict[str, str] = {}
     tests_json = root / "exact_tests.json"
-    if run and any(c.exact for c in claims):
-        run_exact_tests(claims, tests_json, progress)
     points: dict[str, list[Point]] = {}
     for name in exp_names:
         ex = EXPERIMENTS[name]
@@ -1192,11 +1041,6 @@ def evaluate_all(root: Path, quick: bool, run: bool, only: set[str] | None = Non
         except Exception as exc:
             skipped[name] = f"cannot compose {name}: {type(exc).__name__}: {exc}".splitlines()[0]
             continue
-        if run:
-            t0 = time.time()
-            progress(f"[claims] experiment {name}: {len(points[name])} config(s)")
-            run_points(points[name], progress)
-            progress(f"[claims] experiment {name} done in {time.time() - t0:.1f} s")
     data = {name: load_points(name, pts) for name, pts in points.items()}
     record = json.loads(tests_json.read_text()) if tests_json.is_file() else None
     verdicts = []
@@ -1218,21 +1062,8 @@ def evaluate_all(root: Path, quick: bool, run: bool, only: set[str] | None = Non
     return verdicts, data, {"skipped": skipped, "tests": record}
 
 
-def lm_unavailable() -> str | None:
-    """Why the LM task cannot run here, or None."""
-    import importlib.util
-
-    if importlib.util.find_spec("harness.train.lm") is None:
-        return "the LM task (harness/train/lm.py) is not present"
-    if not (CONF_DIR / "task" / "lm_summarize.yaml").is_file():
-        return "conf/task/lm_summarize.yaml is not present"
-    return None  # an import or run failure is recorded per run (failed, with its reason)
-
-
 def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], meta: dict, quick: bool,
                  wall_s: float) -> Path:
-    from harness.io import atomic_write_json, atomic_write_text
-
     fig_dir = root / "claims_figures"
     for v in verdicts:
         if not v.not_run:
@@ -1301,12 +1132,13 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
     return out
 
 
-def build_claims_report(root: str | Path, *, run: bool = False, quick: bool = False, only: set[str] | None = None,
+def build_claims_report(root: str | Path, *, quick: bool = False, only: set[str] | None = None,
                         progress: Callable[[str], None] = print) -> tuple[Path, list[Verdict]]:
-    root = Path(root).resolve()  # the exact tests run from the repository root
+    """Judge the claims on what ``root`` holds; write claims.md, claims.json and the figures there."""
+    root = Path(root).resolve()  # as harness.experiments wrote it (results_dir=<root>/<experiment>)
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    verdicts, data, meta = evaluate_all(root, quick=quick, run=run, only=only, progress=progress)
+    verdicts, data, meta = evaluate_all(root, quick=quick, only=only, progress=progress)
     out = write_report(root, verdicts, data, meta, quick, time.time() - t0)
     return out, verdicts
 

@@ -1,4 +1,4 @@
-"""``python -m analysis <command>``: ``report`` now; room for ``claims`` later.
+"""``python -m analysis <command>``: ``report`` and ``claims`` (both read results; neither runs anything).
 
 Exit codes: 0 success, 2 bad input (argparse errors, or a folder without runs).
 """
@@ -67,16 +67,16 @@ def _run_report(args) -> int:
 
 
 def _add_claims(sub) -> None:
-    p = sub.add_parser("claims", help="run the claim experiments and write claims.md",
+    p = sub.add_parser("claims", help="verdicts for the claims from the runs in DIR (claims.md)",
                        description="Verdicts for claims C1-C22 (CLAIMS.md) from runs the harness produced in DIR: "
-                                   "DIR/claims.md, DIR/claims.json and DIR/claims_figures/.")
-    p.add_argument("results", metavar="DIR", help="folder for the claim experiments' runs and the report")
-    p.add_argument("--run", action="store_true", help="run what is missing first (finished runs are reused)")
+                                   "DIR/claims.md, DIR/claims.json and DIR/claims_figures/. Runs nothing: "
+                                   "python -m harness.experiments claims DIR [--quick] runs the experiments.")
+    p.add_argument("results", metavar="DIR", help="folder holding the claim experiments' runs")
     p.add_argument("--quick", action="store_true",
-                   help="smaller budgets and wider intervals (<= 10 min on 2 cores, LM claims skipped); runs what "
-                        "is missing unless --report-only")
-    p.add_argument("--report-only", action="store_true", help="with --quick: report on existing quick runs only")
+                   help="judge the quick variant of the experiments (smaller budgets, wider intervals, LM claims "
+                        "skipped), as run by python -m harness.experiments claims DIR --quick")
     p.add_argument("--only", default=None, metavar="IDS", help="comma-separated claim ids, e.g. C3,C5,C6")
+    p.add_argument("--run", action="store_true", help=argparse.SUPPRESS)  # moved to harness.experiments
     p.set_defaults(func=_run_claims)
 
 
@@ -85,6 +85,11 @@ def _run_claims(args) -> int:
 
     from . import claims
 
+    command = (f"python -m harness.experiments claims {args.results}{' --quick' if args.quick else ''}"
+               f"{' --only ' + args.only if args.only else ''}")
+    if args.run:  # analysis only reads results; the harness runs the experiments
+        print(f"analysis runs nothing; run the experiments with: {command}", file=sys.stderr)
+        return 2
     only = None
     if args.only:
         only = {c.strip().upper() for c in args.only.split(",") if c.strip()}
@@ -92,9 +97,8 @@ def _run_claims(args) -> int:
         if unknown:
             print(f"error: unknown claim id(s) {unknown}; valid: C1-C22", file=sys.stderr)
             return 2
-    run = args.run or (args.quick and not args.report_only)
     t0 = time.time()
-    out, verdicts = claims.build_claims_report(args.results, run=run, quick=args.quick, only=only, progress=print)
+    out, verdicts = claims.build_claims_report(args.results, quick=args.quick, only=only, progress=print)
     print(claims.format_table(verdicts))
     counts = {v: sum(x.verdict == v and not x.not_run for x in verdicts) for v in claims.VERDICTS}
     not_run = sum(bool(x.not_run) for x in verdicts)

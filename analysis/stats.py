@@ -37,6 +37,8 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
+from harness.io.scores import final_score, score_column
+
 from .load import HYPERPARAMETERS, RUN_KEYS, VARIANT_KEYS
 
 __all__ = [
@@ -333,13 +335,6 @@ def _x_column(df: pd.DataFrame) -> str:
     return "iteration"
 
 
-def _score_column(run: pd.DataFrame) -> str | None:
-    for col in ("eval_return", "episode_return"):
-        if np.isfinite(run[col].to_numpy(dtype=float)).any():
-            return col
-    return None
-
-
 def final_scores(df: pd.DataFrame, last_n: int = 5) -> pd.DataFrame:
     """Per-run final score: mean of the last ``last_n`` finite ``eval_return`` values
     (by iteration), or of ``episode_return`` for a run with no evaluation.
@@ -349,14 +344,7 @@ def final_scores(df: pd.DataFrame, last_n: int = 5) -> pd.DataFrame:
     """
     rows = []
     for (run_dir, seed), run in df.groupby(RUN_KEYS, dropna=False, sort=True):
-        run = run.sort_values("iteration", kind="stable")
-        col = _score_column(run)
-        if col is None:
-            score, n = float("nan"), 0
-        else:
-            vals = run[col].to_numpy(dtype=float)
-            vals = vals[np.isfinite(vals)][-last_n:]
-            score, n = float(vals.mean()), int(vals.size)
+        score, col, n = final_score(run, last_n)
         rows.append({"run_dir": run_dir, "seed": seed, "task": run["task"].iloc[0],
                      "estimator": run["estimator"].iloc[0], "status": run["status"].iloc[0],
                      "score": score, "score_source": col, "n_points": n})
@@ -386,7 +374,7 @@ def run_table(df: pd.DataFrame, last_n: int = 5) -> pd.DataFrame:
             score_min[col] = float(v.min()) if v.size else 0.0
         for (run_dir, seed), run in tdf.groupby(RUN_KEYS, dropna=False, sort=True):
             run = run.sort_values("iteration", kind="stable")
-            col = _score_column(run)
+            col = score_column(run)
             row = {"run_dir": run_dir, "seed": seed, "x_col": x_col, "budget": budget,
                    "iterations": int(run["iteration"].notna().sum()) or len(run)}
             if col is None:

@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.app import member_configs  # noqa: E402
+from harness.config import member_configs  # noqa: E402
 from harness.io import RunDir  # noqa: E402
 from harness.tasks.control import env_info, evaluate  # noqa: E402
 from harness.train.control import ControlSource, default_threads  # noqa: E402

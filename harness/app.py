@@ -8,44 +8,33 @@ import time
 import traceback
 from pathlib import Path
 
-from omegaconf import DictConfig, open_dict
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
 
-from .config import validate
+from .config import member_configs
 from .io import RunDir
+from .probes import run_probe
+from .train.control import train as train_control
+from .train.lm import train as train_lm
+from .train.toy import train as train_toy
+from .validation import validate
+
+__all__ = ["run", "main_entry", "describe"]
 
 log = logging.getLogger("harness")
 
 
-def member_configs(cfg: DictConfig) -> list[DictConfig]:
-    """Population member i is the lone run with seed ``seed + i`` (same config otherwise)."""
-    out = []
-    for i in range(cfg.population):
-        m = cfg.copy()
-        with open_dict(m):
-            m.seed = int(cfg.seed) + i
-            m.population = 1
-            m.pop("hydra", None)
-        out.append(m)
-    return out
-
-
 def get_trainer(family: str):
-    if family == "control":
-        from .train.control import train
-    elif family == "lm":
-        from .train.lm import train
-    elif family == "toy":
-        from .train.toy import train
-    else:  # validate() has refused it already
+    trainers = {"control": train_control, "lm": train_lm, "toy": train_toy}
+    if family not in trainers:  # validate() has refused it already
         raise ValueError(f"task.family must be one of ['control', 'lm', 'toy'], got {family!r}")
-    return train
+    return trainers[family]
 
 
 def get_worker(cfg: DictConfig):
     """What runs on the members: the task family's trainer, or the gradient probes (mode=probe)."""
     if cfg.mode == "probe":
-        from .probes import run_probe
-
         return run_probe
     return get_trainer(cfg.task.family)
 
@@ -56,8 +45,6 @@ def set_determinism(on: bool) -> dict:
     cuDNN without autotuning (``benchmark=False``) and with deterministic algorithms.
     Harmless on CPU, whose kernels are already repeatable at a fixed thread count.
     Returns the previous settings for :func:`restore_determinism`; ``on=False`` changes nothing."""
-    import torch
-
     previous = {"algorithms": torch.are_deterministic_algorithms_enabled(),
                 "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
                 "benchmark": torch.backends.cudnn.benchmark, "cudnn": torch.backends.cudnn.deterministic}
@@ -71,8 +58,6 @@ def set_determinism(on: bool) -> dict:
 
 def restore_determinism(previous: dict) -> None:
     """Undo :func:`set_determinism` (jobs of one sweep share the process)."""
-    import torch
-
     torch.use_deterministic_algorithms(previous["algorithms"], warn_only=previous["warn_only"])
     torch.backends.cudnn.benchmark = previous["benchmark"]
     torch.backends.cudnn.deterministic = previous["cudnn"]
@@ -143,8 +128,6 @@ def run(cfg: DictConfig) -> dict[str, int]:
 def write_outcome(counts: dict[str, int]) -> None:
     """Leave the job's outcome in Hydra's job folder for the end-of-sweep summary."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         out = Path(HydraConfig.get().runtime.output_dir) / "outcome.json"
         out.write_text(json.dumps(counts))
     except Exception:

@@ -1,8 +1,12 @@
-"""Typed config schema (Hydra ConfigStore) and the checks that run before any work.
+"""Typed config schema (Hydra ConfigStore) and the per-field checks: the bottom layer.
 
 The YAML groups under ``conf/`` fill these dataclasses; a typo'd key or a wrong type fails
-at composition (OmegaConf struct mode), a value out of range fails in :func:`validate`
+at composition (OmegaConf struct mode), a value out of range fails in :func:`check_fields`
 with the field's name and what is allowed, before a run directory is created.
+
+This module imports nothing from the harness (stdlib, omegaconf and hydra only). Checks that
+need a registry (estimators, policy losses) or a task family live above it; the one entry
+point that runs them all is :func:`harness.validation.validate`.
 """
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, open_dict
 
 
 @dataclass
@@ -89,6 +93,83 @@ class Config:
     probe: Any = None  # mode=probe settings (harness.probes)
 
 
+@dataclass
+class ProbeSettings:
+    """``probe.*``: gradient bias/variance at a frozen policy (``mode=probe``, :mod:`harness.probes`)."""
+
+    batches: Optional[int] = None  # None: 2000 on the toy task, 200 on control tasks
+    target: str = "policy_gradient"
+    checkpoint: Optional[str] = None
+    init_scale: float = 0.0
+    init_seed: int = 0
+    critic: str = "fitted"
+    critic_noise: float = 0.0
+    critic_samples: int = 8192
+    critic_seed: int = 1
+    proposal_shift: float = 0.0
+    proposal_seed: int = 2
+    negative_control: bool = False
+    control_scale: float = 0.5
+    reps: int = 1000
+    store_batches: bool = True
+    reference_batches: int = 0  # control: batches of the REINFORCE reference (0: 2 x batches)
+    critic_episodes: int = 256  # control: episodes to fit the critic (and as many held out)
+    chunk: int = 100  # control: batches collected at once (population members)
+
+
+PROBE_TARGETS = ("policy_gradient", "importance", "kl")
+PROBE_CRITICS = ("fitted", "exact", "noisy")
+
+
+def settings_from_config(cfg) -> ProbeSettings:
+    """``ProbeSettings`` from the optional ``probe`` node (unknown keys refused, naming them)."""
+    node = cfg.get("probe") if "probe" in cfg else None
+    if not node:
+        s = ProbeSettings()
+    else:
+        known = {f.name for f in fields(ProbeSettings)}
+        extra = sorted(set(node.keys()) - known)
+        if extra:
+            raise ValueError(f"probe has unknown keys {extra}; known: {sorted(known)}")
+        s = ProbeSettings(**{k: node[k] for k in node.keys()})
+    check_probe_settings(s)
+    return s
+
+
+def check_probe_settings(s: ProbeSettings) -> None:
+    """Per-field checks of the probe settings (family-specific ones live in :mod:`harness.probes`)."""
+    def bad(name, allowed, value):
+        raise ValueError(f"probe.{name} must be {allowed}, got {value!r}")
+
+    if s.batches is not None and (s.batches < 4 or s.batches % 2):
+        bad("batches", "an even integer >= 4 (or null: the family's default)", s.batches)
+    if s.reference_batches < 0:
+        bad("reference_batches", ">= 0 (0: twice probe.batches)", s.reference_batches)
+    if s.target not in PROBE_TARGETS:
+        bad("target", f"one of {list(PROBE_TARGETS)}", s.target)
+    if s.critic not in PROBE_CRITICS:
+        bad("critic", f"one of {list(PROBE_CRITICS)}", s.critic)
+    if s.critic_noise < 0:
+        bad("critic_noise", ">= 0", s.critic_noise)
+    if s.critic_samples < 1:
+        bad("critic_samples", ">= 1", s.critic_samples)
+    if s.reps < 10:
+        bad("reps", ">= 10", s.reps)
+
+
+def member_configs(cfg: DictConfig) -> list[DictConfig]:
+    """Population member i is the lone run with seed ``seed + i`` (same config otherwise)."""
+    out = []
+    for i in range(cfg.population):
+        m = cfg.copy()
+        with open_dict(m):
+            m.seed = int(cfg.seed) + i
+            m.population = 1
+            m.pop("hydra", None)
+        out.append(m)
+    return out
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
@@ -119,21 +200,22 @@ def check_known_keys(cfg: DictConfig) -> None:
         refuse_unknown_keys(cfg, name, schema)
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise ``ValueError`` naming the first invalid field and what it allows."""
-    from .estimators import ESTIMATORS, KL_ESTIMATORS, get_estimator
-    from .losses import AGG_MODES, POLICY_LOSSES
 
-    def bad(field_name: str, allowed: str, value: Any) -> None:
-        raise ValueError(f"{field_name} must be {allowed}, got {value!r}")
 
-    def finite(x: Any) -> bool:
-        return x is not None and math.isfinite(x)
+def bad_field(field_name: str, allowed: str, value: Any) -> None:
+    raise ValueError(f"{field_name} must be {allowed}, got {value!r}")
 
-    check_known_keys(cfg)
-    if cfg.estimator not in ESTIMATORS:
-        bad("estimator", f"one of {sorted(ESTIMATORS)}", cfg.estimator)
-    spec = get_estimator(cfg.estimator)
+
+def is_finite(x: Any) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def check_fields(cfg: DictConfig) -> None:
+    """Raise ``ValueError`` naming the first field out of range and what it allows.
+
+    Only checks that need the schema alone; :func:`harness.validation.validate` runs these
+    with the registry, task-family and probe checks."""
+    bad, finite = bad_field, is_finite
     if cfg.task.family not in FAMILIES:
         bad("task.family", f"one of {list(FAMILIES)}", cfg.task.family)
     if cfg.mode not in MODES:
@@ -165,14 +247,10 @@ def validate(cfg: DictConfig) -> None:
         bad("vf_clip_eps", "> 0 or null", cfg.vf_clip_eps)
     if cfg.n_steps < 1:
         bad("n_steps", "an integer >= 1", cfg.n_steps)
-    if spec.needs_groups and cfg.group_size < 2 and not spec.needs_greedy:
-        bad("group_size", f">= 2 for estimator {cfg.estimator}", cfg.group_size)
     if cfg.group_size < 1:
         bad("group_size", "an integer >= 1", cfg.group_size)
     if cfg.population < 1:
         bad("population", "an integer >= 1", cfg.population)
-    if cfg["update"] not in POLICY_LOSSES:
-        bad("update", f"one of {sorted(POLICY_LOSSES)}", cfg["update"])
     if cfg.epochs < 1:
         bad("epochs", "an integer >= 1", cfg.epochs)
     if cfg.minibatches < 1:
@@ -181,10 +259,6 @@ def validate(cfg: DictConfig) -> None:
         bad("lr", "a finite number > 0", cfg.lr)
     if cfg.normalize_advantages not in NORMALIZE:
         bad("normalize_advantages", f"one of {list(NORMALIZE)}", cfg.normalize_advantages)
-    if cfg.loss_agg not in AGG_MODES:
-        bad("loss_agg", f"one of {list(AGG_MODES)}", cfg.loss_agg)
-    if cfg.kl.estimator not in KL_ESTIMATORS:
-        bad("kl.estimator", f"one of {sorted(KL_ESTIMATORS)}", cfg.kl.estimator)
     if not (finite(cfg.kl.beta) and cfg.kl.beta >= 0):
         bad("kl.beta", "a finite number >= 0", cfg.kl.beta)
     if cfg.kl.adaptive and not (finite(cfg.kl.kl_target) and cfg.kl.kl_target > 0):
@@ -231,51 +305,3 @@ def validate(cfg: DictConfig) -> None:
         bad("budget.env_steps", "null for task.family=lm (the LM budget is budget.tokens)", b.env_steps)
     if cfg.task.max_episode_steps is not None and cfg.task.max_episode_steps < 1:
         bad("task.max_episode_steps", ">= 1 or null (the environment's own limit)", cfg.task.max_episode_steps)
-    if cfg.task.family == "control":
-        t = cfg.task
-        if not t.env_id:
-            bad("task.env_id", "a gymnasium environment id", t.env_id)
-        from .tasks.control import env_info
-
-        env_info(t.env_id)  # refuses unknown ids and unsupported spaces, naming them
-        for key in ("num_envs", "rollout_steps", "episodes_per_iter"):
-            if t[key] < 1:
-                bad(f"task.{key}", "an integer >= 1", t[key])
-        if spec.needs_groups and t.episodes_per_iter % cfg.group_size:
-            bad("task.episodes_per_iter", f"a multiple of group_size={cfg.group_size}",
-                t.episodes_per_iter)
-        if b.env_steps is None and b.iterations is None and cfg.mode == "train":
-            bad("budget.env_steps", "set (or budget.iterations)", None)
-        if b.env_steps is not None and cfg.mode == "train":
-            per_iter = t.num_envs * t.rollout_steps
-            if not spec.full_episodes and b.env_steps < per_iter:
-                bad("budget.env_steps",
-                    f">= one iteration ({t.num_envs} envs x {t.rollout_steps} steps = {per_iter})",
-                    b.env_steps)
-            if spec.full_episodes and b.env_steps < t.episodes_per_iter:
-                bad("budget.env_steps", f">= one iteration (at least {t.episodes_per_iter} steps)",
-                    b.env_steps)
-        if len(t.hidden) < 1 or any(h < 1 for h in t.hidden):
-            bad("task.hidden", "a non-empty list of positive widths", list(t.hidden))
-        if t.activation not in ("tanh", "relu"):
-            bad("task.activation", "one of ['relu', 'tanh']", t.activation)
-        if not finite(t.init_log_std):
-            bad("task.init_log_std", "a finite number", t.init_log_std)
-        if cfg.kl.target != "old":  # control runs penalise KL to the pre-update policy only
-            bad("kl.target", "'old' for task.family=control (there is no reference policy)", cfg.kl.target)
-        if cfg.kl.in_reward:
-            bad("kl.in_reward", "false for task.family=control (the KL penalty is a loss term)", cfg.kl.in_reward)
-    if cfg.task.family == "lm":
-        from .tasks.lm import validate_lm
-
-        validate_lm(cfg)
-    if cfg.task.family == "toy":
-        from .tasks.toy import ToySpec, validate_toy
-
-        refuse_unknown_keys(cfg, "toy", ToySpec)
-        validate_toy(cfg)
-    if cfg.mode == "probe":
-        from .probes import ProbeSettings, validate_probe
-
-        refuse_unknown_keys(cfg, "probe", ProbeSettings)
-        validate_probe(cfg)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from harness.app import restore_determinism, run, set_determinism
-from harness.config import validate
+from harness.validation import validate
 from harness.io import checkpoint as ckpt
 from harness.io import config_hash
 from harness.train import loop as train_loop

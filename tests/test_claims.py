@@ -1,5 +1,5 @@
 """Claims report: verdict rules on synthetic data with known answers, the not-run path, and one
-claim end to end on the toy task."""
+claim end to end on the toy task (run by harness.experiments, judged by analysis.claims)."""
 import json
 
 import numpy as np
@@ -7,6 +7,8 @@ import pandas as pd
 import pytest
 
 from analysis import claims as C
+from harness import experiments as X
+from harness.experiments import run as XR
 
 
 # ----------------------------------------------------------------------------- rules
@@ -96,11 +98,10 @@ def test_c3_verdicts_on_synthetic_probes_with_known_answers():
 
 
 def test_missing_runs_are_inconclusive_not_run(tmp_path):
-    out, verdicts = C.build_claims_report(tmp_path, run=False, quick=False, only={"C1", "C3", "C10"},
-                                          progress=lambda s: None)
+    out, verdicts = C.build_claims_report(tmp_path, quick=False, only={"C1", "C3", "C10"}, progress=lambda s: None)
     by = {v.claim: v for v in verdicts}
     assert all(v.verdict == "inconclusive" and v.not_run for v in verdicts)
-    assert "run with --run" in by["C3"].not_run
+    assert "python -m harness.experiments claims" in by["C3"].not_run
     assert by["C1"].not_run.startswith("tests not run")
     text = out.read_text()
     assert "inconclusive — not run" in text and "| C10 |" in text
@@ -109,10 +110,10 @@ def test_missing_runs_are_inconclusive_not_run(tmp_path):
 
 def test_lm_claims_say_why_they_were_not_run(tmp_path, monkeypatch):
     monkeypatch.setattr(C, "lm_unavailable", lambda: "the LM task (harness/train/lm.py) is not present")
-    _, verdicts = C.build_claims_report(tmp_path, run=True, quick=False, only={"C10", "C21"}, progress=lambda s: None)
+    _, verdicts = C.build_claims_report(tmp_path, quick=False, only={"C10", "C21"}, progress=lambda s: None)
     for v in verdicts:
         assert v.label == "inconclusive — not run: the LM task (harness/train/lm.py) is not present"
-    _, quick = C.build_claims_report(tmp_path, run=True, quick=True, only={"C15"}, progress=lambda s: None)
+    _, quick = C.build_claims_report(tmp_path, quick=True, only={"C15"}, progress=lambda s: None)
     assert quick[0].not_run.startswith("--quick skips the LM task")
 
 
@@ -120,31 +121,45 @@ def test_every_claim_has_a_rule_and_every_experiment_file_composes():
     assert [c.id for c in C.CLAIMS] == [f"C{i}" for i in range(1, 23)]
     for c in C.CLAIMS:
         assert c.rule and (c.exact or c.evaluate is not None)
+        assert c.exact or c.experiments  # every claim is exact or has an experiment (harness.experiments)
         for x in c.experiments:
-            assert x in C.EXPERIMENTS
-    for name, ex in C.EXPERIMENTS.items():
-        if ex.family == "lm" and C.lm_unavailable():
+            assert x in X.EXPERIMENTS
+    assert set(X.CLAIM_EXPERIMENTS) | set(X.EXACT_TESTS) == set(C.CLAIMS_BY_ID) == set(X.CLAIM_IDS)
+    for name, ex in X.EXPERIMENTS.items():
+        if ex.family == "lm" and X.lm_unavailable():
             continue
         for quick in (False, True):
-            params = C.sweep_params(name, quick)
+            params = X.sweep_params(name, quick)
             assert params, name
-            assert len(C.expand(params)) >= 1
+            assert len(X.sweep_overrides(params)) >= 1
 
 
-def test_sweep_expansion_is_the_cartesian_product():
-    combos = C.expand({"estimator": "a,b", "++probe.batches": "4", "clip_eps": "0.2,null"})
+def test_sweep_expansion_is_hydras_cartesian_product():
+    combos = X.sweep_overrides({"estimator": "a,b", "++probe.batches": "4", "clip_eps": "0.2,null"})
     assert len(combos) == 4
     assert ["estimator=a", "++probe.batches=4", "clip_eps=null"] in combos
+    assert X.sweep_overrides({"group_size": "range(2,5)"}) == [["group_size=2"], ["group_size=3"], ["group_size=4"]]
+
+
+def test_analysis_claims_runs_nothing(tmp_path, capsys):
+    from analysis.cli import main
+
+    assert main(["claims", str(tmp_path), "--run", "--quick", "--only", "C3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"analysis runs nothing; run the experiments with: python -m harness.experiments claims "
+                   f"{tmp_path} --quick --only C3"]
+    assert not any(tmp_path.iterdir())
 
 
 def test_c3_end_to_end_on_the_toy_task(tmp_path, monkeypatch):
     small = {"++probe.batches": "200", "++probe.negative_control": "false"}  # 2 configs: reinforce, baseline
-    monkeypatch.setitem(C.EXPERIMENTS, "claim_c3", C.Experiment("claim_c3", "toy", small))
+    monkeypatch.setitem(X.EXPERIMENTS, "claim_c3", X.Experiment("claim_c3", "toy", small))
     tiny = {"++probe.batches": "6", "++probe.reference_batches": "8", "++probe.critic_episodes": "8",
             "task.episodes_per_iter": "4", "group_size": "2", "task.hidden": "[16]"}
-    monkeypatch.setitem(C.EXPERIMENTS, "claim_c3_control", C.Experiment("claim_c3_control", "control", tiny))
+    monkeypatch.setitem(X.EXPERIMENTS, "claim_c3_control", X.Experiment("claim_c3_control", "control", tiny))
     lines = []
-    out, verdicts = C.build_claims_report(tmp_path, run=True, quick=True, only={"C3"}, progress=lines.append)
+    XR.run_claims(tmp_path, quick=True, only={"C3"}, progress=lines.append)
+    out, verdicts = C.build_claims_report(tmp_path, quick=True, only={"C3"}, progress=lines.append)
     v = verdicts[0]
     assert not v.not_run and v.verdict in C.VERDICTS
     assert v.point < 1 and v.high < 1  # the baseline lowers the variance on shared samples
@@ -155,7 +170,7 @@ def test_c3_end_to_end_on_the_toy_task(tmp_path, monkeypatch):
     assert (tmp_path / "claims_figures" / "c3.png").is_file()
     # a rerun reuses the finished runs
     lines.clear()
-    C.build_claims_report(tmp_path, run=True, quick=True, only={"C3"}, progress=lines.append)
+    XR.run_claims(tmp_path, quick=True, only={"C3"}, progress=lines.append)
     assert sum("done already" in line for line in lines) == 4
 
 
@@ -167,10 +182,13 @@ def test_exact_claim_runs_its_tests(tmp_path, monkeypatch):
         "def test_c7_breaks():\n    assert 1 + 1 == 3\n")
     monkeypatch.setattr(C, "REPO", tmp_path)
     monkeypatch.setattr(C, "TESTS_DIR", tmp_path / "tests")
-    c16 = C.Claim("C16", "t", "s", tests=("test_c16_",), test_files=("test_fake.py",))
-    c7 = C.Claim("C7", "t", "s", tests=("test_c7_",), test_files=("test_fake.py",))
-    none = C.Claim("C12", "t", "s", tests=("test_c12",), test_files=("test_lm*.py",))
-    rec = C.run_exact_tests([c16, c7, none], tmp_path / "exact_tests.json", progress=lambda s: None)
+    tests = {"C16": (("test_c16_",), ("test_fake.py",)), "C7": (("test_c7_",), ("test_fake.py",)),
+             "C12": (("test_c12",), ("test_lm*.py",))}
+    c16, c7, none = (C.Claim(cid, "t", "s", tests=t, test_files=f) for cid, (t, f) in tests.items())
+    # the harness runs the tests (a pytest subprocess) and records them; analysis only reads the record
+    rec = XR.run_exact_tests(["C16", "C7", "C12"], tmp_path / "exact_tests.json", progress=lambda s: None,
+                             repo=tmp_path, tests=tests)
+    assert json.loads((tmp_path / "exact_tests.json").read_text()) == rec
     v = C.eval_exact(c16, rec)
     assert v.verdict == "supported" and "tests/test_fake.py::test_c16_holds" in v.note
     assert C.eval_exact(c7, rec).verdict == "refuted"
@@ -217,9 +235,9 @@ def test_lm_claims_on_synthetic_curves():
 @pytest.mark.parametrize("quick", [True, False])
 def test_every_claim_experiment_composes_and_validates(tmp_path, quick):
     """Each point of each claim experiment (full and --quick budgets) composes and passes the
-    harness's validation, so ``claims --run`` never meets an invalid config mid-way."""
-    from analysis.claims import EXPERIMENTS, compose_points
-    from harness.config import validate
+    harness's validation, so ``python -m harness.experiments claims`` never meets an invalid config mid-way."""
+    from harness.experiments import EXPERIMENTS, compose_points
+    from harness.validation import validate
 
     bad = []
     for name in EXPERIMENTS:

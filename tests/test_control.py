@@ -77,8 +77,6 @@ def test_truncation_bootstraps_from_the_real_final_observation():
     assert ro.mask[:, 0, 0].tolist() == [1, 1, 0]
     assert ro.next_obs[1, 0, 0, 0].item() == 2.0  # real final observation
     # Through the trainer's advantage path with V(s) := position (a hand-set critic):
-    cfg = make_cfg(["task.env_id=ChainTrunc-v0", "estimator=ppo_gae", "gamma=0.5", "gae_lambda=1.0",
-                    "task.num_envs=1", "task.rollout_steps=3", "task.hidden=[8]", "progress=false"])
     source = ControlSource.__new__(ControlSource)
     source.P, source.spec, source.group_size = 1, get_estimator("ppo_gae"), None
 
@@ -189,7 +187,7 @@ def test_population_member_equals_lone_run(estimator, tmp_path):
 
 def one_update(cfg):
     """Collect one rollout and make one update through the loop's pieces: ``(stats, rollout, source)``."""
-    from harness.app import member_configs
+    from harness.config import member_configs
     from harness.io import RunDir
 
     runs = [RunDir(m) for m in member_configs(cfg)]

@@ -238,7 +238,7 @@ def test_run_held_by_another_process_is_skipped_not_failed(tmp_path, caplog):
 def test_population_member_held_elsewhere_is_trained_as_a_shadow(tmp_path):
     """The held member is trained but not written, so its neighbour's metrics equal those of
     the whole population run bit for bit."""
-    from harness.app import member_configs
+    from harness.config import member_configs
     from harness.io import run_dir_for
 
     args = ["task=cartpole", "estimator=rloo", *TINY, "budget.iterations=4", "population=2", "threads=1"]

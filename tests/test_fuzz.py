@@ -3,7 +3,7 @@ with a message that names the field, and leave no run directory behind.
 
 Each case is ``(overrides, field, stage)``: ``stage`` is ``compose`` when Hydra/OmegaConf refuse
 the override while composing (wrong type, unknown key, unknown group option) and ``validate``
-when :func:`harness.config.validate` refuses it (``harness.app.run`` calls it first). In-process
+when :func:`harness.validation.validate` refuses it (``harness.app.run`` calls it first). In-process
 cases go through Hydra's compose API and ``harness.app.run``; the ``CLI_CASES`` run
 ``python -m harness`` as a subprocess: exit code 2 and one ``invalid config: ...`` line for a
 value ``validate`` refuses, Hydra's own error (exit code 1) naming the key for composition errors.

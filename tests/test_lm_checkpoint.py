@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.app import run
-from harness.config import validate
+from harness.validation import validate
 from harness.io import checkpoint as ckpt
 from harness.train.lm import LMSource
 from harness.train.loop import Loop

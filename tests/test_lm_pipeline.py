@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import validate
+from harness.validation import validate
 from harness.tasks.lm.pipeline import build_task
 
 from .test_lm_common import compose, one_thread  # noqa: F401  (autouse fixture)

@@ -131,8 +131,6 @@ def test_kl_and_entropy_use_the_constant_length_not_the_batch_width():
         assert float(loss) == pytest.approx(by_hand)
     # the update step passes lm.max_response_len to every term
     cfg = make_cfg(["task=lm_summarize", "estimator=dr_grpo", "kl.beta=0.1"])
-    from harness.train.loop import Loop  # noqa: F401  (the settings are built from the source's norm_len)
-
     s = UpdateSettings.from_cfg(cfg, int(cfg.lm.max_response_len))
     assert s.loss_agg == "seq_mean_token_sum_norm" and s.norm_len == int(cfg.lm.max_response_len) and s.kl_loss
 

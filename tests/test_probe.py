@@ -155,7 +155,7 @@ def test_probe_refuses_bad_settings():
 
 
 def test_control_probe_on_cartpole_writes_a_reference_based_summary(tmp_path):
-    from harness.probes import run as run_probe
+    from harness.app import run as run_probe  # mode=probe is in base
 
     base = ["task=cartpole", "mode=probe", "++probe.batches=8", "++probe.reference_batches=16", "++probe.reps=50",
             "++probe.critic_episodes=16", "gamma=1.0", "normalize_advantages=none", "task.episodes_per_iter=4",

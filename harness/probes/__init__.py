@@ -6,14 +6,12 @@ per scope: ``all`` and ``prompt<x>`` on the toy task) and ``probe_batches.parque
 scalars, for paired comparisons between estimators probed on the same batches) into each, then
 ``summary.json`` with ``mode: probe``.
 
-``run(cfg)`` is the app's ``run`` for probes (validate, skip finished run directories, probe
-the rest); :mod:`analysis.claims` uses it, and it is what ``python -m harness mode=probe``
-dispatches to once the app routes that mode here (toy configs already get here through
-``harness.train.toy.train``). Meanwhile ``python -m harness.probes [overrides] [-m]`` is the same
-Hydra app with ``mode=probe`` for every family.
+To probe a config (validate, skip finished run directories, probe the rest) call
+``harness.app.run`` with ``mode=probe``: ``python -m harness mode=probe [overrides] [-m]``.
 
 Families: ``toy`` (exact gradient, :mod:`.toy`) and ``control`` (whole-episode estimators against
 a high-sample REINFORCE reference, :mod:`.control`). ``lm`` is refused by :func:`validate_probe`.
+The settings (``probe.*``) are :class:`harness.config.ProbeSettings`, re-exported here.
 """
 from __future__ import annotations
 
@@ -21,15 +19,20 @@ import logging
 import time
 import traceback
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
-from .toy import ProbeSettings, probe_toy, settings_from_config
+from ..config import ProbeSettings, settings_from_config
+from ..tasks.toy import validate_toy
+from . import control as _control
+from . import toy as _toy
+from .control import validate_control_probe
+from .toy import probe_toy
 
 log = logging.getLogger("harness.probes")
 
 PROBE_FAMILIES = ("toy", "control")
 
-__all__ = ["ProbeSettings", "probe_toy", "run", "run_probe", "settings_from_config", "validate_probe"]
+__all__ = ["ProbeSettings", "probe_toy", "run_probe", "settings_from_config", "validate_probe"]
 
 
 def validate_probe(cfg: DictConfig) -> None:
@@ -38,23 +41,15 @@ def validate_probe(cfg: DictConfig) -> None:
         raise ValueError(f"mode=probe supports task.family in {list(PROBE_FAMILIES)}, got {cfg.task.family!r}")
     s = settings_from_config(cfg)
     if cfg.task.family == "toy":
-        from ..tasks.toy import validate_toy
-
         validate_toy(cfg)
     else:
-        from .control import validate_control_probe
-
         validate_control_probe(cfg, s)
 
 
 def run_probe(cfg: DictConfig, runs) -> None:
     """Probe every run directory of ``runs`` (already started by the caller)."""
     validate_probe(cfg)
-    if cfg.task.family == "toy":
-        from .toy import probe_run
-    else:
-        from .control import probe_run
-
+    probe_run = _toy.probe_run if cfg.task.family == "toy" else _control.probe_run
     for r in runs:
         t0 = time.time()
         try:
@@ -65,12 +60,3 @@ def run_probe(cfg: DictConfig, runs) -> None:
                 r.finish("failed", f"{type(exc).__name__}: {exc}", time.time() - t0)
             if len(runs) == 1:
                 raise
-
-
-def run(cfg: DictConfig) -> dict[str, int]:
-    """``harness.app.run`` with ``mode=probe`` (the same run directories and skipping)."""
-    from ..app import run as app_run
-
-    with open_dict(cfg):
-        cfg.mode = "probe"
-    return app_run(cfg)

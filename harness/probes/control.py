@@ -32,14 +32,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..estimators import EstimatorParams, get_estimator
+from ..estimators import EstimatorParams, get_estimator, reward_to_go
 from ..io import RunDir, atomic_write_bytes
 from ..losses import explained_variance, get_policy_loss, pg_loss, within_sequence_std
 from ..models.control import ControlAgent
 from ..models.mlp import member_view
 from ..tasks.control import EpisodeCollector, advantage_batch, env_info
 from . import stats as pstats
-from .toy import ProbeSettings, _parquet_bytes, settings_from_config
+from ..config import ProbeSettings, settings_from_config
+from .toy import _parquet_bytes
 
 SEQ_SUM = {"agg": "seq_mean_token_sum_norm", "norm_len": 1}
 
@@ -120,8 +121,6 @@ def _gradients(agent: ControlAgent, ro, spec, params: EstimatorParams, group: in
 
 def _fit_critic(cfg, info, agent1: ControlAgent, s: ProbeSettings, gamma: float) -> dict:
     """Regress the critic rows of the single agent on discounted returns-to-go of its own policy."""
-    from ..estimators import reward_to_go
-
     def episodes(stream):
         n = max(8, int(s.critic_episodes))
         seeds = _batch_seeds(int(cfg.seed), 0, 1, stream)

@@ -41,81 +41,23 @@ from __future__ import annotations
 import io
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
+from ..config import ProbeSettings, settings_from_config
 from ..estimators import EstimatorParams, EstimatorSpec, get_estimator
 from ..io import RunDir, atomic_write_bytes
+from ..io.checkpoint import CheckpointError
+from ..io.checkpoint import load as load_checkpoint
 from ..losses import clipped_surrogate_loss, get_policy_loss, kl_penalty, whiten
 from ..tasks.toy import DTYPE, ToyBatch, ToyTask, advantage_batch, build_task, validate_toy
 from . import stats as pstats
 
-TARGETS = ("policy_gradient", "importance", "kl")
-CRITICS = ("fitted", "exact", "noisy")
-
-
 TOY_DEFAULT_BATCHES = 2000
-
-
-@dataclass
-class ProbeSettings:
-    batches: int | None = None  # None: 2000 on the toy task, 200 on control tasks
-    target: str = "policy_gradient"
-    checkpoint: str | None = None
-    init_scale: float = 0.0
-    init_seed: int = 0
-    critic: str = "fitted"
-    critic_noise: float = 0.0
-    critic_samples: int = 8192
-    critic_seed: int = 1
-    proposal_shift: float = 0.0
-    proposal_seed: int = 2
-    negative_control: bool = False
-    control_scale: float = 0.5
-    reps: int = 1000
-    store_batches: bool = True
-    reference_batches: int = 0  # control: batches of the REINFORCE reference (0: 2 x batches)
-    critic_episodes: int = 256  # control: episodes to fit the critic (and as many held out)
-    chunk: int = 100  # control: batches collected at once (population members)
-
-
-def settings_from_config(cfg) -> ProbeSettings:
-    """``ProbeSettings`` from the optional ``probe`` node (unknown keys refused, naming them)."""
-    node = cfg.get("probe") if "probe" in cfg else None
-    if not node:
-        s = ProbeSettings()
-    else:
-        known = {f.name for f in fields(ProbeSettings)}
-        extra = sorted(set(node.keys()) - known)
-        if extra:
-            raise ValueError(f"probe has unknown keys {extra}; known: {sorted(known)}")
-        s = ProbeSettings(**{k: node[k] for k in node.keys()})
-    check_settings(s)
-    return s
-
-
-def check_settings(s: ProbeSettings) -> None:
-    def bad(name, allowed, value):
-        raise ValueError(f"probe.{name} must be {allowed}, got {value!r}")
-
-    if s.batches is not None and (s.batches < 4 or s.batches % 2):
-        bad("batches", "an even integer >= 4 (or null: the family's default)", s.batches)
-    if s.reference_batches < 0:
-        bad("reference_batches", ">= 0 (0: twice probe.batches)", s.reference_batches)
-    if s.target not in TARGETS:
-        bad("target", f"one of {list(TARGETS)}", s.target)
-    if s.critic not in CRITICS:
-        bad("critic", f"one of {list(CRITICS)}", s.critic)
-    if s.critic_noise < 0:
-        bad("critic_noise", ">= 0", s.critic_noise)
-    if s.critic_samples < 1:
-        bad("critic_samples", ">= 1", s.critic_samples)
-    if s.reps < 10:
-        bad("reps", ">= 10", s.reps)
 
 
 # ----------------------------------------------------------------------------- policy
@@ -130,10 +72,8 @@ def load_policy(task: ToyTask, s: ProbeSettings) -> tuple[torch.Tensor, torch.Te
         if not path.is_file():
             raise ValueError(f"probe.checkpoint: no policy checkpoint at {path}")
         if path.suffix == ".safetensors":  # never unpickle what a results folder holds
-            from ..io.checkpoint import CheckpointError, load
-
             try:
-                ck = load(path)[0]
+                ck = load_checkpoint(path)[0]
             except CheckpointError as exc:
                 raise ValueError(f"probe.checkpoint: {exc}") from None
         else:

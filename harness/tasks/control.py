@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from ..config import bad_field, is_finite
 from ..estimators import AdvantageBatch
 
 
@@ -48,6 +49,46 @@ def env_info(env_id: str) -> EnvInfo:
     raise ValueError(f"task.env_id {env_id!r}: action space {type(act).__name__} {act} is not supported "
                      "(allowed: Discrete, 1-D Box)")
 
+
+
+def validate_control(cfg, needs_groups: bool, full_episodes: bool) -> None:
+    """Checks for ``task.family=control`` that can fail before any work starts.
+
+    The estimator's needs come as arguments (this module knows no estimator): ``needs_groups``
+    (episodes per iteration must be whole groups) and ``full_episodes`` (the budget counts
+    whole episodes, not ``num_envs x rollout_steps`` steps)."""
+    bad, finite = bad_field, is_finite
+    t, b = cfg.task, cfg.budget
+    if not t.env_id:
+        bad("task.env_id", "a gymnasium environment id", t.env_id)
+    env_info(t.env_id)  # refuses unknown ids and unsupported spaces, naming them
+    for key in ("num_envs", "rollout_steps", "episodes_per_iter"):
+        if t[key] < 1:
+            bad(f"task.{key}", "an integer >= 1", t[key])
+    if needs_groups and t.episodes_per_iter % cfg.group_size:
+        bad("task.episodes_per_iter", f"a multiple of group_size={cfg.group_size}",
+            t.episodes_per_iter)
+    if b.env_steps is None and b.iterations is None and cfg.mode == "train":
+        bad("budget.env_steps", "set (or budget.iterations)", None)
+    if b.env_steps is not None and cfg.mode == "train":
+        per_iter = t.num_envs * t.rollout_steps
+        if not full_episodes and b.env_steps < per_iter:
+            bad("budget.env_steps",
+                f">= one iteration ({t.num_envs} envs x {t.rollout_steps} steps = {per_iter})",
+                b.env_steps)
+        if full_episodes and b.env_steps < t.episodes_per_iter:
+            bad("budget.env_steps", f">= one iteration (at least {t.episodes_per_iter} steps)",
+                b.env_steps)
+    if len(t.hidden) < 1 or any(h < 1 for h in t.hidden):
+        bad("task.hidden", "a non-empty list of positive widths", list(t.hidden))
+    if t.activation not in ("tanh", "relu"):
+        bad("task.activation", "one of ['relu', 'tanh']", t.activation)
+    if not finite(t.init_log_std):
+        bad("task.init_log_std", "a finite number", t.init_log_std)
+    if cfg.kl.target != "old":  # control runs penalise KL to the pre-update policy only
+        bad("kl.target", "'old' for task.family=control (there is no reference policy)", cfg.kl.target)
+    if cfg.kl.in_reward:
+        bad("kl.in_reward", "false for task.family=control (the KL penalty is a loss term)", cfg.kl.in_reward)
 
 def make_vector_env(env_id: str, num_envs: int, max_episode_steps: int | None,
                     native: bool = True) -> gym.vector.VectorEnv:

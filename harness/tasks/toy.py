@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from ..config import refuse_unknown_keys
 from ..estimators import AdvantageBatch
 
 DTYPE = torch.float64  # exact quantities and estimates: float64 keeps rounding far below any bias measured
@@ -127,6 +128,7 @@ def check_spec(spec: ToySpec) -> None:
 
 def validate_toy(cfg) -> None:
     """Checks for ``task.family=toy`` that can fail before any work starts."""
+    refuse_unknown_keys(cfg, "toy", ToySpec)
     spec_from_config(cfg)
     b = cfg.budget
     if b.env_steps is None and b.iterations is None:

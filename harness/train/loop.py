@@ -35,6 +35,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
+from ..config import member_configs
 from ..estimators import AdvantageBatch, EstimatorParams, get_estimator
 from ..io import RunDir, atomic_write_bytes, config_hash
 from ..io import checkpoint as ckpt
@@ -527,8 +528,6 @@ def start(cfg: DictConfig, make_loop, runs: list[RunDir]) -> tuple[Loop, dict | 
 def population_runs(cfg: DictConfig, runs: list[RunDir]) -> list[RunDir]:
     """All ``cfg.population`` members in seed order: ``runs`` where given, a :class:`ShadowRun`
     for each other member (finished already, or held by another sweep)."""
-    from ..app import member_configs
-
     members = member_configs(cfg)
     mine = {int(r.cfg.seed): r for r in runs}
     if not set(mine) <= {int(m.seed) for m in members}:  # not this config's members: as given

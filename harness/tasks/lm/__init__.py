@@ -1,6 +1,6 @@
 """The LM summarization task: embedded corpus, gold score, tokenizer, cached SFT + reward model.
 
-Public API: :func:`validate_lm` (called by ``harness.config.validate`` for ``task.family=lm``),
+Public API: :func:`validate_lm` (called by ``harness.validation.validate`` for ``task.family=lm``),
 :func:`build_task` -> :class:`LMTask`, :func:`gold_score`, :func:`make_corpus`,
 :func:`build_word_tokenizer`.
 """

@@ -1,0 +1,173 @@
+"""``python -m harness.experiments claims DIR [--quick] [--only C3,C4]``: run what the claims need.
+
+For the claims selected (all of C1-C22 by default): the exact claims' unit tests, once, with
+pytest (outcomes per claim into ``DIR/exact_tests.json``), then every experiment the claims need,
+toy first, then control, then LM: each config of its sweep (expanded by Hydra, see
+:mod:`harness.experiments`) through :func:`harness.app.run`, finished run directories skipped.
+``--quick``: the experiments' quick variants, LM skipped. Then ``python -m analysis claims DIR
+[--quick]`` gives the verdicts.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import traceback
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from ..app import describe, run
+from ..io import atomic_write_json
+from . import (
+    CLAIM_IDS, EXACT_TESTS, EXPERIMENTS, REPO, Point, compose_points, experiments_for, lm_unavailable,
+    point_done,
+)
+
+__all__ = ["main", "run_claims", "run_exact_tests", "run_points"]
+
+
+def run_points(points: list[Point], progress: Callable[[str], None] = print) -> dict[str, int]:
+    """Run what is missing (finished run directories are skipped by the harness itself)."""
+    totals: dict[str, int] = {}
+    for i, p in enumerate(points, 1):
+        head = f"[claims] {p.experiment} ({i}/{len(points)}) {p.tag}"
+        if p.error:
+            progress(f"{head}: cannot compose: {p.error}")
+            totals["error"] = totals.get("error", 0) + 1
+            continue
+        if point_done(p):
+            progress(f"{head}: done already")
+            totals["done already"] = totals.get("done already", 0) + 1
+            continue
+        t0 = time.time()
+        try:
+            counts = run(p.cfg)
+            desc = describe(counts)
+            for k, v in counts.items():
+                totals[k] = totals.get(k, 0) + v
+        except Exception as exc:  # invalid config or import failure: recorded as this point's error
+            p.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            desc = f"error: {p.error}"
+            totals["error"] = totals.get("error", 0) + 1
+            traceback.print_exc(file=sys.stderr)
+        progress(f"{head}: {desc} ({time.time() - t0:.1f} s)")
+    return totals
+
+
+def run_exact_tests(claims: Iterable[str], out: Path, progress: Callable[[str], None] = print,
+                    repo: Path = REPO, tests: dict | None = None) -> dict:
+    """One pytest run over every exact claim's tests (``tests``: :data:`EXACT_TESTS` by default);
+    outcomes per claim into ``out`` (JSON), which :mod:`analysis.claims` reads."""
+    tests = EXACT_TESTS if tests is None else tests
+    exact = [c for c in claims if c in tests]
+    files = sorted({f for c in exact for pattern in tests[c][1]
+                    for f in (str(p.relative_to(repo)) for p in (repo / "tests").glob(pattern))})
+    expr = " or ".join(t for c in exact for t in tests[c][0])
+    xml = Path(out).with_suffix(".xml")
+    t0 = time.time()
+    results: dict[str, Any] = {}
+    if files:
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", "-k", expr, *files]
+        progress(f"[claims] exact tests: {' '.join(cmd[3:])}")
+        env = {**os.environ, "MPLBACKEND": "Agg"}
+        subprocess.run(cmd, cwd=repo, capture_output=True, text=True, env=env)
+        cases = []
+        if xml.is_file():
+            for tc in ET.parse(xml).getroot().iter("testcase"):
+                outcome = "passed"
+                for child in tc:
+                    if child.tag in ("failure", "error"):
+                        outcome = "failed"
+                    elif child.tag == "skipped":
+                        outcome = "skipped"
+                node = tc.get("classname", "").replace(".", "/") + ".py::" + tc.get("name", "")
+                cases.append((node, tc.get("name", ""), outcome))
+        for c in exact:
+            mine = [(node, o) for node, name, o in cases if any(name.startswith(t) for t in tests[c][0])]
+            results[c] = {"nodes": [n for n, _ in mine], "outcomes": [o for _, o in mine]}
+    for c in exact:
+        results.setdefault(c, {"nodes": [], "outcomes": []})
+    payload = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": time.time() - t0, "claims": results}
+    atomic_write_json(Path(out), payload)
+    progress(f"[claims] exact tests done ({time.time() - t0:.1f} s)")
+    return payload
+
+
+def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None = None,
+               progress: Callable[[str], None] = print) -> dict[str, int]:
+    """Run the exact tests and every experiment the claims (``only``: a subset) need, into ``root``."""
+    root = Path(root).resolve()  # the exact tests run from the repository root
+    root.mkdir(parents=True, exist_ok=True)
+    claims = [c for c in CLAIM_IDS if only is None or c in only]
+    totals: dict[str, int] = {}
+    if any(c in EXACT_TESTS for c in claims):
+        run_exact_tests(claims, root / "exact_tests.json", progress)
+    for name in experiments_for(claims):
+        ex = EXPERIMENTS[name]
+        if quick and ex.quick_skip:
+            progress(f"[claims] experiment {name}: skipped ({ex.quick_skip})")
+            continue
+        reason = lm_unavailable() if ex.family == "lm" else None
+        if reason:
+            progress(f"[claims] experiment {name}: skipped ({reason})")
+            continue
+        try:
+            points = compose_points(name, root, quick)
+        except Exception as exc:
+            progress(f"[claims] experiment {name}: cannot compose: {type(exc).__name__}: {exc}".splitlines()[0])
+            totals["error"] = totals.get("error", 0) + 1
+            continue
+        t0 = time.time()
+        progress(f"[claims] experiment {name}: {len(points)} config(s)")
+        for k, v in run_points(points, progress).items():
+            totals[k] = totals.get(k, 0) + v
+        progress(f"[claims] experiment {name} done in {time.time() - t0:.1f} s")
+    return totals
+
+
+# ============================================================================ command line
+
+def parse_only(text: str | None) -> set[str] | None:
+    """``"C3, c5"`` -> ``{"C3", "C5"}``; ValueError naming unknown ids."""
+    if not text:
+        return None
+    only = {c.strip().upper() for c in text.split(",") if c.strip()}
+    unknown = sorted(only - set(CLAIM_IDS))
+    if unknown:
+        raise ValueError(f"unknown claim id(s) {unknown}; valid: C1-C22")
+    return only
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness.experiments",
+                                     description="Run named sets of experiments (finished runs are skipped).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    p = sub.add_parser("claims", help="run the claim experiments and the exact claims' tests",
+                       description="Run what the claims C1-C22 (CLAIMS.md) need into DIR: every sweep of "
+                                   "conf/experiment/claim_*.yaml (DIR/<experiment>/...) and the exact claims' "
+                                   "unit tests (DIR/exact_tests.json). Then: python -m analysis claims DIR.")
+    p.add_argument("results", metavar="DIR", help="folder for the claim experiments' runs")
+    p.add_argument("--quick", action="store_true",
+                   help="smaller budgets and wider intervals (about a minute on 2 cores, LM claims skipped)")
+    p.add_argument("--only", default=None, metavar="IDS", help="comma-separated claim ids, e.g. C3,C5,C6")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        only = parse_only(args.only)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    totals = run_claims(args.results, quick=args.quick, only=only, progress=print)
+    print(f"[claims] runs: {describe(totals) or 'nothing to run'} ({time.time() - t0:.0f} s)")
+    print(f"verdicts: python -m analysis claims {args.results}{' --quick' if args.quick else ''}"
+          f"{' --only ' + args.only if args.only else ''}")
+    return 0
+
