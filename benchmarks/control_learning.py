@@ -11,6 +11,10 @@ The value "at S steps" is the eval logged at the first iteration whose env_steps
 (the final eval for S = budget). Prints a Markdown table for the README.
 
 Usage: python benchmarks/control_learning.py [--out results/learning] [--seeds 5] [--table-only]
+           [--tasks cartpole,acrobot] [--estimators ppo_gae,...] [--skip-ppo100k]
+
+``--tasks``/``--estimators`` rerun part of the long sweep (e.g. the rows a change affects) into
+the same folder; the table is always made from every run in it.
 """
 from __future__ import annotations
 
@@ -70,10 +74,14 @@ def main() -> None:
     ap.add_argument("--out", default="results/learning")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--tasks", default="cartpole,acrobot")
+    ap.add_argument("--estimators", default=",".join(ESTIMATORS))
+    ap.add_argument("--skip-ppo100k", action="store_true")
     args = ap.parse_args()
     if not args.table_only:
-        sweep(f"{args.out}/ppo100k", "cartpole", "ppo_gae", 10, 100_000)
-        sweep(f"{args.out}/long", "cartpole,acrobot", ",".join(ESTIMATORS), args.seeds, 500_000)
+        if not args.skip_ppo100k:
+            sweep(f"{args.out}/ppo100k", "cartpole", "ppo_gae", 10, 100_000)
+        sweep(f"{args.out}/long", args.tasks, args.estimators, args.seeds, 500_000)
     print(table(args.out))
 
 

@@ -84,6 +84,11 @@ CASES = {  # overrides, iteration at which the run is killed (checkpoints every 
               "budget.env_steps=1100", "task.max_episode_steps=60"], 14),
     # greedy rollouts
     "remax": (["task=cartpole", "estimator=remax", "budget.iterations=14"], 11),
+    # per-member schedules: annealed learning rates and adaptive KL betas; the members stop at
+    # iterations 13, 13 and 12: one is finished at the checkpoint (12), the others are killed at 13
+    "grpo_schedules": (["task=cartpole", "estimator=grpo", "population=3", "budget.iterations=null",
+                        "budget.env_steps=1100", "task.max_episode_steps=60", "anneal_lr=true",
+                        "kl.adaptive=true", "kl.beta=0.01"], 13),
 }
 
 

@@ -252,3 +252,25 @@ def test_every_registered_policy_loss_trains_through_the_one_path(policy_loss, t
     assert counts == {"skipped": 0, "completed": 1}
     (_, df) = _frames(tmp_path, 0)
     assert (df["update"] == policy_loss).all() and df["policy_loss"].notna().all()
+
+
+def test_a_diverging_member_stops_alone_and_its_neighbours_equal_their_lone_runs(tmp_path):
+    """Pendulum a2c at lr 30: seed 1 diverges at iteration 2, seeds 0 and 2 finish; in a
+    population the diverged member is frozen and recorded as its lone run is, and the others
+    go on exactly as their lone runs."""
+    import json
+
+    common = ["task=pendulum", "estimator=a2c", *TINY, "lr=3e1", "max_grad_norm=null", "budget.iterations=6",
+              "eval_every=0"]
+    run(make_cfg(common + ["seed=0", "population=3", f"results_dir={tmp_path}/pop"]))
+    outcomes = {}
+    for seed in range(3):
+        run(make_cfg(common + [f"seed={seed}", f"results_dir={tmp_path}/lone"]))
+        for kind in ("pop", "lone"):
+            (s,) = (tmp_path / kind).rglob(f"seed{seed}-*/summary.json")
+            outcomes[kind, seed] = {k: json.loads(s.read_text())[k] for k in ("status", "reason", "iterations")}
+        assert outcomes["pop", seed] == outcomes["lone", seed]
+        pd.testing.assert_frame_equal(_frames(tmp_path / "pop", seed)[1], _frames(tmp_path / "lone", seed)[1],
+                                      atol=1e-5, rtol=1e-4)
+    assert outcomes["lone", 1]["status"] == "diverged" and outcomes["lone", 0]["status"] == "completed"
+    assert outcomes["lone", 1]["iterations"] < outcomes["lone", 0]["iterations"] == 6
