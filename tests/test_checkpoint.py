@@ -215,10 +215,17 @@ def test_corrupt_metrics_of_a_killed_run_resume_from_its_checkpoint(tmp_path, mo
     assert_same_runs(tmp_path / "ref", tmp_path / "k")
 
 
-@pytest.mark.parametrize("damage", ["truncated", "other_population"])
+@pytest.mark.parametrize("damage", ["truncated", "other_population", "adam_shape", "param_dtype", "past_budget",
+                                    "extra_param", "bad_rows", "source_actions"])
 def test_unusable_checkpoint_is_named_and_the_run_restarts_from_zero(damage, tmp_path, monkeypatch, caplog):
+    """Crafted checkpoints carry this run's own config hash (so only the tensor-by-tensor checks
+    can catch them): wrong Adam-state shapes (a SIGSEGV in the fused Adam step on main), a
+    parameter of another dtype, an iteration past budget.iterations (main resumed it and ended
+    "completed" with more iterations than the budget), an unknown parameter, rows that are not
+    records, env actions of another shape."""
     caplog.set_level(logging.INFO, logger="harness")
-    args = TINY + ["task=cartpole", "estimator=rloo", "budget.iterations=8", "checkpoint_every=2"]
+    estimator = "a2c" if damage == "source_actions" else "rloo"  # a2c: persistent envs, replayed actions
+    args = TINY + ["task=cartpole", f"estimator={estimator}", "budget.iterations=8", "checkpoint_every=2"]
     run(make_cfg(args + [f"results_dir={tmp_path}/ref"]))
     kill_at(monkeypatch, 7)
     with pytest.raises(Killed):
@@ -227,9 +234,23 @@ def test_unusable_checkpoint_is_named_and_the_run_restarts_from_zero(damage, tmp
     (c,) = (tmp_path / "k").rglob(ckpt.CHECKPOINT_FILE)
     if damage == "truncated":
         c.write_bytes(c.read_bytes()[:100])
-    else:  # a checkpoint of seeds [0, 1] (population=2 shares seed 0's directory): does not fit
+    else:
         tensors, meta = ckpt.load(c)
-        meta["seeds"] = [0, 1]
+        if damage == "other_population":  # seeds [0, 1] (population=2 shares seed 0's directory)
+            meta["seeds"] = [0, 1]
+        elif damage == "adam_shape":
+            key = next(k for k in tensors if k.startswith("adam/") and k.endswith("/exp_avg"))
+            tensors[key] = torch.zeros(3, 1)
+        elif damage == "param_dtype":
+            tensors["param/net.weights.0"] = tensors["param/net.weights.0"].double()
+        elif damage == "past_budget":
+            meta["iteration"] = 10
+        elif damage == "extra_param":
+            tensors["param/net.extra"] = torch.zeros(2)
+        elif damage == "bad_rows":
+            meta["members"][0]["rows"] = [1, 2, 3]
+        else:
+            tensors["source/actions"] = torch.zeros(2, 5, dtype=torch.int8)
         ckpt.save(c, tensors, meta)
     updates = count_updates(monkeypatch)
     assert run(make_cfg(args + [f"results_dir={tmp_path}/k"])) == {"skipped": 0, "completed": 1}

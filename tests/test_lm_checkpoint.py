@@ -12,6 +12,7 @@ import logging
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from harness.app import run
 from harness.validation import validate
@@ -189,7 +190,8 @@ def test_population_members_resume_from_their_own_checkpoints(tmp_path, monkeypa
     assert not list((tmp_path / "k").rglob(ckpt.CHECKPOINT_FILE))
 
 
-@pytest.mark.parametrize("damage", ["truncated", "other_seed", "missing_generator", "missing_adam"])
+@pytest.mark.parametrize("damage", ["truncated", "other_seed", "missing_generator", "missing_adam", "adam_shape",
+                                    "past_budget", "bad_prompt_rng"])
 def test_unusable_lm_checkpoint_is_named_and_the_run_restarts_from_zero(damage, tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="harness")
     args = ["estimator=rloo", "budget.iterations=4", "checkpoint_every=2"]
@@ -207,6 +209,13 @@ def test_unusable_lm_checkpoint_is_named_and_the_run_restarts_from_zero(damage, 
             meta["seeds"] = [1]
         elif damage == "missing_generator":
             tensors.pop("rng/generator1")
+        elif damage == "adam_shape":  # re-stamped with this run's hash: only the shape check catches it
+            key = next(k for k in tensors if k.startswith("adam/policy.lm.") and k.endswith("/exp_avg_sq"))
+            tensors[key] = torch.zeros(7)
+        elif damage == "past_budget":
+            meta["iteration"] = 10
+        elif damage == "bad_prompt_rng":
+            meta["source"]["prompt_rng"] = [3, [1, 2], None]
         else:
             tensors = {k: v for k, v in tensors.items() if not k.startswith("adam/policy.lm.")}
         ckpt.save(c, tensors, meta)
