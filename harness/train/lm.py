@@ -124,8 +124,8 @@ class LMSource(Source):
     uses_groups = True  # every estimator samples group_size responses per prompt
     EVAL_SEED_OFFSET = 7919  # eval noise: seeded by lm.pipeline_seed only, shared by every run and estimator
 
-    def __init__(self, cfg: DictConfig, task: LMTask, run: RunDir):
-        self.cfg, self.task, self.run_dir = cfg, task, run
+    def __init__(self, cfg: DictConfig, task: LMTask):
+        self.cfg, self.task = cfg, task
         self.P, self.lm = 1, cfg.lm
         self.seed = int(cfg.seed)
         self.seeds = [self.seed]
@@ -380,4 +380,4 @@ def train(cfg: DictConfig, runs: list[RunDir]) -> None:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     task = build_task(cfg)
-    train_one_by_one(cfg, runs, lambda c, rs: LMSource(c, task, rs[0]), "lm")
+    train_one_by_one(cfg, runs, lambda c, rs: LMSource(c, task), "lm")

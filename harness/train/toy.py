@@ -86,7 +86,7 @@ class ToySource(Source):
     cost_unit = "seq"
     uses_groups = True
 
-    def __init__(self, cfg: DictConfig, task: ToyTask, run: RunDir):
+    def __init__(self, cfg: DictConfig, task: ToyTask):
         self.cfg, self.task, self.P = cfg, task, 1
         self.seed = int(cfg.seed)
         self.seeds = [self.seed]
@@ -217,4 +217,4 @@ def train(cfg: DictConfig, runs: list[RunDir]) -> None:
     # tiny tensors: intra-op threads only add synchronisation (as for control)
     torch.set_num_threads(int(cfg.threads or 1))
     task = build_task(cfg)
-    train_one_by_one(cfg, runs, lambda c, rs: ToySource(c, task, rs[0]), "toy")
+    train_one_by_one(cfg, runs, lambda c, rs: ToySource(c, task), "toy")
