@@ -176,10 +176,7 @@ def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAU
     for est, g in runs.groupby("estimator", sort=True):
         fail_rows.append({"estimator": est, "n_runs": len(g), "collapsed": int(g["collapsed"].sum()),
                           **_status_counts(g), "left_out": int(left_by_est.get(est, 0))})
-    for est, k in left_by_est.items():  # estimators with no scored run at all
-        if est not in set(runs["estimator"]):
-            fail_rows.append({"estimator": est, "n_runs": 0, "collapsed": 0, "completed": 0, "diverged": 0,
-                              "left_out": int(k)})
+    # (left-out runs of an estimator with no scored run, or of none known, are in left_out only)
     failures = pd.DataFrame(fail_rows, columns=["estimator", "n_runs", "collapsed", "completed", "diverged",
                                                 "left_out"])
 
