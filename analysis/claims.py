@@ -27,6 +27,13 @@ A claim with several parts is supported when every part is, refuted when any par
 inconclusive otherwise. A claim whose runs are missing or failed is "inconclusive - not run:
 <reason>" (never a made-up verdict).
 
+Only *finished* runs are evidence, by the harness's own definition (:mod:`harness.io.finished`,
+which also decides what ``python -m harness.experiments claims`` reruns): a summary.json saying
+completed over a corrupt or short metrics.parquet is not finished. Every run directory that is
+not evidence (not finished, a probe without probe.parquet, an unreadable file, ±inf in
+``eval_return``/``episode_return``) is named with its reason under "Runs left out" in
+claims.md and printed; run directories never run are counted there.
+
 ``--quick`` reports on the quick variant of the same experiments (smaller budgets: fewer batches,
 seeds and steps; wider intervals; LM task skipped), whose runs lie beside the full ones (other
 config hashes) after ``python -m harness.experiments claims DIR --quick``.
@@ -48,9 +55,11 @@ from harness.experiments import CLAIM_EXPERIMENTS, EXACT_TESTS, EXPERIMENTS, Not
 from harness.experiments import compose_points as _compose_points
 from harness.experiments import lm_unavailable
 from harness.experiments import sweep_params as _sweep_params
-from harness.io import atomic_write_json, atomic_write_text, run_status
+from harness.io import atomic_write_json, atomic_write_text
+from harness.io.finished import FINISHED, MISSING, UNFINISHED, check_run
 from harness.probes.stats import percentile_interval  # one percentile rule for probes and claims
 
+from .load import nonfinite_score
 from .stats import iqm, run_table
 
 CONFIDENCE = 0.95
@@ -229,7 +238,23 @@ class ExpData:
     metrics: pd.DataFrame
 
     def finished(self) -> pd.DataFrame:
-        return self.runs[self.runs.status.isin(["completed", "diverged"])]
+        return self.runs[self.runs.status.isin(FINISHED)]
+
+    def left_out(self) -> list[dict]:
+        """Run directories that exist (or failed to compose) but are not evidence, with why."""
+        out = []
+        for r in self.runs.itertuples():
+            if r.status in FINISHED or r.status == "missing":
+                continue
+            where = r.run_dir if isinstance(r.run_dir, str) else f"{self.name} config [{r.point}]"
+            why = r.reason if isinstance(r.reason, str) and r.reason else r.status
+            if r.status == "error":
+                why = f"config did not compose: {why}"
+            out.append({"experiment": self.name, "path": where, "status": r.status, "reason": why})
+        return out
+
+    def missing(self) -> int:
+        return int((self.runs.status == "missing").sum()) if len(self.runs) else 0
 
 
 _CFG_COLUMNS = {"epochs": ("epochs",), "ent_coef": ("ent_coef",), "loss_agg": ("loss_agg",),
@@ -247,37 +272,75 @@ def _cfg_values(cfg) -> dict:
     return out
 
 
+def _read(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - ArrowInvalid, OSError...: any means unreadable
+        raise _Unreadable(f"unreadable {path.name} ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+
+
+class _Unreadable(Exception):
+    pass
+
+
 def load_points(name: str, points: list[Point]) -> ExpData:
+    """The evidence of experiment ``name``: runs (one row per expected run directory, with
+    status and reason) and the tables of the finished ones (:mod:`harness.io.finished`).
+    Statuses: completed | diverged (evidence), incomplete (no summary.json), failed (or any
+    other status a summary records), corrupt (a file unreadable or disagreeing), not probed,
+    non-finite (±inf score), missing (never run), error (config did not compose)."""
     runs, probes, batches, metrics = [], [], [], []
     for p in points:
         if p.error and not p.run_dirs:
             runs.append({"run_dir": None, "status": "error", "reason": p.error, "point": " ".join(p.overrides[3:])})
             continue
         for d in p.run_dirs:
-            status = run_status(d) or ("incomplete" if d.exists() else "missing")
-            reason = None
-            if (d / "summary.json").is_file():
+            point = " ".join(p.overrides[3:])
+            if not d.exists():
+                status, reason = ("error", p.error) if p.error else ("missing", None)
+                runs.append({"run_dir": str(d), "status": status, "reason": reason, "point": point})
+                continue
+            check = check_run(d)
+            if check.finished:
+                status, reason = check.status, None
                 try:
                     reason = json.loads((d / "summary.json").read_text()).get("reason")
-                except (OSError, ValueError):
+                except (OSError, ValueError, AttributeError):
                     pass
-            if status == "missing" and p.error:
-                status, reason = "error", p.error
-            if status in ("completed", "diverged") and p.cfg is not None and p.cfg.mode == "probe" \
+            elif check.kind == MISSING:
+                status, reason = "incomplete", check.reason
+            elif check.kind == UNFINISHED:
+                status, reason = check.status, check.reason
+            else:
+                status, reason = "corrupt", check.reason
+            if status in FINISHED and p.cfg is not None and p.cfg.mode == "probe" \
                     and not (d / "probe.parquet").is_file():
                 status, reason = "not probed", "finished without probe.parquet (trained instead of probed)"
-            runs.append({"run_dir": str(d), "status": status, "reason": reason, "point": " ".join(p.overrides[3:])})
-            if status not in ("completed", "diverged"):
+            tables = {}
+            if status in FINISHED:
+                extra = {"run_dir": str(d), **_cfg_values(p.cfg)}
+                try:
+                    for f in ("probe.parquet", "probe_batches.parquet"):
+                        if (d / f).is_file():
+                            tables[f] = _read(d / f).assign(**extra)
+                    if (d / "metrics.parquet").is_file() and not (d / "probe.parquet").is_file():
+                        m = _read(d / "metrics.parquet")
+                        bad = nonfinite_score(m)
+                        if bad is not None:
+                            status, reason = "non-finite", bad
+                        elif len(m):
+                            tables["metrics"] = m.assign(status=status, **extra)
+                except _Unreadable as exc:
+                    status, reason, tables = "corrupt", str(exc), {}
+            runs.append({"run_dir": str(d), "status": status, "reason": reason, "point": point})
+            if status not in FINISHED:
                 continue
-            extra = {"run_dir": str(d), **_cfg_values(p.cfg)}
-            if (d / "probe.parquet").is_file():
-                probes.append(pd.read_parquet(d / "probe.parquet").assign(**extra))
-            if (d / "probe_batches.parquet").is_file():
-                batches.append(pd.read_parquet(d / "probe_batches.parquet").assign(**extra))
-            if (d / "metrics.parquet").is_file() and not (d / "probe.parquet").is_file():
-                m = pd.read_parquet(d / "metrics.parquet")
-                if len(m):
-                    metrics.append(m.assign(status=status, **extra))
+            if "probe.parquet" in tables:
+                probes.append(tables["probe.parquet"])
+            if "probe_batches.parquet" in tables:
+                batches.append(tables["probe_batches.parquet"])
+            if "metrics" in tables:
+                metrics.append(tables["metrics"])
     cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
     b = cat(batches)
     pr = cat(probes)
@@ -296,7 +359,7 @@ def require(data: ExpData, min_runs: int = 1) -> None:
     done = data.finished()
     if len(done) >= min_runs:
         return
-    bad = data.runs[~data.runs.status.isin(["completed", "diverged"])]
+    bad = data.runs[~data.runs.status.isin(FINISHED)]
     st = bad.status.value_counts().to_dict()
     reasons = [r for r in bad.reason.dropna().unique()][:1]
     why = f"{data.name}: " + ", ".join(f"{v} {k}" for k, v in st.items())
@@ -1087,6 +1150,18 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
         value = _fmt(v.point) if not v.not_run and not c.exact else ("—" if v.not_run else f"{int(v.point)} passed")
         lines.append(f"| {c.id} | {_cell(c.text)} | {c.source} | {exp} | {_cell(v.statistic or '—')} | {value} | "
                      f"{_ci(v) if not c.exact else '—'} | {v.n or '—'} | {_cell(verdict)} |")
+    left_out = [r for name in sorted(data) for r in data[name].left_out()]
+    missing = sum(e.missing() for e in data.values())
+    lines += ["", "## Runs left out", ""]
+    if left_out:
+        lines += [f"{len(left_out)} run director{'y' if len(left_out) == 1 else 'ies'} of the experiments are not "
+                  "evidence (only finished runs are, by the harness's definition, `harness.io.finished`):", ""]
+        lines += [f"- `{r['path']}`: {_cell(r['reason'])}" for r in left_out]
+    else:
+        lines.append("None.")
+    if missing:
+        lines += ["", f"{missing} run director{'y' if missing == 1 else 'ies'} not run yet (`python -m harness."
+                      f"experiments claims {root}{' --quick' if quick else ''}` runs them)."]
     lines += ["", "## Details", ""]
     for v in verdicts:
         c = CLAIMS_BY_ID[v.claim]
@@ -1128,19 +1203,39 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
     atomic_write_json(root / "claims.json", {"mode": "quick" if quick else "full", "wall_s": wall_s, "verdicts": [
         {"claim": v.claim, "verdict": v.verdict, "label": v.label, "statistic": v.statistic, "point": v.point,
          "low": v.low, "high": v.high, "n": v.n, "not_run": v.not_run,
-         "parts": [p.__dict__ for p in v.parts], "note": v.note} for v in verdicts]})
+         "parts": [p.__dict__ for p in v.parts], "note": v.note} for v in verdicts],
+        "left_out": left_out, "not_run_yet": missing})
     return out
 
 
-def build_claims_report(root: str | Path, *, quick: bool = False, only: set[str] | None = None,
-                        progress: Callable[[str], None] = print) -> tuple[Path, list[Verdict]]:
+@dataclass
+class ClaimsResult:
+    """What :func:`build_claims` wrote and judged; ``left_out``: runs that are not evidence
+    (``{"experiment", "path", "status", "reason"}``), ``missing``: run directories never run."""
+
+    out: Path
+    verdicts: list[Verdict]
+    left_out: list[dict]
+    missing: int
+
+
+def build_claims(root: str | Path, *, quick: bool = False, only: set[str] | None = None,
+                 progress: Callable[[str], None] = print) -> ClaimsResult:
     """Judge the claims on what ``root`` holds; write claims.md, claims.json and the figures there."""
     root = Path(root).resolve()  # as harness.experiments wrote it (results_dir=<root>/<experiment>)
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     verdicts, data, meta = evaluate_all(root, quick=quick, only=only, progress=progress)
     out = write_report(root, verdicts, data, meta, quick, time.time() - t0)
-    return out, verdicts
+    left_out = [r for name in sorted(data) for r in data[name].left_out()]
+    return ClaimsResult(out, verdicts, left_out, sum(e.missing() for e in data.values()))
+
+
+def build_claims_report(root: str | Path, *, quick: bool = False, only: set[str] | None = None,
+                        progress: Callable[[str], None] = print) -> tuple[Path, list[Verdict]]:
+    """:func:`build_claims`, returning ``(claims.md path, verdicts)``."""
+    res = build_claims(root, quick=quick, only=only, progress=progress)
+    return res.out, res.verdicts
 
 
 def format_table(verdicts: list[Verdict]) -> str:
@@ -1151,7 +1246,7 @@ def format_table(verdicts: list[Verdict]) -> str:
     return "\n".join(rows)
 
 
-__all__ = ["CLAIMS", "EXPERIMENTS", "Part", "Verdict", "build_claims_report", "combine", "paired_bootstrap",
+__all__ = ["CLAIMS", "EXPERIMENTS", "ClaimsResult", "Part", "Verdict", "build_claims", "build_claims_report", "combine", "paired_bootstrap",
            "group_bootstrap", "rule_greater", "rule_less", "rule_null", "rule_exact", "format_table"]
 
 

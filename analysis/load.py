@@ -7,13 +7,25 @@ A results folder holds run directories at any depth (usually
 
 Rules (the output contract in DESIGN.md "Outputs"):
 
+* only *finished* runs are loaded (one definition, shared with the harness's skip-or-rerun:
+  :func:`harness.io.finished.check_run`: summary.json a JSON object with a string status
+  ``completed``/``diverged`` and an int ``iterations`` within config.yaml's
+  ``budget.iterations``, metrics.parquet readable with iterations exactly ``1..n``); every
+  other run directory is *left out* and named with its reason in ``df.attrs["left_out"]``
+  (``load(path, finished_only=False)`` loads unfinished runs too, as they stand);
+* a run whose ``eval_return`` or ``episode_return`` holds ±inf is left out (named): a
+  non-finite score is neither averaged nor silently replaced by the other column (NaN/null
+  means "not evaluated at this iteration" and is ignored, as before);
+* a symlinked directory under the folder is not followed: it is named as left out (a link
+  pointing outside the folder would mix other results in; one pointing inside would count
+  its target twice);
 * every ``metrics.parquet`` is read on its own, so one corrupt or half-copied file is
-  reported by path (:class:`AnalysisWarning`) and skipped, never fatal;
+  named and left out, never fatal;
 * schemas are unified with Arrow's permissive promotion (int -> float, string widths,
   a column absent in an older run becomes null), so runs of different vintages stack;
 * each row gets ``run_dir`` (path of its run directory relative to the folder, POSIX
   separators) and ``status`` from ``summary.json`` (``incomplete`` when there is none yet,
-  ``unknown`` when it exists but cannot be parsed), plus ``reason``;
+  ``unknown`` when it is not a JSON object with a string status), plus ``reason``;
 * diverged runs are kept: dropping them would hide the instability being measured;
 * runs that differ in a :data:`VARIANT_KEYS` setting (``update``, the policy loss, and
   ``loss_agg``) are never pooled: where one estimator name was run with more than one such
@@ -24,8 +36,9 @@ Rules (the output contract in DESIGN.md "Outputs"):
 
 The columns and their types are those of :mod:`harness.io.schema`, shared with the writer.
 
-The unit of analysis ("a run") is ``(run_dir, seed)``: a population run (several seeds
-trained in one process) writes several seeds into one directory.
+The unit of analysis ("a run") is ``(run_dir, seed)``. The harness writes one directory per
+population member; an older directory stacking several seeds (iterations ``1..n`` repeated) is
+not finished by the shared definition and is left out, named.
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.io import schema
+from harness.io.finished import MISSING, check_run
 
 __all__ = [
     "AnalysisWarning",
@@ -52,6 +66,8 @@ __all__ = [
     "find_run_dirs",
     "load",
     "load_runs",
+    "nonfinite_score",
+    "left_out_links",
 ]
 
 METRICS_FILE = "metrics.parquet"
@@ -73,9 +89,13 @@ METRIC_COLUMNS = list(schema.METRIC_COLUMNS)
 
 STATUSES = ["completed", "diverged", "failed", "incomplete", "unknown"]
 
+#: Columns a run is scored on (harness.io.scores.SCORE_COLUMNS): ±inf in either leaves it out.
+SCORE_VALUE_COLUMNS = ("eval_return", "episode_return")
+
 
 class AnalysisWarning(UserWarning):
-    """A file under the results folder was unreadable and was skipped."""
+    """Something about the results folder as a whole (runs left out are listed in
+    ``df.attrs["left_out"]`` instead)."""
 
 
 def _warn(message: str) -> None:
@@ -85,7 +105,8 @@ def _warn(message: str) -> None:
 def find_run_dirs(path: str | os.PathLike) -> list[Path]:
     """Every directory under ``path`` (itself included) holding metrics.parquet or summary.json.
 
-    Sorted, so loading order (and hence row order) is deterministic.
+    Sorted, so loading order (and hence row order) is deterministic. Symlinked directories are
+    not followed (:func:`left_out_links` names them).
     """
     root = Path(path)
     found = []
@@ -96,29 +117,54 @@ def find_run_dirs(path: str | os.PathLike) -> list[Path]:
     return sorted(found)
 
 
+def left_out_links(path: str | os.PathLike) -> list[dict]:
+    """Symlinked directories under ``path`` (not followed by :func:`find_run_dirs`):
+    ``{"run_dir", "path", "reason"}`` each, the reason saying where the link points."""
+    root = Path(path)
+    real_root = root.resolve()
+    out = []
+    for dirpath, dirnames, _ in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for d in dirnames:
+            link = Path(dirpath) / d
+            if not link.is_symlink():
+                continue
+            target = link.resolve()
+            inside = target == real_root or real_root in target.parents
+            where = ("inside the results folder: counted once, under its own path" if inside else
+                     "outside the results folder: its runs are not part of this folder's results")
+            out.append({"run_dir": _rel(link, root), "path": link.as_posix(),
+                        "reason": f"symlink to {target.as_posix()} ({where}); not followed"})
+    return sorted(out, key=lambda r: r["run_dir"])
+
+
 def _rel(run_dir: Path, root: Path) -> str:
     return run_dir.relative_to(root).as_posix()
 
 
 def _read_summary(run_dir: Path) -> dict:
-    """status/reason/run_id of one run; ``incomplete`` without summary.json."""
-    path = run_dir / SUMMARY_FILE
-    if not path.exists():
-        return {"status": "incomplete", "reason": None, "summary_run_id": None}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            summary = json.load(fh)
-        if not isinstance(summary, dict):
-            raise ValueError("top level is not a JSON object")
-    except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
-        _warn(f"skipping unreadable {path}: {err}")
-        return {"status": "unknown", "reason": f"unreadable {SUMMARY_FILE}", "summary_run_id": None}
-    status = summary.get("status")
-    if status not in ("completed", "diverged", "failed"):
+    """status/reason/run_id of one run plus the shared finished check (no warning: a run
+    that is not finished is named in ``left_out`` instead)."""
+    check = check_run(run_dir)
+    summary = None
+    if check.status is not None:
+        try:
+            summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # changed under our feet: the check's verdict stands
+            summary = None
+    if check.kind == MISSING:
+        status = "incomplete"
+    elif check.status in ("completed", "diverged", "failed"):
+        status = check.status
+    else:
         status = "unknown"
-    reason, run_id = summary.get("reason"), summary.get("run_id")
+    reason = summary.get("reason") if isinstance(summary, dict) else None
+    run_id = summary.get("run_id") if isinstance(summary, dict) else None
+    if status == "unknown" and check.status is None:
+        reason = check.reason
     return {"status": status, "reason": None if reason is None else str(reason),
-            "summary_run_id": None if run_id is None else str(run_id)}
+            "summary_run_id": None if run_id is None else str(run_id),
+            "finished": check.finished, "left_out": None if check.finished else check.reason}
 
 
 def _get(cfg, *keys):
@@ -139,8 +185,7 @@ def _read_config(run_dir: Path) -> dict:
 
         with open(path, encoding="utf-8") as fh:
             cfg = yaml.safe_load(fh)
-    except Exception as err:  # noqa: BLE001 - any parse failure means "no config"
-        _warn(f"ignoring unreadable {path}: {err}")
+    except Exception:  # noqa: BLE001 - any parse failure means "no config" (check_run names it)
         return {}
     if not isinstance(cfg, dict):
         return {}
@@ -163,14 +208,14 @@ def _read_config(run_dir: Path) -> dict:
     return out
 
 
-def _read_metrics(path: Path) -> pa.Table | None:
+def _read_metrics(path: Path) -> tuple[pa.Table | None, str | None]:
+    """``(table, None)``, or ``(None, why)`` for a file that does not read in full."""
     try:
         table = pq.read_table(path)
         table.validate(full=True)
-        return table
+        return table, None
     except Exception as err:  # noqa: BLE001 - ArrowInvalid, OSError, ...: any means corrupt
-        _warn(f"skipping corrupt {path}: {type(err).__name__}: {err}")
-        return None
+        return None, f"unreadable {METRICS_FILE} ({type(err).__name__}: {err})".splitlines()[0]
 
 
 def _concat(tables: list[pa.Table]) -> pd.DataFrame:
@@ -200,8 +245,13 @@ def _empty_frame() -> pd.DataFrame:
     return df
 
 
+_RUNS_COLUMNS = ["run_dir", "status", "reason", "run_id", "has_metrics", "finished", "left_out"]
+
+
 def load_runs(path: str | os.PathLike) -> pd.DataFrame:
-    """One row per run directory: ``run_dir, status, reason, run_id, has_metrics``.
+    """One row per run directory: ``run_dir, status, reason, run_id, has_metrics, finished,
+    left_out`` (``finished``: :func:`harness.io.finished.check_run`, the harness's definition;
+    ``left_out``: why a run is not finished, None when it is), plus ``config_*`` identity.
 
     Includes directories that only hold summary.json (a run that failed before logging)
     so they can be counted even though they contribute no metrics.
@@ -216,24 +266,57 @@ def load_runs(path: str | os.PathLike) -> pd.DataFrame:
             "reason": info["reason"],
             "run_id": info["summary_run_id"],
             "has_metrics": (run_dir / METRICS_FILE).exists(),
+            "finished": info["finished"],
+            "left_out": info["left_out"],
             **{f"config_{k}": v for k, v in _read_config(run_dir).items()},
         })
-    return pd.DataFrame(rows, columns=None if rows else
-                        ["run_dir", "status", "reason", "run_id", "has_metrics"])
+    return pd.DataFrame(rows, columns=None if rows else _RUNS_COLUMNS)
 
 
-def load(path: str | os.PathLike) -> pd.DataFrame:
-    """Every ``metrics.parquet`` under ``path`` as one tidy frame (one row per iteration).
+def nonfinite_score(table: pa.Table | pd.DataFrame) -> str | None:
+    """Why a run's scoring columns cannot be scored (±inf in ``eval_return`` or
+    ``episode_return``, with the first iterations where it occurs), else None."""
+    for col in SCORE_VALUE_COLUMNS:
+        if isinstance(table, pa.Table):
+            if col not in table.column_names:
+                continue
+            try:
+                vals = table.column(col).cast(pa.float64()).to_numpy(zero_copy_only=False)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                return f"{col} is not numeric ({table.schema.field(col).type})"
+            its = (table.column("iteration").to_pylist() if "iteration" in table.column_names
+                   else list(range(1, len(vals) + 1)))
+        else:
+            if col not in table.columns:
+                continue
+            vals = pd.to_numeric(table[col], errors="coerce").to_numpy(dtype=float)
+            its = table["iteration"].tolist() if "iteration" in table.columns else list(range(1, len(vals) + 1))
+        bad = np.isinf(vals)
+        if bad.any():
+            at = [its[i] for i in np.flatnonzero(bad)[:3]]
+            more = ", ..." if bad.sum() > 3 else ""
+            kinds = sorted({"inf" if v > 0 else "-inf" for v in vals[bad]})
+            return (f"{col} holds {'/'.join(kinds)} at iteration {', '.join(str(i) for i in at)}{more}: "
+                    f"a non-finite score is not scored (nor replaced by another column)")
+    return None
+
+
+def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame:
+    """Every finished run's ``metrics.parquet`` under ``path`` as one tidy frame (one row per
+    iteration).
 
     Columns: every column of the output contract (null where a run did not log it), any
     extra columns runs logged, and ``run_dir`` (relative to ``path``), ``status``
-    (completed | diverged | failed | incomplete | unknown) and ``reason``.
+    (completed | diverged; with ``finished_only=False`` also failed | incomplete | unknown)
+    and ``reason``.
 
     Missing task/estimator/seed values are filled from the run's config.yaml, then from the
     ``<task>/<estimator>/<run>`` layout; a missing run_id from summary.json, then run_dir.
-    Unreadable files raise :class:`AnalysisWarning` naming the path and are skipped.
-    ``df.attrs["skipped"]`` lists skipped metrics files; ``df.attrs["runs"]`` is
-    :func:`load_runs` of the folder (includes run directories without metrics).
+    ``df.attrs["left_out"]`` names every run directory not loaded: a list of ``{"run_dir",
+    "path", "reason", "task", "estimator"}`` (not finished by the harness's definition, a
+    ±inf score, a symlink not followed, an unreadable file). ``df.attrs["skipped"]`` lists
+    the unreadable metrics files among them; ``df.attrs["runs"]`` is :func:`load_runs` of
+    the folder.
 
     Raises FileNotFoundError / NotADirectoryError for a missing path or a file.
     """
@@ -244,15 +327,35 @@ def load(path: str | os.PathLike) -> pd.DataFrame:
         raise NotADirectoryError(f"{root} is not a folder")
 
     runs = load_runs(root)
-    tables, skipped = [], []
+    tables, skipped, left_out = [], [], []
+
+    def leave_out(rec: dict, why: str) -> None:
+        parts = Path(rec["run_dir"]).parts
+        task, est = rec.get("config_task"), rec.get("config_estimator")
+        left_out.append({"run_dir": rec["run_dir"], "path": (root / rec["run_dir"]).as_posix(), "reason": why,
+                         "task": task if isinstance(task, str) else (parts[-3] if len(parts) >= 3 else None),
+                         "estimator": est if isinstance(est, str) else (parts[-2] if len(parts) >= 3 else None)})
+        runs.loc[runs["run_dir"] == rec["run_dir"], "left_out"] = why
+
     for rec in runs.to_dict("records"):
+        if finished_only and not rec["finished"]:
+            leave_out(rec, rec["left_out"])
+            if str(rec["left_out"]).startswith(f"unreadable {METRICS_FILE}"):
+                skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
+            continue
         if not rec["has_metrics"]:
+            leave_out(rec, rec["left_out"] or f"no {METRICS_FILE}")
             continue
         run_dir = root / rec["run_dir"]
         reason = rec["reason"] if isinstance(rec["reason"], str) else None  # NaN from pandas
-        table = _read_metrics(run_dir / METRICS_FILE)
+        table, why = _read_metrics(run_dir / METRICS_FILE)
         if table is None:
             skipped.append((run_dir / METRICS_FILE).as_posix())
+            leave_out(rec, why)
+            continue
+        bad = nonfinite_score(table)
+        if bad is not None:
+            leave_out(rec, bad)
             continue
         n = table.num_rows
         table = table.drop_columns([c for c in ("run_dir", "status", "reason") if c in table.column_names])
@@ -260,6 +363,8 @@ def load(path: str | os.PathLike) -> pd.DataFrame:
         table = table.append_column("status", pa.array([rec["status"]] * n, pa.string()))
         table = table.append_column("reason", pa.array([reason] * n, pa.string()))
         tables.append((rec, table))
+    for link in left_out_links(root):
+        left_out.append({**link, "task": None, "estimator": None})
 
     if not tables:
         df = _empty_frame()
@@ -283,6 +388,7 @@ def load(path: str | os.PathLike) -> pd.DataFrame:
     sort_cols = ["task", "estimator", "run_dir", "seed", "iteration"]
     df = df.sort_values(sort_cols, kind="stable", na_position="last").reset_index(drop=True)
     df.attrs["skipped"] = skipped
+    df.attrs["left_out"] = left_out
     df.attrs["runs"] = runs
     return df
 

@@ -37,7 +37,12 @@ EXPECTED = "a folder containing run directories with metrics.parquet"
 
 
 class NoRunsError(ValueError):
-    """The folder holds no readable run (message says what was expected)."""
+    """The folder holds no finished, scoreable run (message says what was expected).
+    ``left_out``: the runs left out, as in :attr:`Tables.left_out`."""
+
+    def __init__(self, message: str, left_out: list | None = None):
+        super().__init__(message)
+        self.left_out = list(left_out or [])
 
 
 @dataclass
@@ -51,10 +56,11 @@ class Tables:
     poi: pd.DataFrame                # ordered estimator pairs: P(X > Y) with CI
     profiles: pd.DataFrame           # panel, estimator, tau, fraction, low, high
     sensitivity: pd.DataFrame        # task, estimator, hyperparameter, value, n, IQM with CI
-    failures: pd.DataFrame           # estimator: n_runs, diverged, collapsed, failed, incomplete
+    failures: pd.DataFrame           # estimator: n_runs, diverged, collapsed, left_out
     budgets: dict = field(default_factory=dict)   # task -> (x column, largest logged x)
-    skipped: list = field(default_factory=list)   # unreadable metrics files
+    skipped: list = field(default_factory=list)   # unreadable metrics files (also in left_out)
     run_dirs: pd.DataFrame | None = None          # every run directory, with or without metrics
+    left_out: list = field(default_factory=list)  # runs not scored: {"run_dir", "path", "reason", ...}
 
 
 def _ci(scores, statistic: str, reps: int, seed: int, prefix: str) -> dict:
@@ -63,8 +69,14 @@ def _ci(scores, statistic: str, reps: int, seed: int, prefix: str) -> dict:
 
 
 def _status_counts(g: pd.DataFrame) -> dict:
+    """Scored runs are finished: completed or diverged (harness.io.finished)."""
     s = g["status"].value_counts()
-    return {k: int(s.get(k, 0)) for k in ("completed", "diverged", "failed", "incomplete", "unknown")}
+    return {k: int(s.get(k, 0)) for k in ("completed", "diverged")}
+
+
+def format_left_out(left_out: list) -> list[str]:
+    """One line per run left out: ``path: reason``."""
+    return [f"{r['path']}: {r['reason']}" for r in left_out]
 
 
 def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAULT_REPS,
@@ -158,15 +170,20 @@ def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAU
                                                    "n", "iqm", "iqm_low", "iqm_high"])
 
     # Failure counts -------------------------------------------------------------------------
+    left_out = list(df.attrs.get("left_out", []))
+    left_by_est = pd.Series([r.get("estimator") or "unknown" for r in left_out], dtype=object).value_counts()
     fail_rows = []
     for est, g in runs.groupby("estimator", sort=True):
         fail_rows.append({"estimator": est, "n_runs": len(g), "collapsed": int(g["collapsed"].sum()),
-                          **_status_counts(g)})
-    failures = pd.DataFrame(fail_rows)
+                          **_status_counts(g), "left_out": int(left_by_est.get(est, 0))})
+    # (left-out runs of an estimator with no scored run, or of none known, are in left_out only)
+    failures = pd.DataFrame(fail_rows, columns=["estimator", "n_runs", "collapsed", "completed", "diverged",
+                                                "left_out"])
 
     return Tables(metrics=df, runs=runs, scores=scores, aggregate=aggregate, poi=poi,
                   profiles=profiles, sensitivity=sensitivity, failures=failures, budgets=budgets,
-                  skipped=list(df.attrs.get("skipped", [])), run_dirs=df.attrs.get("runs"))
+                  skipped=list(df.attrs.get("skipped", [])), run_dirs=df.attrs.get("runs"),
+                  left_out=left_out)
 
 
 # ----------------------------------------------------------------------------- markdown
@@ -200,27 +217,27 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
     runs = t.runs
     n = len(runs)
     st = _status_counts(runs)
-    no_metrics = 0
-    if t.run_dirs is not None and len(t.run_dirs):
-        no_metrics = int((~t.run_dirs["has_metrics"]).sum())
     L = []
     L.append(f"# Benchmark report: `{results}`\n")
     L.append(f"Generated {_dt.datetime.now().isoformat(timespec='seconds')} by "
              f"`python -m analysis report {results} --x {x} --last-n {last_n}` "
              f"(bootstrap: {reps} replicates, seed {seed}, 95% percentile intervals).\n")
     L.append("## Runs\n")
-    L.append(f"{n} runs over {runs['task'].nunique()} task(s) and {runs['estimator'].nunique()} "
-             f"estimator(s): {st['completed']} completed, {st['diverged']} diverged, "
-             f"{st['failed']} failed, **{st['incomplete']} incomplete** (no summary.json yet: "
-             f"still running or killed; read as they stand)"
-             + (f", {st['unknown']} with an unreadable summary.json" if st["unknown"] else "")
-             + ".")
-    if no_metrics:
-        L.append(f"\n{no_metrics} run director{'y' if no_metrics == 1 else 'ies'} have a "
-                 "summary.json but no metrics.parquet and are not scored.")
-    if t.skipped:
-        L.append("\nSkipped unreadable metrics files:\n")
-        L += [f"- `{p}`" for p in t.skipped]
+    L.append(f"{n} runs scored over {runs['task'].nunique()} task(s) and {runs['estimator'].nunique()} "
+             f"estimator(s): {st['completed']} completed, {st['diverged']} diverged; "
+             f"**{len(t.left_out)} left out** (see below).")
+    L.append("\nOnly finished runs are scored, by the harness's own definition (the one that decides "
+             "skip or rerun, `harness.io.finished`): summary.json is a JSON object with a string status "
+             "`completed` or `diverged` and an int `iterations` within config.yaml's `budget.iterations`, "
+             "and metrics.parquet reads with iterations exactly 1..n. A run whose `eval_return` or "
+             "`episode_return` holds ±inf is left out too (never rescored on the other column), and "
+             "symlinked folders are not followed.\n")
+    L.append("### Runs left out\n")
+    if t.left_out:
+        L.append(f"{len(t.left_out)} run director{'y' if len(t.left_out) == 1 else 'ies'}, not scored:\n")
+        L += [f"- `{r['path']}`: {r['reason']}" for r in t.left_out]
+    else:
+        L.append("None.")
     L.append("\nBudgets (largest logged sample count per task): "
              + ", ".join(f"{task}: {figs.human_count(b)} {figs.x_label(col)}"
                          for task, (col, b) in t.budgets.items()) + ".\n")
@@ -236,17 +253,17 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
              "runs; AUC = normalised area under the learning curve (mean return over the "
              "budget, higher = more sample-efficient). Intervals: 95% stratified bootstrap. "
              "IQM trims floor(n/4) runs at each end, so with fewer than 4 runs it equals the "
-             "mean. Diverged and incomplete runs are kept, scored on the evaluations they "
-             "logged.\n")
+             "mean. Diverged runs are kept, scored on the evaluations they logged; runs left "
+             "out (above) are not scored.\n")
     rows = []
     for r in t.scores.itertuples():
         rows.append([r.task, r.estimator, f"{r.n_scored}/{r.n_runs}", fmt(r.iqm),
                      _ci_str(r.iqm_low, r.iqm_high), fmt(r.mean), _ci_str(r.mean_low, r.mean_high),
                      fmt(r.auc), _ci_str(r.auc_low, r.auc_high), r.diverged, r.collapsed,
-                     r.incomplete, r.n_configs])
+                     r.n_configs])
     L.append(_md_table(["task", "estimator", "runs (scored/all)", "IQM", "IQM 95% CI", "mean",
                         "mean 95% CI", "AUC (IQM)", "AUC 95% CI", "diverged", "collapsed",
-                        "incomplete", "configs pooled"], rows))
+                        "configs pooled"], rows))
     split = sorted(e for e in runs["estimator"].unique() if "[" in str(e))
     if split:
         L.append("\nEstimators run with more than one `update` (policy loss) or `loss_agg` are "
@@ -287,9 +304,8 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
              "score (eval_return, else episode_return), let s* be the run's best s, first "
              "reached at evaluation t*; the run collapsed if s* > 0 and some later evaluation "
              "has s < s*/2.\n")
-    rows = [[r.estimator, r.n_runs, r.diverged, r.collapsed, r.failed, r.incomplete]
-            for r in t.failures.itertuples()]
-    L.append(_md_table(["estimator", "runs", "diverged", "collapsed", "failed", "incomplete"], rows))
+    rows = [[r.estimator, r.n_runs, r.diverged, r.collapsed, r.left_out] for r in t.failures.itertuples()]
+    L.append(_md_table(["estimator", "runs scored", "diverged", "collapsed", "left out"], rows))
     L.append("\n## Sensitivity\n")
     L.append(fig("sensitivity"))
     if t.sensitivity.empty:
@@ -304,7 +320,7 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
                             "95% CI"], rows))
     L.append("\n## Files\n")
     L.append("Per-run table: `runs.csv`; tables above: `scores.csv`, `aggregate.csv`, "
-             "`probability_of_improvement.csv`, `sensitivity.csv`, `failures.csv`.\n")
+             "`probability_of_improvement.csv`, `sensitivity.csv`, `failures.csv`, `left_out.csv`.\n")
     return "\n".join(L) + "\n"
 
 
@@ -314,7 +330,7 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
     """Load ``results``, compute every table, draw every figure, write report.md.
 
     Writes into ``out`` (default ``<results>/report/``): ``report.md``, the PNGs of
-    :data:`FIGURES` and CSVs of the tables. Returns the :class:`Tables`; the report path
+    :data:`FIGURES` and CSVs of the tables (``left_out.csv``: every run not scored, and why). Returns the :class:`Tables`; the report path
     is ``Path(out) / 'report.md'``. Raises :class:`NoRunsError` if nothing is readable.
     """
     results = Path(results)
@@ -323,11 +339,11 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
     if not results.is_dir():
         raise NoRunsError(f"{results}: is a file, not a folder; expected {EXPECTED}")
     df = load(results)
+    left_out = df.attrs.get("left_out", [])
     if df.empty:
-        skipped = df.attrs.get("skipped", [])
-        what = (f"all {len(skipped)} metrics.parquet files are unreadable" if skipped else
+        what = (f"no finished run to score, {len(left_out)} left out" if left_out else
                 "no metrics.parquet with rows found")
-        raise NoRunsError(f"{results}: {what}; expected {EXPECTED}")
+        raise NoRunsError(f"{results}: {what}; expected {EXPECTED}", left_out)
     if x not in df.columns or not df[x].notna().any():
         raise NoRunsError(f"{results}: no run logged {x!r}; use --x with a logged column")
     progress = progress or (lambda s: None)
@@ -362,6 +378,8 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
     t.poi.to_csv(out / "probability_of_improvement.csv", index=False)
     t.sensitivity.to_csv(out / "sensitivity.csv", index=False)
     t.failures.to_csv(out / "failures.csv", index=False)
+    pd.DataFrame(t.left_out, columns=["run_dir", "path", "reason", "task", "estimator"]).to_csv(
+        out / "left_out.csv", index=False)
     md = _markdown(t, results=results, out=out, x=x, last_n=last_n, reps=reps, seed=seed,
                    figure_files=files)
     (out / "report.md").write_text(md, encoding="utf-8")

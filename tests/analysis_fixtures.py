@@ -60,7 +60,7 @@ def curve_columns(task: str, estimator: str, seed: int, *, iterations: int = 40,
         "task": [task] * iterations,
         "estimator": [estimator] * iterations,
         "seed": np.full(iterations, seed, dtype=np.int64),
-        "iteration": it.astype(np.int64),
+        "iteration": (it + 1).astype(np.int64),  # the harness logs iterations 1..n
         "env_steps": env_steps.astype(np.int64),
         "wall_time_s": (it + 1) * 0.5 + seed * 0.01,
         "episode_return": ep,

@@ -53,7 +53,7 @@ def test_diverged_run_is_kept_and_marked(tmp_path):
     assert np.isinf(bad["approx_kl"]).any()        # the evidence of divergence survives
 
 
-def test_corrupt_parquet_is_warned_by_path_and_skipped(tmp_path):
+def test_corrupt_parquet_is_named_and_left_out(tmp_path):
     write_run(tmp_path / TASK / "a2c" / "good", _cols("a2c", 0), summary=_summary("g", "completed", 6))
     bad = write_run(tmp_path / TASK / "a2c" / "bad", _cols("a2c", 1),
                     summary=_summary("b", "completed", 6)) / "metrics.parquet"
@@ -61,24 +61,31 @@ def test_corrupt_parquet_is_warned_by_path_and_skipped(tmp_path):
     junk = tmp_path / TASK / "a2c" / "junk"
     junk.mkdir()
     (junk / "metrics.parquet").write_bytes(b"not a parquet file at all")
-    with pytest.warns(AnalysisWarning) as record:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AnalysisWarning)    # named in left_out, not as a warning
         df = analysis.load(tmp_path)
-    messages = " ".join(str(w.message) for w in record)
-    assert str(bad) in messages and str(junk / "metrics.parquet") in messages
+    left = {r["run_dir"]: r["reason"] for r in df.attrs["left_out"]}
+    assert set(left) == {f"{TASK}/a2c/bad", f"{TASK}/a2c/junk"}
+    assert left[f"{TASK}/a2c/bad"].startswith("unreadable metrics.parquet (")
+    assert left[f"{TASK}/a2c/junk"] == "no summary.json (not run, still running or killed)"
     assert set(df["run_dir"]) == {f"{TASK}/a2c/good"}
     assert len(df) == 6
-    assert sorted(df.attrs["skipped"]) == sorted([bad.as_posix(), (junk / "metrics.parquet").as_posix()])
+    assert df.attrs["skipped"] == [bad.as_posix()]
+    paths = {r["run_dir"]: r["path"] for r in df.attrs["left_out"]}
+    assert paths[f"{TASK}/a2c/bad"] == bad.parent.as_posix()
 
 
 def test_incomplete_and_unreadable_summary(tmp_path):
     write_run(tmp_path / TASK / "rloo" / "running", _cols("rloo", 0))          # no summary.json
     d = write_run(tmp_path / TASK / "rloo" / "torn", _cols("rloo", 1))
     (d / "summary.json").write_text('{"run_id": "x", "stat')                # torn JSON
-    with pytest.warns(AnalysisWarning, match="summary.json"):
-        df = analysis.load(tmp_path)
+    assert analysis.load(tmp_path).empty                                    # neither is finished
+    df = analysis.load(tmp_path, finished_only=False)                       # as they stand
     status = df.groupby("run_dir")["status"].first()
     assert status[f"{TASK}/rloo/running"] == "incomplete"
     assert status[f"{TASK}/rloo/torn"] == "unknown"
+    left = {r["run_dir"]: r["reason"] for r in analysis.load(tmp_path).attrs["left_out"]}
+    assert left[f"{TASK}/rloo/torn"].startswith("unreadable summary.json (JSONDecodeError: ")
 
 
 def test_identity_filled_from_config_then_layout(tmp_path):
@@ -88,18 +95,23 @@ def test_identity_filled_from_config_then_layout(tmp_path):
     write_run(tmp_path / "Pendulum-v1" / "remax" / "r1", cols)            # no config at all
     with warnings.catch_warnings():
         warnings.simplefilter("error", AnalysisWarning)                   # nothing is unreadable
-        df = analysis.load(tmp_path)
+        df = analysis.load(tmp_path, finished_only=False)                 # no summary.json
     first = df.groupby("run_dir").first()
     assert first.loc["Acrobot-v1/grpo/r0", ["task", "estimator", "seed"]].tolist() == ["Acrobot-v1", "grpo", 7.0]
     assert first.loc["Pendulum-v1/remax/r1", ["task", "estimator"]].tolist() == ["Pendulum-v1", "remax"]
     assert first.loc["Pendulum-v1/remax/r1", "run_id"] == "Pendulum-v1/remax/r1"
 
 
-def test_population_run_counts_each_seed(tmp_path):
+def test_stacked_seeds_in_one_directory_are_left_out(tmp_path):
+    """The harness writes one directory per population member; a directory stacking two seeds
+    has iterations 1..6 twice, which is not a finished run by the shared definition."""
     a, b = _cols("ppo_gae", 0), _cols("ppo_gae", 1)
     both = {k: list(a[k]) + list(b[k]) for k in a}
     write_run(tmp_path / TASK / "ppo_gae" / "pop", both, summary=_summary("p", "completed", 6))
-    runs = analysis.run_table(analysis.load(tmp_path))
+    df = analysis.load(tmp_path)
+    assert df.empty
+    assert df.attrs["left_out"][0]["reason"] == "metrics.parquet holds iterations [1..6] (12 rows), summary.json says 6"
+    runs = analysis.run_table(analysis.load(tmp_path, finished_only=False))   # as they stand
     assert len(runs) == 2 and sorted(runs["seed"]) == [0.0, 1.0]
 
 

@@ -24,9 +24,11 @@ def sweep(tmp_path_factory):
 
 
 def _direct_final_scores(root: Path, last_n: int = 5) -> pd.DataFrame:
-    """Final score per run straight from the parquet files, without the analysis package."""
+    """Final score per finished run straight from the files, without the analysis package."""
     rows = []
     for path in sorted(root.rglob("metrics.parquet")):
+        if not (path.parent / "summary.json").exists():
+            continue                                    # still running: left out
         m = pd.read_parquet(path).sort_values("iteration")
         ev = m["eval_return"].dropna()
         ev = ev[np.isfinite(ev)]
@@ -55,7 +57,11 @@ def test_report_on_synthetic_sweep(sweep, capsys):
     md = (out_dir / "report.md").read_text()
     for link in re.findall(r"\]\(([^)]+\.png)\)", md):
         assert (out_dir / link).exists(), link          # links are relative to report.md
-    assert "**1 incomplete**" in md and "1 diverged" in md
+    assert "**1 left out**" in md and "1 diverged" in md
+    running = (sweep / "CartPole-v1" / "reinforce" / "seed3").as_posix()
+    assert f"- `{running}`: no summary.json (not run, still running or killed)" in md
+    assert f"  left out: {running}: no summary.json (not run, still running or killed)" in stdout.splitlines()
+    assert "1 run(s) left out (not scored):" in stdout
 
     # IQM in report.md == scipy trim_mean of per-run final scores computed directly.
     direct = _direct_final_scores(sweep)
@@ -78,7 +84,10 @@ def test_report_on_synthetic_sweep(sweep, capsys):
     fails = pd.read_csv(out_dir / "failures.csv").set_index("estimator")
     assert fails.loc["ppo_gae", "diverged"] == 1 and fails.loc["rloo", "collapsed"] == 1
     assert fails["diverged"].sum() == 1 and fails["collapsed"].sum() == 1
-    assert fails.loc["reinforce", "incomplete"] == 1
+    assert fails.loc["reinforce", "left_out"] == 1 and fails["left_out"].sum() == 1
+    left = pd.read_csv(out_dir / "left_out.csv")
+    assert left[["run_dir", "reason"]].values.tolist() == [
+        ["CartPole-v1/reinforce/seed3", "no summary.json (not run, still running or killed)"]]
 
     # the swept gae_lambda of ppo_gae is found, nothing else
     sens = pd.read_csv(out_dir / "sensitivity.csv")

@@ -118,11 +118,15 @@ def run_dir_for(cfg: DictConfig) -> Path:
 
 
 def run_status(path: Path) -> str | None:
-    """Status in summary.json, or None when the run has not finished (or the file is unreadable)."""
-    try:
-        return json.loads((Path(path) / "summary.json").read_text()).get("status")
-    except (OSError, ValueError):
-        return None
+    """The outcome a run recorded, by the one definition (:mod:`harness.io.finished`):
+    ``completed``/``diverged`` only for a *finished* run (:func:`check_finished`: a summary whose
+    metrics do not back it counts as not run, so whoever asks reruns it), any other status a
+    well-formed summary.json records (``failed``) as it is, None otherwise (no summary.json, or
+    one that does not parse as a JSON object with a string status). Quiet; never raises."""
+    from .finished import check_run
+
+    check = check_run(path)
+    return check.status if check.finished or check.kind == "unfinished" else None
 
 
 def versions() -> dict[str, str]:
@@ -150,39 +154,20 @@ def git_commit() -> str | None:
 def check_finished(path: Path, quiet: bool = False) -> str | None:
     """The status of a *finished* run (``completed`` or ``diverged``), else None.
 
-    Finished means: ``summary.json`` parses and says so, and ``metrics.parquet`` reads with
-    iterations exactly ``1..n`` where ``n`` is the summary's ``iterations``. A corrupt or
-    truncated file, or metrics that disagree with the summary, mean the run is redone; a log
-    line names the file (unless ``quiet``). Never raises.
+    Finished is defined once, in :mod:`harness.io.finished` (shared with ``python -m analysis``):
+    ``summary.json`` is a JSON object with a string status ``completed``/``diverged`` and an int
+    ``iterations`` >= 0 (within ``budget.iterations`` of config.yaml), and ``metrics.parquet``
+    reads with iterations exactly ``1..n``. A corrupt or truncated file, or files that disagree,
+    mean the run is redone; a log line names the file and why (unless ``quiet``). Never raises.
     """
-    path = Path(path)
-    summary_path, metrics_path = path / "summary.json", path / "metrics.parquet"
-    if not summary_path.exists():
-        return None
-    say = (lambda *a: None) if quiet else log.warning
-    try:
-        summary = json.loads(summary_path.read_text())
-        status = summary["status"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        say("rerun %s: corrupt %s (%s: %s)", path, summary_path, type(exc).__name__, exc)
-        return None
-    if status not in FINISHED:
-        return None
-    try:
-        iterations = pq.read_table(metrics_path, columns=["iteration"]).column("iteration").to_pylist()
-    except Exception as exc:  # noqa: BLE001 - ArrowInvalid, OSError, KeyError...: any means corrupt
-        say("rerun %s: corrupt %s (%s: %s)", path, metrics_path, type(exc).__name__, exc)
-        return None
-    expected = summary.get("iterations", len(iterations))
-    if iterations != list(range(1, len(iterations) + 1)) or len(iterations) != expected:
-        say("rerun %s: %s holds iterations %s, %s says %s", path, metrics_path,
-            _span(iterations), summary_path.name, expected)
-        return None
-    return status
+    from .finished import CORRUPT, check_run
 
-
-def _span(its: list) -> str:
-    return f"[{its[0]}..{its[-1]}] ({len(its)} rows)" if its else "none"
+    check = check_run(path)
+    if check.finished:
+        return check.status
+    if check.kind == CORRUPT and not quiet:
+        log.warning("rerun %s: %s [%s]", path, check.reason, Path(path) / check.file)
+    return None
 
 
 class RunDir:

@@ -1,0 +1,76 @@
+"""Bad arguments to `python -m analysis report|claims`: one line naming the argument and the
+allowed values, exit code 2, no traceback (the real CLI in a subprocess)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDER = "an existing folder (a folder containing run directories with metrics.parquet)"
+CLAIMS_FOLDER = "an existing folder holding the claim experiments' runs"
+
+
+def _cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "analysis", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _cases(tmp: Path):
+    f = tmp / "a.txt"
+    f.write_text("x")
+    ok = str(tmp)
+    report = "python -m analysis report: error: argument"
+    claims = "python -m analysis claims: error: argument"
+    return [
+        (["report", ok, "--reps", "0"], f"{report} --reps: 0 is not allowed; allowed: an integer >= 1"),
+        (["report", ok, "--reps", "-5"], f"{report} --reps: -5 is not allowed; allowed: an integer >= 1"),
+        (["report", ok, "--reps", "many"], f"{report} --reps: 'many' is not an integer; allowed: an integer >= 1"),
+        (["report", ok, "--seed", "-1"], f"{report} --seed: -1 is not allowed; allowed: an integer >= 0"),
+        (["report", ok, "--last-n", "0"], f"{report} --last-n: 0 is not allowed; allowed: an integer >= 1"),
+        (["report", ok, "--out", str(f)], f"{report} --out: {f} is an existing file; allowed: a folder "
+                                          "(created if missing)"),
+        (["report", str(tmp / "missing")], f"{report} RESULTS: {tmp / 'missing'} does not exist; allowed: {FOLDER}"),
+        (["report", str(f)], f"{report} RESULTS: {f} is a file; allowed: {FOLDER}"),
+        (["report", ok, "--x", "tokens"], f"{report} --x: invalid choice: 'tokens' (choose from 'env_steps', "
+                                          "'wall_time_s')"),
+        (["claims", str(tmp / "missing")], f"{claims} DIR: {tmp / 'missing'} does not exist; allowed: "
+                                           f"{CLAIMS_FOLDER} (python -m harness.experiments claims DIR)"),
+        (["claims", str(f)], f"{claims} DIR: {f} is a file; allowed: {CLAIMS_FOLDER}"),
+        (["claims", ok, "--only", "C3,C99,X"], f"{claims} --only: unknown claim id(s) X, C99; allowed: "
+                                               "comma-separated ids among C1-C22"),
+        (["claims", ok, "--only", ","], f"{claims} --only: ',' names no claim; allowed: comma-separated ids "
+                                        "among C1-C22"),
+    ]
+
+
+def test_bad_arguments_are_one_line_exit_2_in_a_subprocess(tmp_path):
+    for args, line in _cases(tmp_path):
+        r = _cli(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.splitlines() == [line], args
+        assert r.stdout == "" and "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]   # nothing written anywhere
+
+
+@pytest.mark.parametrize("i", range(13))
+def test_main_returns_2_for_the_same_arguments(i, tmp_path, capsys):
+    args, line = _cases(tmp_path)[i]
+    assert main(args) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+
+
+def test_good_arguments_still_parse(tmp_path):
+    from analysis.cli import build_parser
+
+    a = build_parser().parse_args(["report", str(tmp_path), "--reps", "1", "--seed", "0", "--last-n", "1",
+                                   "--out", str(tmp_path / "new")])
+    assert (a.reps, a.seed, a.last_n, a.out, a.results) == (1, 0, 1, tmp_path / "new", tmp_path)
+    a = build_parser().parse_args(["claims", str(tmp_path), "--only", "c3, C5"])
+    assert a.only == {"C3", "C5"}
+    assert main(["report", "--help"]) == 0
