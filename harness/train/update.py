@@ -122,6 +122,25 @@ class MemberOptimizer:
     def zero_grad(self) -> None:
         self.optim.zero_grad(set_to_none=True)
 
+    def prepare(self, lr: torch.Tensor, frozen: torch.Tensor) -> None:
+        """Fix this update's learning rates ``lr [P]`` and frozen members ``frozen [P]`` (bool) for
+        :meth:`step_prepared`: when no member is frozen and all rates are equal (every lone run,
+        and populations without annealing), that is a plain Adam step."""
+        self.lr, self.frozen = lr, frozen
+        moving = ~frozen
+        self.plain = not bool(frozen.any()) and bool((lr == lr[0]).all())
+        if self.plain:
+            for g in self.optim.param_groups:
+                g["lr"] = float(lr[0])
+        elif not bool(moving.any()):
+            self.plain = None  # nothing moves
+
+    def step_prepared(self) -> None:
+        if self.plain:
+            self.optim.step()
+        elif self.plain is not None:
+            self.step(self.lr, self.frozen)
+
     def step(self, lr: torch.Tensor, frozen: torch.Tensor) -> None:
         """``lr [P]`` float64, ``frozen [P]`` bool."""
         moving = ~frozen
@@ -211,6 +230,8 @@ def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: Update
     agg = {"agg": s.loss_agg, "norm_len": s.norm_len}
     critic = batch.returns is not None
     bad = torch.zeros(P, dtype=torch.long)  # first non-finite kind per member
+    any_bad = False
+    opt.prepare(lr, ~active)
     beta = kl_beta.to(device)
     stats: dict[str, list[torch.Tensor]] = {}
     present: list[torch.Tensor] = []  # per recorded minibatch, the members it had entries for
@@ -267,18 +288,25 @@ def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: Update
                                        seq_id=seq, **agg)
                 loss = loss + beta * kl_l
                 metrics["kl_loss"] = klm["kl"]
-            loss_ok = torch.isfinite(loss.detach()).cpu()
-            bad = torch.where((bad == 0) & ~loss_ok & active, torch.ones_like(bad), bad)
-            if not bool(((bad == 0) & active).any()):  # nothing left to learn from this batch
-                stats.setdefault("loss", []).append(loss.detach().cpu())
-                stop = True
-                break
+            if not bool(torch.isfinite(loss.detach()).all()):  # rare: find the members
+                loss_ok = torch.isfinite(loss.detach()).cpu()
+                bad = torch.where((bad == 0) & ~loss_ok & active, torch.ones_like(bad), bad)
+                any_bad = True
+                if not bool(((bad == 0) & active).any()):  # nothing left to learn from this batch
+                    stats.setdefault("loss", []).append(loss.detach().cpu())
+                    stop = True
+                    break
             opt.zero_grad()
             loss.sum().backward()
             norms = learner.clip_grads(s.max_grad_norm, s.clip_per_network)
-            grad_ok = torch.isfinite(norms.detach()).all(dim=0).cpu()
-            bad = torch.where((bad == 0) & ~grad_ok & active, torch.full_like(bad, 2), bad)
-            opt.step(lr, ~active | (bad != 0) | (empty if empty is not None else False))
+            if not bool(torch.isfinite(norms.detach()).all()):
+                grad_ok = torch.isfinite(norms.detach()).all(dim=0).cpu()
+                bad = torch.where((bad == 0) & ~grad_ok & active, torch.full_like(bad, 2), bad)
+                any_bad = True
+            if any_bad or empty is not None:
+                opt.step(lr, ~active | (bad != 0) | (empty if empty is not None else False))
+            else:
+                opt.step_prepared()
             if last_epoch:
                 metrics["grad_norm"] = norms[0]
                 if critic and norms.shape[0] > 1:
