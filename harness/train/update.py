@@ -124,56 +124,56 @@ class MemberOptimizer:
 
     def prepare(self, lr: torch.Tensor, frozen: torch.Tensor) -> None:
         """Fix this update's learning rates ``lr [P]`` and frozen members ``frozen [P]`` (bool) for
-        :meth:`step_prepared`: when no member is frozen and all rates are equal (every lone run,
-        and populations without annealing), that is a plain Adam step."""
-        self.lr, self.frozen = lr, frozen
-        moving = ~frozen
-        self.plain = not bool(frozen.any()) and bool((lr == lr[0]).all())
-        if self.plain:
-            for g in self.optim.param_groups:
-                g["lr"] = float(lr[0])
-        elif not bool(moving.any()):
-            self.plain = None  # nothing moves
+        :meth:`step_prepared` (worked out once per update, not per minibatch)."""
+        self.plan = self._plan(lr, frozen)
 
     def step_prepared(self) -> None:
-        if self.plain:
-            self.optim.step()
-        elif self.plain is not None:
-            self.step(self.lr, self.frozen)
+        self._apply(self.plan)
 
     def step(self, lr: torch.Tensor, frozen: torch.Tensor) -> None:
-        """``lr [P]`` float64, ``frozen [P]`` bool."""
+        """One Adam step; ``lr [P]`` float64, ``frozen [P]`` bool."""
+        self._apply(self._plan(lr, frozen))
+
+    def _plan(self, lr: torch.Tensor, frozen: torch.Tensor) -> dict | None:
         moving = ~frozen
         if not bool(moving.any()):
-            return
+            return None  # nothing moves
         lr_max = float(lr[moving].max())
-        for g in self.optim.param_groups:
-            g["lr"] = lr_max
         scale = (lr / lr_max) if lr_max > 0 else torch.zeros_like(lr)
         rescale = moving & (scale != 1.0)
-        if not bool(frozen.any()) and not bool(rescale.any()):
+        frozen_idx = frozen.nonzero().flatten() if bool(frozen.any()) else None
+        shape = (1, self.P)  # broadcast over member_view's [k, P, ...]
+        return {"lr": lr_max, "frozen": frozen_idx,
+                "scale": scale.view(*shape) if bool(rescale.any()) else None, "keep": (~rescale).view(*shape)}
+
+    def _apply(self, plan: dict | None) -> None:
+        if plan is None:
+            return
+        for g in self.optim.param_groups:
+            g["lr"] = plan["lr"]
+        if plan["frozen"] is None and plan["scale"] is None:  # every lone run; populations without annealing
             self.optim.step()
             return
-        P = self.P
-        touched = (frozen | rescale).nonzero().flatten()
-        fro = frozen[touched]
+        P, frozen = self.P, plan["frozen"]
         saved = []
-        for p in self.params:
-            st = self.optim.state.get(p, {})
-            saved.append((member_view(p.data, P)[:, touched].clone(),
-                          {k: member_view(v, P)[:, touched].clone() for k, v in st.items()
-                           if torch.is_tensor(v) and v.dim() > 0}))
+        if frozen is not None:  # weights and moments of the frozen members, put back after the step
+            for p in self.params:
+                st = self.optim.state.get(p, {})
+                saved.append((member_view(p.data, P)[:, frozen].clone(),
+                              {k: member_view(v, P)[:, frozen].clone() for k, v in st.items()
+                               if torch.is_tensor(v) and v.dim() > 0}))
+        old = [p.detach().clone() for p in self.params] if plan["scale"] is not None else None
         self.optim.step()
-        f = scale[touched].to(self.params[0].dtype)
-        for p, (old, st) in zip(self.params, saved):
-            view = member_view(p.data, P)
-            new = view[:, touched]
-            fb = f.view(1, -1, *([1] * (new.dim() - 2)))
-            keep = fro.view(1, -1, *([1] * (new.dim() - 2)))
-            view[:, touched] = torch.where(keep, old, old + (new - old) * fb)
+        if old is not None:  # a member's change scaled by lr[p] / lr_max; its moments are its own
+            for p, o in zip(self.params, old):
+                v, vo = member_view(p.data, P), member_view(o, P)
+                tail = (1,) * (v.dim() - 2)
+                f = plan["scale"].view(1, P, *tail).to(v.dtype)
+                v.copy_(torch.where(plan["keep"].view(1, P, *tail), v, vo + (v - vo) * f))
+        for p, (data, st) in zip(self.params, saved):
+            member_view(p.data, P)[:, frozen] = data
             for k, v in st.items():
-                sv = member_view(self.optim.state[p][k], P)
-                sv[:, touched] = torch.where(keep, v, sv[:, touched])
+                member_view(self.optim.state[p][k], P)[:, frozen] = v
 
     # checkpoints
     def state_tensors(self, named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
