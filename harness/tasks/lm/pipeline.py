@@ -123,7 +123,39 @@ def cached_stage(cache_dir: Path, name: str, material: dict,
         if (final / "stage.json").is_file():
             log.info("lm: reusing cached %s stage %s", name, final)
             return final, json.loads((final / "stage.json").read_text()), True
+        remove_stale_temps(cache_dir, name, key)
         return _build_stage(cache_dir, name, key, final, material, build)
+
+
+def remove_stale_temps(cache_dir: Path, name: str, key: str) -> list[Path]:
+    """Remove the temporary folders builders killed mid-build left behind (``SIGKILL`` skips
+    the cleanup in :func:`_build_stage`): called with ``<name>-<key>``'s lock held, so every
+    ``.<name>-<key>.<pid>.tmp`` is stale; a temp folder of another key of this stage is removed
+    only when its own lock can be taken at once (no builder holds it). No pid is trusted (a
+    cache shared across machines sees other hosts' pids). Returns what was removed."""
+    removed = []
+    for tmp in sorted(cache_dir.glob(f".{name}-*.*.tmp")):
+        other = tmp.name[len(name) + 2:].split(".", 1)[0]
+        if not tmp.is_dir() or len(other) != len(key):
+            continue
+        if other == key:
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+            continue
+        lock_file = cache_dir / f".{name}-{other}.lock"
+        if not lock_file.is_file():
+            continue
+        with open(lock_file, "a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # another process is building that key right now
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    if removed:
+        log.warning("lm: removed %d temporary folder(s) left by killed %s builders: %s", len(removed), name,
+                    ", ".join(p.name for p in removed))
+    return removed
 
 
 def _build_stage(cache_dir: Path, name: str, key: str, final: Path, material: dict,
