@@ -53,7 +53,7 @@ def check_source(field_name: str, value: Any, kind: str) -> None:
         try:
             from transformers import AutoConfig
 
-            AutoConfig.from_pretrained(text)
+            AutoConfig.from_pretrained(text, trust_remote_code=False)
         except Exception as exc:
             raise ValueError(f"{field_name}: {text!r} is neither a local folder nor a model on the hub "
                              f"that could be reached ({type(exc).__name__}: {exc})") from None
@@ -134,7 +134,7 @@ def _check_context(lm: Any, path: Path) -> None:
     from ...models.lm import context_length
 
     try:
-        config = AutoConfig.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
     except Exception as exc:
         raise ValueError(f"lm.model: cannot read the config of {str(path)!r}: {exc}") from None
     n = context_length(config)
