@@ -98,6 +98,15 @@ def _source_id(value: str | None) -> Any:
     return {"hub": str(value)}
 
 
+def cache_path(lm: Any) -> Path:
+    """``lm.cache_dir`` as a folder: a leading ``~`` is the home folder (``os.path.expanduser``),
+    relative paths are relative to the working directory. ``validate_lm`` refuses an empty one."""
+    text = "" if lm.cache_dir is None else str(lm.cache_dir)
+    if not text.strip():
+        raise ValueError(f"lm.cache_dir must be a non-empty path, got {lm.cache_dir!r}")
+    return Path(os.path.expanduser(text))
+
+
 def stage_key(material: dict) -> str:
     blob = json.dumps(material, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
@@ -462,7 +471,7 @@ def build_task(cfg: DictConfig) -> LMTask:
     device = resolve_device(cfg.device)
     dtype = lm.dtype
     seed = int(lm.pipeline_seed)
-    cache_dir = Path(str(lm.cache_dir)).expanduser()
+    cache_dir = cache_path(lm)
     meta: dict[str, Any] = {}
 
     # tokenizer and data (cheap, deterministic: rebuilt every time, saved with the stages)
