@@ -16,13 +16,33 @@ before token ``t``, ``V(s_t)``, is read from the hidden state at the same column
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 
 # --------------------------------------------------------------------------- construction
+def pretrained_source(source) -> str:
+    """What ``from_pretrained`` gets for a model/tokenizer setting: an existing local path with
+    ``~`` expanded (transformers would read ``~/m`` as a hub id), anything else as written."""
+    local = Path(os.path.expanduser(str(source)))
+    return str(local) if local.exists() else str(source)
+
+
+def load_pretrained(auto_cls, source, field_name: str = "lm.model", **kwargs):
+    """``auto_cls.from_pretrained(source)`` that never runs code from the folder or hub repo
+    (``trust_remote_code=False``) and fails with one line naming ``field_name``."""
+    try:
+        return auto_cls.from_pretrained(pretrained_source(source), trust_remote_code=False, **kwargs)
+    except Exception as exc:
+        reason = " ".join(str(exc).split())[:400]
+        raise ValueError(f"{field_name}: cannot load {auto_cls.__name__} from {str(source)!r}: "
+                         f"{type(exc).__name__}: {reason}") from None
+
+
 def tiny_causal_lm(vocab_size: int, pad_token_id: int, eos_token_id: int, n_positions: int,
                    n_layer: int = 2, n_embd: int = 128, n_head: int = 4, seed: int = 0):
     """A small GPT-2 (no dropout: RL needs the sampling and the training forward to agree)."""
@@ -270,11 +290,11 @@ class PooledRewardModel(nn.Module):
         save_file({k: v.detach().cpu().contiguous() for k, v in head.items()}, str(folder) + "/" + self.HEAD_FILE)
 
     @classmethod
-    def load(cls, folder) -> "PooledRewardModel":
+    def load(cls, folder, field_name: str = "lm.reward_model") -> "PooledRewardModel":
         from safetensors.torch import load_file
         from transformers import AutoModel
 
-        model = cls(AutoModel.from_pretrained(str(folder)))
+        model = cls(load_pretrained(AutoModel, folder, field_name))
         head = load_file(str(folder) + "/" + cls.HEAD_FILE)
         with torch.no_grad():
             model.w_e.copy_(head["w_e"])

@@ -18,26 +18,85 @@ from .corpus import Example, make_corpus
 LOCAL_SUFFIXES = (".json", ".jsonl")
 
 
-def _rows_from_file(path: Path) -> dict[str, list[dict]] | list[dict]:
-    text = path.read_text()
+class Row(dict):
+    """A dataset row that knows where it came from (``line 3`` of a JSONL file, ``row 3`` of a
+    JSON list or a hub split), for error messages."""
+
+    where: str = ""
+
+
+def _row(data: Any, where: str) -> Row:
+    if not isinstance(data, dict):
+        raise ValueError(f"lm.dataset: {where}: not a JSON object (a {_json_kind(data)})")
+    row = Row(data)
+    row.where = where
+    return row
+
+
+def _rows_from_file(path: Path) -> dict[str, list] | list:
+    """The rows of a local ``.jsonl`` (one JSON object a line) or ``.json`` file (a list of rows,
+    or a dict of split -> rows). A file that cannot be read as such is refused with one line
+    naming the file and, for a JSONL file, the line."""
+    name = repr(str(path))
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise ValueError(f"lm.dataset: {name} line {line}: not UTF-8 text") from None
+    except OSError as exc:
+        raise ValueError(f"lm.dataset: cannot read {name} ({' '.join(str(exc).split())})") from None
+    if not text.strip():
+        raise ValueError(f"lm.dataset: {name} is empty (no rows)")
     if path.suffix == ".jsonl":
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    data = json.loads(text)
-    if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
-        return data  # {"train": [...], "validation": [...]}
+        rows = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"lm.dataset: {name} line {number}: not valid JSON ({exc.msg} at column "
+                                 f"{exc.colno})") from None
+            rows.append(_row(data, f"{name} line {number}"))
+        return rows
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"lm.dataset: {name} line {exc.lineno}: not valid JSON ({exc.msg} at column "
+                         f"{exc.colno})") from None
+    if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
+        # {"train": [...], "validation": [...]}
+        return {split: [_row(r, f"{name} split {split!r} row {i + 1}") for i, r in enumerate(rows)]
+                for split, rows in data.items()}
     if isinstance(data, list):
-        return data
-    raise ValueError(f"lm.dataset: {str(path)!r} must hold a list of rows or a dict of split -> rows")
+        return [_row(r, f"{name} row {i + 1}") for i, r in enumerate(data)]
+    raise ValueError(f"lm.dataset: {name} must hold a list of rows or a dict of split -> rows")
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "list", str: "string", bool: "boolean", type(None): "null", int: "number",
+            float: "number", dict: "object"}.get(type(value), type(value).__name__)
 
 
 def _to_examples(rows, columns, source: str) -> list[Example]:
+    """Rows -> examples; every row must be an object whose prompt and summary columns hold
+    strings (the prompt not blank). Refusals name the file and the line (or row)."""
     pc, sc = columns["prompt"], columns["summary"]
     out = []
     for i, row in enumerate(rows):
+        where = getattr(row, "where", "") or f"{source} row {i + 1}"
+        if not isinstance(row, dict):
+            raise ValueError(f"lm.dataset: {where}: not a JSON object (a {_json_kind(row)})")
         if pc not in row or sc not in row:
-            raise ValueError(f"lm.columns: row {i} of {source!r} has columns {sorted(row)}; "
+            raise ValueError(f"lm.columns: {where} has columns {sorted(map(str, row))}; "
                              f"lm.columns.prompt={pc!r} and lm.columns.summary={sc!r} must both be there")
-        out.append(Example(prompt=str(row[pc]), reference=str(row[sc]), facts=None))
+        for field_name, col in (("lm.columns.prompt", pc), ("lm.columns.summary", sc)):
+            if not isinstance(row[col], str):
+                raise ValueError(f"lm.dataset: {where}: column {col!r} ({field_name}) must be a string, "
+                                 f"got a {_json_kind(row[col])}")
+        if not row[pc].strip():
+            raise ValueError(f"lm.dataset: {where}: the prompt (column {pc!r}) is blank")
+        out.append(Example(prompt=row[pc], reference=row[sc], facts=None))
     return out
 
 
@@ -56,8 +115,11 @@ def load_examples(lm: Any, seed: int) -> tuple[list[Example], list[Example]]:
             if train_split not in data:
                 raise ValueError(f"lm.splits.train: {train_split!r} is not a split of {str(path)!r} "
                                  f"(splits: {sorted(data)})")
+            if eval_split and eval_split not in data:
+                raise ValueError(f"lm.splits.eval: {eval_split!r} is not a split of {str(path)!r} "
+                                 f"(splits: {sorted(data)}; null holds out the tail of train)")
             train_rows = data[train_split]
-            eval_rows = data.get(eval_split) if eval_split else None
+            eval_rows = data[eval_split] if eval_split else None
         else:
             train_rows, eval_rows = data, None
     else:
@@ -75,14 +137,14 @@ def load_examples(lm: Any, seed: int) -> tuple[list[Example], list[Example]]:
             if eval_split not in ds:
                 raise ValueError(f"lm.splits.eval: {eval_split!r} is not a split of {lm.dataset!r} (splits: {list(ds)})")
             eval_rows = ds[eval_split].select(range(min(len(ds[eval_split]), d.eval_size)))
-    train = _to_examples(list(train_rows), columns, str(lm.dataset))
+    train = _to_examples(list(train_rows), columns, f"{str(lm.dataset)!r} split {train_split!r}")
     if eval_rows is None:  # hold out the tail of the train split
         if len(train) < 2:
             raise ValueError(f"lm.dataset: {lm.dataset!r} has {len(train)} rows; at least 2 are needed")
         n_eval = min(d.eval_size, len(train) // 2)
         train, held = train[:-n_eval], train[-n_eval:]
     else:
-        held = _to_examples(list(eval_rows), columns, str(lm.dataset))[:d.eval_size]
+        held = _to_examples(list(eval_rows), columns, f"{str(lm.dataset)!r} split {eval_split!r}")[:d.eval_size]
     return train[:d.train_size], held
 
 

@@ -37,7 +37,8 @@ from typing import Any, Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ...models.lm import PooledRewardModel, disable_dropout, generate, response_forward, tiny_causal_lm
+from ...models.lm import (PooledRewardModel, disable_dropout, generate, load_pretrained, pretrained_source,
+                          response_forward, tiny_causal_lm)
 from .corpus import Example, vocabulary
 from .data import (EncodedSplit, decode_responses, encode_response, encode_split, left_pad, load_examples,
                    right_pad)
@@ -97,6 +98,15 @@ def _source_id(value: str | None) -> Any:
     return {"hub": str(value)}
 
 
+def cache_path(lm: Any) -> Path:
+    """``lm.cache_dir`` as a folder: a leading ``~`` is the home folder (``os.path.expanduser``),
+    relative paths are relative to the working directory. ``validate_lm`` refuses an empty one."""
+    text = "" if lm.cache_dir is None else str(lm.cache_dir)
+    if not text.strip():
+        raise ValueError(f"lm.cache_dir must be a non-empty path, got {lm.cache_dir!r}")
+    return Path(os.path.expanduser(text))
+
+
 def stage_key(material: dict) -> str:
     blob = json.dumps(material, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
@@ -123,7 +133,39 @@ def cached_stage(cache_dir: Path, name: str, material: dict,
         if (final / "stage.json").is_file():
             log.info("lm: reusing cached %s stage %s", name, final)
             return final, json.loads((final / "stage.json").read_text()), True
+        remove_stale_temps(cache_dir, name, key)
         return _build_stage(cache_dir, name, key, final, material, build)
+
+
+def remove_stale_temps(cache_dir: Path, name: str, key: str) -> list[Path]:
+    """Remove the temporary folders builders killed mid-build left behind (``SIGKILL`` skips
+    the cleanup in :func:`_build_stage`): called with ``<name>-<key>``'s lock held, so every
+    ``.<name>-<key>.<pid>.tmp`` is stale; a temp folder of another key of this stage is removed
+    only when its own lock can be taken at once (no builder holds it). No pid is trusted (a
+    cache shared across machines sees other hosts' pids). Returns what was removed."""
+    removed = []
+    for tmp in sorted(cache_dir.glob(f".{name}-*.*.tmp")):
+        other = tmp.name[len(name) + 2:].split(".", 1)[0]
+        if not tmp.is_dir() or len(other) != len(key):
+            continue
+        if other == key:
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+            continue
+        lock_file = cache_dir / f".{name}-{other}.lock"
+        if not lock_file.is_file():
+            continue
+        with open(lock_file, "a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # another process is building that key right now
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    if removed:
+        log.warning("lm: removed %d temporary folder(s) left by killed %s builders: %s", len(removed), name,
+                    ", ".join(p.name for p in removed))
+    return removed
 
 
 def _build_stage(cache_dir: Path, name: str, key: str, final: Path, material: dict,
@@ -167,16 +209,17 @@ class RewardModel:
 
     @classmethod
     def load(cls, source: str | Path, device: torch.device, max_prompt_len: int, max_response_len: int,
-             scale: float = 1.0, shift: float = 0.0, dtype: str = "auto", tokenizer=None) -> "RewardModel":
+             scale: float = 1.0, shift: float = 0.0, dtype: str = "auto", tokenizer=None,
+             field_name: str = "lm.reward_model") -> "RewardModel":
         from transformers import AutoModelForSequenceClassification
 
-        folder = Path(str(source)).expanduser()
+        folder = Path(pretrained_source(source))
         with quiet_transformers():
             if (folder / PooledRewardModel.HEAD_FILE).is_file():
-                model = PooledRewardModel.load(folder)
+                model = PooledRewardModel.load(folder, field_name)
             else:
-                model = AutoModelForSequenceClassification.from_pretrained(str(source))
-        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(source))
+                model = load_pretrained(AutoModelForSequenceClassification, source, field_name)
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(source), field_name)
         ensure_special_tokens(tokenizer)
         if not isinstance(model, PooledRewardModel) and model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
@@ -231,7 +274,7 @@ class LMTask:
 
     def _load(self, auto_cls):
         with quiet_transformers():
-            model = auto_cls.from_pretrained(self.policy_source)
+            model = load_pretrained(auto_cls, self.policy_source, "lm.model")
         if len(self.tokenizer) > model.get_input_embeddings().num_embeddings:
             model.resize_token_embeddings(len(self.tokenizer))
         disable_dropout(model)
@@ -360,7 +403,7 @@ def train_reward_model(rm_source: Path, tokenizer, policy, train: EncodedSplit, 
         raise ValueError("lm.rm: the SFT samples never differ in gold score, so there are no preference "
                          "pairs; raise lm.rm.prompts or lm.rm.samples_per_prompt, or set lm.rm.include_reference=true")
     with quiet_transformers():
-        model = PooledRewardModel(AutoModel.from_pretrained(str(rm_source)))
+        model = PooledRewardModel(load_pretrained(AutoModel, rm_source, "lm.model"))
     disable_dropout(model)
     model.to(device)
     scorer = RewardModel(model, tokenizer, device, lm.max_prompt_len, lm.max_response_len, dtype=dtype)
@@ -428,14 +471,14 @@ def build_task(cfg: DictConfig) -> LMTask:
     device = resolve_device(cfg.device)
     dtype = lm.dtype
     seed = int(lm.pipeline_seed)
-    cache_dir = Path(str(lm.cache_dir)).expanduser()
+    cache_dir = cache_path(lm)
     meta: dict[str, Any] = {}
 
     # tokenizer and data (cheap, deterministic: rebuilt every time, saved with the stages)
     if lm.tokenizer is not None:
         tokenizer = load_tokenizer(str(lm.tokenizer))
     elif lm.model is not None:
-        tokenizer = load_tokenizer(str(lm.model))
+        tokenizer = load_tokenizer(str(lm.model), "lm.model")
     else:
         tokenizer = build_word_tokenizer(vocabulary())
     ensure_special_tokens(tokenizer)
@@ -455,7 +498,7 @@ def build_task(cfg: DictConfig) -> LMTask:
 
     # stage 1: SFT
     if lm.model is not None and lm.sft.steps == 0:
-        policy_source = str(lm.model)
+        policy_source = pretrained_source(lm.model)
         meta["sft"] = {"skipped": True}
         sft_material = data_material
     else:
@@ -471,7 +514,7 @@ def build_task(cfg: DictConfig) -> LMTask:
                                        lm.arch.n_head, seed)
             else:
                 with quiet_transformers():
-                    model = AutoModelForCausalLM.from_pretrained(str(lm.model))
+                    model = load_pretrained(AutoModelForCausalLM, lm.model, "lm.model")
                 if len(tokenizer) > model.get_input_embeddings().num_embeddings:
                     model.resize_token_embeddings(len(tokenizer))
             model.config.pad_token_id = tokenizer.pad_token_id
@@ -506,14 +549,14 @@ def build_task(cfg: DictConfig) -> LMTask:
 
                 torch.manual_seed(seed)
                 with quiet_transformers():
-                    policy = AutoModelForCausalLM.from_pretrained(policy_source).to(device).eval()
+                    policy = load_pretrained(AutoModelForCausalLM, policy_source, "lm.model").to(device).eval()
                 return train_reward_model(Path(policy_source), tokenizer, policy, train, held_out, lm.rm, lm,
                                           seed, device, dtype, out)
 
             rm_dir, rm_meta, reused = cached_stage(cache_dir, "rm", rm_material, build_rm)
             reward_model = RewardModel.load(rm_dir, device, lm.max_prompt_len, lm.max_response_len,
                                             scale=rm_meta["rm_scale"], shift=rm_meta["rm_shift"], dtype=dtype,
-                                            tokenizer=tokenizer)
+                                            tokenizer=tokenizer, field_name="lm.cache_dir")
             meta["rm"] = {**{k: v for k, v in rm_meta.items() if k != "material"}, "cached": reused}
 
     return LMTask(tokenizer=tokenizer, train=train, held_out=held_out, policy_source=policy_source,

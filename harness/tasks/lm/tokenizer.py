@@ -47,10 +47,15 @@ def ensure_special_tokens(tokenizer: Any) -> bool:
     return grew
 
 
-def load_tokenizer(source: str):
+def load_tokenizer(source: str, field_name: str = "lm.tokenizer"):
+    """``AutoTokenizer`` from a local folder (``~`` expanded) or hub id; never runs code from it
+    (``trust_remote_code=False``); a failure is one line naming ``field_name``."""
     from transformers import AutoTokenizer
 
+    from ...models.lm import pretrained_source
+
     try:
-        return AutoTokenizer.from_pretrained(source)
+        return AutoTokenizer.from_pretrained(pretrained_source(source), trust_remote_code=False)
     except Exception as exc:
-        raise ValueError(f"lm.tokenizer: cannot load a tokenizer from {source!r}: {exc}") from None
+        reason = " ".join(str(exc).split())[:400]
+        raise ValueError(f"{field_name}: cannot load a tokenizer from {str(source)!r}: {reason}") from None

@@ -1,26 +1,127 @@
-"""``validate_lm(cfg)``: every check on the ``lm`` node that can fail before any work starts."""
+"""``validate_lm(cfg)``: every check on the ``lm`` node that can fail before any work starts.
+
+Every refusal is a ``ValueError`` whose message is one line naming the field. Code from a model
+or tokenizer folder is never run: every transformers load passes ``trust_remote_code=False``, and
+a folder whose ``config.json`` / ``tokenizer_config.json`` names custom code (``auto_map``) or a
+``model_type`` this transformers does not know is refused here, by reading those files as JSON.
+A local ``.json``/``.jsonl`` dataset is read here too, so a bad row is refused before any run
+directory exists (with the file and the line).
+"""
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-from .data import LOCAL_SUFFIXES
+from omegaconf import DictConfig, ListConfig
+
+from .data import LOCAL_SUFFIXES, load_examples
 
 REWARDS = ("rm", "gold")
 CRITICS = ("head", "model")
 DTYPES = ("auto", "float32", "bfloat16")
 KL_TARGETS = ("ref", "old")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
 def _bad(field_name: str, allowed: str, value: Any) -> None:
     raise ValueError(f"{field_name} must be {allowed}, got {value!r}")
 
 
+def one_line(text: Any, limit: int = 400) -> str:
+    """``text`` with its whitespace (newlines included) collapsed, cut to ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
 def looks_like_hub_id(value: str) -> bool:
     return bool(_HUB_ID.match(value)) and ".." not in value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_int(field_name: str, value: Any, lowest: int, why: str = "") -> None:
+    """``value`` must be an integer (not a bool, not a float) ``>= lowest``."""
+    if not _is_int(value) or value < lowest:
+        _bad(field_name, f"an integer >= {lowest}{why}", value)
+
+
+def check_number(field_name: str, value: Any, lowest: float, strict: bool) -> None:
+    """``value`` must be a finite number ``> lowest`` (``strict``) or ``>= lowest``."""
+    if not _is_number(value) or value < lowest or (strict and value == lowest):
+        _bad(field_name, f"a finite number {'>' if strict else '>='} {lowest:g}", value)
+
+
+def _check_text(field_name: str, value: Any, allowed: str, nullable: bool) -> None:
+    if value is None and nullable:
+        return
+    if value is None or isinstance(value, (bool, DictConfig, ListConfig, dict, list)) or not str(value).strip():
+        _bad(field_name, allowed, value)
+
+
+def read_json_object(field_name: str, path: Path) -> dict:
+    """The JSON object in ``path``, or a one-line ``ValueError`` naming ``field_name`` and the file."""
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{field_name}: {str(path)!r} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{field_name}: {str(path)!r} line {exc.lineno}: not valid JSON ({exc.msg})") from None
+    except OSError as exc:
+        raise ValueError(f"{field_name}: cannot read {str(path)!r} ({one_line(exc)})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{field_name}: {str(path)!r} must hold a JSON object, not a {type(data).__name__}")
+    return data
+
+
+def _refuse_custom_code(field_name: str, where: str, auto_map: Any) -> None:
+    if auto_map:
+        names = sorted(auto_map) if isinstance(auto_map, dict) else auto_map
+        raise ValueError(f"{field_name}: {where} names custom code (auto_map: {one_line(names, 120)}); code from "
+                         "a model folder is never run (trust_remote_code=False): use a model whose model_type "
+                         "transformers knows, without auto_map")
+
+
+def _known_model_types():
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING
+
+
+def check_model_folder(field_name: str, path: Path) -> None:
+    """A local model folder: ``config.json`` is a JSON object with a ``model_type`` transformers
+    knows and no ``auto_map`` (custom code), read with ``json`` (nothing of the folder is run)."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{field_name}: {str(path)!r} has no config.json, so it is not a saved transformers model")
+    config = read_json_object(field_name, config_file)
+    _refuse_custom_code(field_name, repr(str(config_file)), config.get("auto_map"))
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in _known_model_types():
+        import transformers
+
+        raise ValueError(f"{field_name}: {str(config_file)!r} has model_type {model_type!r}, which transformers "
+                         f"{transformers.__version__} does not know (code from a model folder is never run: "
+                         "trust_remote_code=False)")
+    check_tokenizer_folder(field_name, path)
+
+
+def check_tokenizer_folder(field_name: str, path: Path) -> None:
+    """A local tokenizer folder's ``tokenizer_config.json`` (when there is one) names no custom code."""
+    config_file = path / "tokenizer_config.json"
+    if config_file.is_file():
+        config = read_json_object(field_name, config_file)
+        _refuse_custom_code(field_name, repr(str(config_file)), config.get("auto_map"))
 
 
 def check_source(field_name: str, value: Any, kind: str) -> None:
@@ -29,14 +130,20 @@ def check_source(field_name: str, value: Any, kind: str) -> None:
     names a hub model)."""
     if value is None:
         return
+    _check_text(field_name, value, "a local path or a hub id (null: the embedded one)", nullable=True)
     text = str(value)
     p = Path(text).expanduser()
     if p.exists():
-        if kind in ("model", "reward_model") and not (p / "config.json").is_file():
-            raise ValueError(f"{field_name}: {text!r} has no config.json, so it is not a saved transformers model")
-        if kind == "tokenizer" and p.is_dir() and not any(
-                (p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")):
-            raise ValueError(f"{field_name}: {text!r} holds no tokenizer files (tokenizer.json, tokenizer_config.json)")
+        if kind in ("model", "reward_model"):
+            if not p.is_dir():
+                raise ValueError(f"{field_name}: {text!r} is a file; a saved transformers model is a folder")
+            check_model_folder(field_name, p)
+        if kind == "tokenizer":
+            if p.is_dir() and not any((p / f).is_file() for f in TOKENIZER_FILES):
+                raise ValueError(f"{field_name}: {text!r} holds no tokenizer files (tokenizer.json, "
+                                 "tokenizer_config.json)")
+            if p.is_dir():
+                check_tokenizer_folder(field_name, p)
         if kind == "dataset" and p.is_file() and p.suffix not in LOCAL_SUFFIXES:
             raise ValueError(f"{field_name}: local file {text!r} must end in one of {list(LOCAL_SUFFIXES)}")
         return
@@ -53,10 +160,11 @@ def check_source(field_name: str, value: Any, kind: str) -> None:
         try:
             from transformers import AutoConfig
 
-            AutoConfig.from_pretrained(text)
+            config = AutoConfig.from_pretrained(text, trust_remote_code=False)
         except Exception as exc:
             raise ValueError(f"{field_name}: {text!r} is neither a local folder nor a model on the hub "
-                             f"that could be reached ({type(exc).__name__}: {exc})") from None
+                             f"that could be reached ({type(exc).__name__}: {one_line(exc)})") from None
+        _refuse_custom_code(field_name, f"the config of {text!r}", getattr(config, "auto_map", None))
 
 
 def validate_lm(cfg: Any) -> None:
@@ -71,17 +179,23 @@ def validate_lm(cfg: Any) -> None:
     if lm.dtype not in DTYPES:
         _bad("lm.dtype", f"one of {list(DTYPES)}", lm.dtype)
     for key in ("max_prompt_len", "max_response_len", "prompts_per_iter", "eval_prompts", "eval_samples"):
-        if int(lm[key]) < 1:
-            _bad(f"lm.{key}", "an integer >= 1", lm[key])
-    if not lm.temperature > 0:
-        _bad("lm.temperature", "> 0", lm.temperature)
-    if lm.no_eos_penalty < 0:
-        _bad("lm.no_eos_penalty", ">= 0", lm.no_eos_penalty)
+        check_int(f"lm.{key}", lm[key], 1)
+    check_number("lm.temperature", lm.temperature, 0, strict=True)
+    check_number("lm.no_eos_penalty", lm.no_eos_penalty, 0, strict=False)
+    check_int("lm.pipeline_seed", lm.pipeline_seed, 0)
+    _check_text("lm.cache_dir", lm.cache_dir, "a non-empty path (a leading ~ is the home folder)", nullable=False)
+    cache = Path(os.path.expanduser(str(lm.cache_dir)))
+    if cache.exists() and not cache.is_dir():
+        raise ValueError(f"lm.cache_dir: {str(lm.cache_dir)!r} is a file; it must be a folder (or not exist yet)")
+    for key in ("prompt", "summary"):
+        _check_text(f"lm.columns.{key}", lm.columns[key], "a non-empty column name", nullable=False)
+    _check_text("lm.splits.train", lm.splits.train, "a non-empty split name", nullable=False)
+    _check_text("lm.splits.eval", lm.splits.eval, "a split name, or null (hold out the tail of train)", nullable=True)
     d = lm.data
-    if d.train_size < 1:
-        _bad("lm.data.train_size", "an integer >= 1", d.train_size)
-    if d.eval_size < 1:
-        _bad("lm.data.eval_size", "an integer >= 1", d.eval_size)
+    check_int("lm.data.train_size", d.train_size, 1)
+    check_int("lm.data.eval_size", d.eval_size, 1)
+    for key in ("min_facts", "max_facts", "min_distractors", "max_distractors"):
+        check_int(f"lm.data.{key}", d[key], 0)
     if not 1 <= d.min_facts <= d.max_facts:
         _bad("lm.data.min_facts/max_facts", "1 <= min_facts <= max_facts", (d.min_facts, d.max_facts))
     if not 0 <= d.min_distractors <= d.max_distractors:
@@ -89,23 +203,24 @@ def validate_lm(cfg: Any) -> None:
     if d.max_facts > 12:
         _bad("lm.data.max_facts", "<= 12 (one fact per name)", d.max_facts)
     a = lm.arch
-    if a.n_layer < 1 or a.n_head < 1 or a.n_embd < 1 or a.n_embd % a.n_head:
+    for key in ("n_layer", "n_head", "n_embd"):
+        check_int(f"lm.arch.{key}", a[key], 1)
+    if a.n_embd % a.n_head:
         _bad("lm.arch", "positive n_layer, n_head, n_embd with n_embd divisible by n_head", dict(a))
-    if lm.sft.steps < 0:
-        _bad("lm.sft.steps", ">= 0", lm.sft.steps)
+    check_int("lm.sft.steps", lm.sft.steps, 0)
     if lm.model is None and lm.sft.steps < 1:
         _bad("lm.sft.steps", ">= 1 for the embedded model (it starts untrained)", lm.sft.steps)
     for key in ("batch_size", "eval_prompts"):
-        if lm.sft[key] < 1:
-            _bad(f"lm.sft.{key}", "an integer >= 1", lm.sft[key])
-    if lm.sft.warmup < 0:
-        _bad("lm.sft.warmup", ">= 0", lm.sft.warmup)
-    if lm.reward == "rm" and lm.reward_model is None:
-        for key in ("prompts", "eval_prompts", "epochs", "batch_size"):
-            if lm.rm[key] < 1:
-                _bad(f"lm.rm.{key}", "an integer >= 1", lm.rm[key])
-        if lm.rm.samples_per_prompt < 2:
-            _bad("lm.rm.samples_per_prompt", ">= 2 (pairs are formed within a prompt)", lm.rm.samples_per_prompt)
+        check_int(f"lm.sft.{key}", lm.sft[key], 1)
+    check_int("lm.sft.warmup", lm.sft.warmup, 0)
+    check_number("lm.sft.lr", lm.sft.lr, 0, strict=True)
+    # lm.rm.* only matter when a reward model is trained, but a value no run could use is refused anyway
+    for key in ("prompts", "eval_prompts", "epochs", "batch_size"):
+        check_int(f"lm.rm.{key}", lm.rm[key], 1)
+    check_int("lm.rm.samples_per_prompt", lm.rm.samples_per_prompt, 2, " (pairs are formed within a prompt)")
+    check_number("lm.rm.lr", lm.rm.lr, 0, strict=True)
+    if not isinstance(lm.rm.include_reference, bool):
+        _bad("lm.rm.include_reference", "true or false", lm.rm.include_reference)
     if cfg.kl.target not in KL_TARGETS:
         _bad("kl.target", f"one of {list(KL_TARGETS)} for the LM task", cfg.kl.target)
     if cfg.kl.in_reward and cfg.kl.target != "ref":
@@ -124,8 +239,14 @@ def validate_lm(cfg: Any) -> None:
     check_source("lm.tokenizer", lm.tokenizer, "tokenizer")
     check_source("lm.reward_model", lm.reward_model, "reward_model")
     check_source("lm.dataset", lm.dataset, "dataset")
-    if lm.model is not None and Path(str(lm.model)).expanduser().is_dir():
-        _check_context(lm, Path(str(lm.model)).expanduser())
+    model_dir = Path(str(lm.model)).expanduser() if lm.model is not None else None
+    if model_dir is not None and model_dir.is_dir():
+        if lm.tokenizer is None and not any((model_dir / f).is_file() for f in TOKENIZER_FILES):
+            raise ValueError(f"lm.model: {str(lm.model)!r} holds no tokenizer files (tokenizer.json, "
+                             "tokenizer_config.json); save one there or set lm.tokenizer")
+        _check_context(lm, model_dir)
+    if lm.dataset is not None and Path(str(lm.dataset)).expanduser().is_file():
+        load_examples(lm, int(lm.pipeline_seed))  # every row checked now, naming the file and the line
 
 
 def _check_context(lm: Any, path: Path) -> None:
@@ -134,9 +255,9 @@ def _check_context(lm: Any, path: Path) -> None:
     from ...models.lm import context_length
 
     try:
-        config = AutoConfig.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
     except Exception as exc:
-        raise ValueError(f"lm.model: cannot read the config of {str(path)!r}: {exc}") from None
+        raise ValueError(f"lm.model: cannot read the config of {str(path)!r}: {one_line(exc)}") from None
     n = context_length(config)
     if n is not None and lm.max_prompt_len + lm.max_response_len > n:
         _bad("lm.max_prompt_len + lm.max_response_len", f"<= the model's context length {n}",
