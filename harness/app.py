@@ -138,7 +138,20 @@ def describe(counts: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in sorted(counts.items()) if v)
 
 
+def in_sweep() -> bool:
+    """True inside a Hydra multirun (``-m``): the sweep's end decides the exit code."""
+    try:
+        from hydra.types import RunMode
+
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except Exception:
+        return False
+
+
 def main_entry(cfg: DictConfig) -> None:
+    """Run ``cfg``; exit 2 with one line for an invalid config (nothing started), exit 1 when
+    a run failed (in a sweep: at its end, see :class:`harness.callbacks.SweepSummary`, after
+    the other jobs ran)."""
     try:
         counts = run(cfg)
     except ValueError as exc:  # invalid config: nothing was started
@@ -148,3 +161,5 @@ def main_entry(cfg: DictConfig) -> None:
     print(f"[harness] {cfg.task.name}/{cfg.estimator} seed={cfg.seed}"
           f"{' population=' + str(cfg.population) if cfg.population > 1 else ''}: {describe(counts)}"
           f"  -> {cfg.results_dir}")
+    if counts.get("failed") and not in_sweep():
+        raise SystemExit(1)

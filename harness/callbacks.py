@@ -1,5 +1,5 @@
 """Hydra callback: results_dir checked before Hydra writes its job folder there, and one line
-at the end of a sweep with how many runs were skipped, done, failed."""
+at the end of a sweep with how many runs were skipped, done, failed (exit code 1 if any failed)."""
 from __future__ import annotations
 
 import json
@@ -45,3 +45,5 @@ class SweepSummary(Callback):
         if totals:
             listed = ", ".join(f"{v} {k}" for k, v in sorted(totals.items()) if v)
             print(f"[harness] sweep done: {listed} (skipped = already finished in {config.results_dir})")
+        if totals.get("failed"):  # the other runs were done; the sweep as a whole did not succeed
+            raise SystemExit(1)

@@ -100,6 +100,34 @@ def test_user_env_by_module_syntax_through_the_cli(tmp_path):
     assert all(s["status"] == "completed" for s in summaries.values()), summaries
 
 
+def test_a_failed_run_exits_non_zero(tmp_path):
+    res = tmp_path / "res"
+    out = _cli(["task=cartpole", "estimator=a2c", f"task.env_id={MODULE}:UserBoom-v0", "task.name=boom",
+                f"results_dir={res}", *CLI_TINY], tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "1 failed" in out.stdout, out.stdout
+    (summary,) = _summaries(res).values()
+    assert summary["status"] == "failed" and "boom" in summary["reason"]
+
+
+def test_a_sweep_finishes_its_other_runs_then_exits_non_zero(tmp_path):
+    """One job of three fails (the middle one): the third still runs; the sweep exits 1."""
+    res = tmp_path / "res"
+    out = _cli(["-m", f"task.env_id={MODULE}:UserChain-v0,{MODULE}:UserBoom-v0,CartPole-v1",
+                "task=cartpole", "estimator=a2c", "task.name=mixed", f"results_dir={res}", *CLI_TINY], tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    statuses = sorted(json.loads(p.read_text())["status"] for p in res.glob("*/*/seed*/summary.json"))
+    assert statuses == ["completed", "completed", "failed"], out.stdout + out.stderr
+    assert "sweep done: 2 completed, 1 failed" in out.stdout, out.stdout
+
+
+def test_a_sweep_without_failures_exits_zero(tmp_path):
+    out = _cli(["-m", "seed=0,1", "task=cartpole", "estimator=a2c", f"task.env_id={MODULE}:UserChain-v0",
+                "task.name=ok", f"results_dir={tmp_path / 'res'}", *CLI_TINY], tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "sweep done: 2 completed" in out.stdout
+
+
 def test_an_unknown_module_or_id_is_refused_by_name(tmp_path):
     for env_id in ("no_such_pkg.envs:MyEnv-v0", f"{MODULE}:NoSuchEnv-v0"):
         cfg = make_cfg(["task=cartpole", "estimator=a2c", f"task.env_id={env_id}", f"results_dir={tmp_path}",
