@@ -481,3 +481,94 @@ def test_unusable_results_dir_through_the_cli(tmp_path):
         assert len(lines) == 1 and names(lines[0], "results_dir") and str(culprit) in lines[0], out.stdout
         assert "Traceback" not in out.stderr, out.stderr
         assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+# ---------------------------------------------------------------- crafted entries in a results folder
+TINY_RUN = ["task=cartpole", "estimator=a2c", "budget.iterations=1", "task.num_envs=2", "task.rollout_steps=8",
+            "eval_every=0", "progress=false", "task.hidden=[8]", "minibatches=1"]
+
+
+def _craft(kind: str, run_dir: Path, outside: Path) -> Path:
+    """Make the crafted entry ``kind`` for ``run_dir``; returns its path."""
+    if kind == "run_dir_is_a_file":
+        run_dir.parent.mkdir(parents=True)
+        run_dir.write_text("x")
+        return run_dir
+    run_dir.mkdir(parents=True)
+    name, what = kind.rsplit("=", 1)
+    p = run_dir / name
+    if what == "dir":
+        p.mkdir()
+        (p / "inside").write_text("keep me")
+    elif what == "fifo":
+        os.mkfifo(p)  # reading it would block forever
+    elif what == "symlink":
+        p.symlink_to(outside)
+    return p
+
+
+BLOCKERS = ["run_dir_is_a_file", "summary.json=dir", ".lock=dir", "metrics.parquet=dir", "config.yaml=dir",
+            "checkpoint.safetensors=dir", "metrics.parquet=fifo", "summary.json=fifo", ".lock=symlink",
+            "summary.json=symlink", "metrics.parquet=symlink"]
+
+
+@pytest.mark.parametrize("kind", BLOCKERS)
+def test_a_crafted_entry_fails_its_run_with_one_line_and_the_others_run(kind, tmp_path, caplog):
+    """Member 0's folder holds a crafted entry: it is named in one log line, counted failed,
+    left as it was (never read, followed, truncated or removed); member 1 trains."""
+    from harness.config import member_configs
+    from harness.io.rundir import run_dir_for
+
+    cfg = make_cfg([*TINY_RUN, "population=2", f"results_dir={tmp_path / 'res'}"])
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"status": "completed", "iterations": 1}')
+    crafted = _craft(kind, run_dir_for(member_configs(cfg)[0]), outside)
+    before = os.lstat(crafted)
+    with caplog.at_level("ERROR", logger="harness"):
+        counts = run(cfg)
+    assert counts.get("failed") == 1 and counts.get("completed") == 1, counts
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(lines) == 1 and str(crafted) in lines[0], lines
+    assert "Traceback" not in lines[0]
+    after = os.lstat(crafted)
+    assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino), "the crafted entry was changed"
+    assert outside.read_text() == '{"status": "completed", "iterations": 1}', "a symlink's target was written"
+    counts = run(cfg)  # a rerun: the same one line, never "finished"
+    assert counts.get("failed") == 1 and counts.get("skipped") == 1, counts
+
+
+def test_a_crafted_entry_through_the_cli_exits_1_with_one_line(tmp_path):
+    from harness.io.rundir import run_dir_for
+
+    res = tmp_path / "res"
+    overrides = [*TINY_RUN, f"results_dir={res}"]
+    crafted = _craft("summary.json=dir", run_dir_for(make_cfg(overrides)), tmp_path / "unused")
+    out = _cli(overrides, tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    assert "Traceback" not in text, text
+    assert sum(str(crafted) in ln for ln in text.splitlines()) == 1, text
+    assert "1 failed" in out.stdout
+    assert crafted.is_dir() and (crafted / "inside").read_text() == "keep me"
+
+
+def test_a_leftover_temp_folder_does_not_stop_a_run(tmp_path):
+    from harness.io.rundir import run_dir_for
+
+    cfg = make_cfg([*TINY_RUN, f"results_dir={tmp_path}"])
+    tmp_dir = run_dir_for(cfg) / ".metrics.parquet.abc.tmp"
+    tmp_dir.mkdir(parents=True)
+    assert run(cfg).get("completed") == 1
+    assert tmp_dir.is_dir()
+
+
+def test_an_os_error_after_validation_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    def unwritable(cfg):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "res" / "cartpole"))
+
+    monkeypatch.setattr(app, "run", unwritable)
+    with pytest.raises(SystemExit) as info:
+        app.main_entry(make_cfg([*TINY_RUN, f"results_dir={tmp_path / 'res'}"]))
+    assert info.value.code == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and str(tmp_path / "res" / "cartpole") in out[0] and "Permission denied" in out[0], out

@@ -30,6 +30,7 @@ import logging
 import os
 import platform
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -205,6 +206,30 @@ class RunDir:
     def status(self) -> str | None:
         return run_status(self.path)
 
+    def blocker(self) -> str | None:
+        """Why this run cannot be done here, or None: its directory exists but is not a
+        directory, or one of its own files (config.yaml, metrics.parquet, the checkpoint,
+        summary.json, .lock) is not a regular file (a directory, a symlink, a FIFO...).
+        The harness neither reads, follows nor removes such an entry; it names it (issue 12)."""
+        try:
+            if self.path.exists() and not self.path.is_dir():
+                return f"{self.path} is not a directory"
+            if not self.path.exists():
+                return None
+            for name in ("config.yaml", "metrics.parquet", CHECKPOINT_NAME, "summary.json", LOCK_FILE):
+                f = self.path / name
+                try:
+                    mode = f.lstat().st_mode
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(mode):
+                    kind = ("a directory" if stat.S_ISDIR(mode) else "a symlink" if stat.S_ISLNK(mode)
+                            else "not a regular file")
+                    return f"{f} is {kind}"
+        except OSError as exc:
+            return f"{self.path}: {exc.strerror or exc}"
+        return None
+
     def finished(self, quiet: bool = False) -> str | None:
         """See :func:`check_finished`."""
         return check_finished(self.path, quiet)
@@ -217,7 +242,8 @@ class RunDir:
         if fcntl is None or self._lock_fd is not None:
             return True
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        # O_NOFOLLOW: a crafted .lock symlink must not make us truncate its target
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # BlockingIOError: held elsewhere
@@ -245,7 +271,8 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "summary.json").unlink(missing_ok=True)
         for tmp in self.path.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
+            if not tmp.is_dir() or tmp.is_symlink():  # a crafted folder is left alone
+                tmp.unlink(missing_ok=True)
         if not keep_checkpoint:
             self.discard_progress()
         atomic_write_text(self.path / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
