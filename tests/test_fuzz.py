@@ -572,3 +572,40 @@ def test_an_os_error_after_validation_is_one_line_exit_2(tmp_path, monkeypatch, 
     assert info.value.code == 2
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and str(tmp_path / "res" / "cartpole") in out[0] and "Permission denied" in out[0], out
+
+
+# ---------------------------------------------------------------- one rule for ~ in results_dir
+def test_tilde_in_results_dir_is_the_home_folder_everywhere(tmp_path, monkeypatch):
+    """Run directories (harness.io.rundir.run_dir_for) and the LM cache (${results_dir}/.cache/lm,
+    expanded by the LM pipeline) land under the same $HOME/x; nothing under ./~."""
+    from harness.config import expand_path, results_path
+    from harness.io.rundir import run_dir_for
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    cfg = make_cfg([*TINY_RUN, "results_dir='~/x'"])  # Hydra's grammar wants ~ quoted
+    assert results_path(cfg) == str(home / "x")
+    assert run_dir_for(cfg).is_relative_to(home / "x")
+    lm = make_cfg(["task=lm_summarize", "estimator=rloo", "results_dir='~/x'"])
+    assert Path(expand_path(lm.lm.cache_dir)) == home / "x" / ".cache" / "lm"
+    assert run(cfg).get("completed") == 1
+    assert list((home / "x").glob("cartpole/a2c/seed0-*/summary.json"))
+    assert not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize("override", ["results_dir=~/x", "results_dir='~/x'", '++results_dir="~/x"'])
+def test_tilde_in_results_dir_through_the_cli(override, tmp_path):
+    """Unquoted (Hydra alone refuses it) or quoted: $HOME/x, as a shell would expand it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home),
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "harness", *TINY_RUN, override], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert list((home / "x").glob("cartpole/a2c/seed0-*/summary.json")), out.stdout
+    assert str(home / "x") in out.stdout  # "-> <results_dir>" names the expanded folder
+    assert (home / "x" / ".hydra").is_dir()  # Hydra's job folder follows the same rule
+    assert not (tmp_path / "~").exists()

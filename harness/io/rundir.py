@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
+from ..config import results_path
 from . import schema
 
 try:
@@ -115,7 +116,7 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def run_dir_for(cfg: DictConfig) -> Path:
-    return Path(cfg.results_dir) / str(cfg.task.name) / str(cfg.estimator) / f"seed{cfg.seed}-{config_hash(cfg)}"
+    return Path(results_path(cfg)) / str(cfg.task.name) / str(cfg.estimator) / f"seed{cfg.seed}-{config_hash(cfg)}"
 
 
 def run_status(path: Path) -> str | None:
