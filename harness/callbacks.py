@@ -20,7 +20,7 @@ def refuse_unusable_results_dir(config: DictConfig) -> None:
         path = results_path(config)
     except Exception:  # an interpolation Hydra will report itself
         return
-    problem = path_problem(path)
+    problem = path_problem(path, writable=True)
     if problem:
         print(f"invalid config: results_dir must be a folder the harness can create and write ({problem}), "
               f"got {str(config.results_dir)!r}")

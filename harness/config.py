@@ -289,10 +289,12 @@ def name_problem(name: str) -> str | None:
     return None
 
 
-def path_problem(path: str) -> str | None:
+def path_problem(path: str, writable: bool = False) -> str | None:
     """Why ``path`` (a results_dir) cannot hold run directories, or None: it must be a
-    directory or creatable as one (checked without creating anything: a temporary folder is
-    made in the nearest existing ancestor and removed at once)."""
+    directory or creatable as one; with ``writable`` an existing one must take new folders too
+    (the command line always writes Hydra's job folder there; in-process, a read-only folder of
+    finished runs is fine: each run that needs writing says so itself). Checked without leaving
+    anything: a temporary folder is made in the nearest existing ancestor and removed at once."""
     import tempfile
 
     if "\0" in path:
@@ -300,6 +302,8 @@ def path_problem(path: str) -> str | None:
     p = os.path.abspath(path)
     if os.path.exists(p) and not os.path.isdir(p):
         return f"{p} exists and is not a directory"
+    if os.path.isdir(p) and not writable:
+        return None
     ancestor = p
     while not os.path.exists(ancestor):
         parent = os.path.dirname(ancestor)

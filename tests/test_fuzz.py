@@ -483,6 +483,35 @@ def test_unusable_results_dir_through_the_cli(tmp_path):
         assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
+def test_a_read_only_results_dir(tmp_path, monkeypatch, capsys):
+    """Root ignores chmod, so "read-only" is simulated where the harness asks: making a folder
+    in it fails. The command line (which writes Hydra's job folder there) refuses it in one line
+    with exit 2; in-process a read-only folder of finished runs still validates (each run that
+    would write there is named by itself)."""
+    import tempfile
+
+    from omegaconf import OmegaConf
+
+    from harness.callbacks import refuse_unusable_results_dir
+    from harness.validation import validate
+
+    res = tmp_path / "res"
+    res.mkdir()
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(res))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    with pytest.raises(SystemExit) as info:
+        refuse_unusable_results_dir(OmegaConf.create({"results_dir": str(res)}))
+    assert info.value.code == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("invalid config: results_dir must be") and str(res) in out[0], out
+    validate(make_cfg(with_defaults([], str(res))))  # an existing folder: fine in-process
+    message = _refused(make_cfg(with_defaults([], str(res / "new"))), "results_dir", tmp_path)
+    assert str(res) in message and "Permission denied" in message
+
+
 # ---------------------------------------------------------------- crafted entries in a results folder
 TINY_RUN = ["task=cartpole", "estimator=a2c", "budget.iterations=1", "task.num_envs=2", "task.rollout_steps=8",
             "eval_every=0", "progress=false", "task.hidden=[8]", "minibatches=1"]
