@@ -1,11 +1,29 @@
 """``python -m harness [overrides]`` — see README."""
+import re
+import sys
+
 import hydra
 
 from harness.app import main_entry
-from harness.config import register_configs
+from harness.config import expand_path, register_configs
 from harness.tune import objective, wants_objective
 
 register_configs()
+
+_RESULTS_DIR = re.compile(r"^(\+{0,2}results_dir=)(['\"]?)(~[^'\"]*)\2$")
+
+
+def expand_results_dir(argv: list[str]) -> list[str]:
+    """``results_dir=~/x`` (or Hydra-quoted ``results_dir='~/x'``) on the command line means
+    ``$HOME/x`` (:func:`harness.config.expand_path`, the rule the run directories and the LM
+    cache follow), for Hydra's job folder too (Hydra's grammar refuses an unquoted ``~``)."""
+    out = []
+    for arg in argv:
+        m = _RESULTS_DIR.match(arg)
+        if m:
+            arg = m.group(1) + m.group(2) + ",".join(expand_path(p) for p in m.group(3).split(",")) + m.group(2)
+        out.append(arg)
+    return out
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -21,4 +39,5 @@ def main(cfg) -> float | None:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = expand_results_dir(sys.argv[1:])
     main()

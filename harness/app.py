@@ -69,21 +69,49 @@ def claim_runs(runs: list[RunDir], counts: dict[str, int]) -> list[RunDir]:
     holds is skipped as ``held``, not failed). The caller releases the claims."""
     todo = []
     for r in runs:
-        status = r.finished()
-        if status is None and not r.claim():
-            counts["held"] = counts.get("held", 0) + 1
-            log.info("skip %s (held by another sweep: %s)", r.path, r.holder)
+        problem = r.blocker()  # before reading anything in the run's folder
+        if problem is not None:
+            refuse_run(r, problem, counts)
             continue
-        if status is None:
-            status = r.finished(quiet=True)  # finished by another sweep before our claim?
-            if status is not None:
-                r.release()
-        if status is not None:
-            counts["skipped"] += 1
-            log.info("skip %s (already %s)", r.path, status)
+        try:
+            claimed_or_done = claim_one(r, counts)
+        except OSError as exc:  # the run's folder cannot be made or locked
+            refuse_run(r, os_problem(exc), counts)
             continue
-        todo.append(r)
+        if claimed_or_done:
+            todo.append(r)
     return todo
+
+
+def os_problem(exc: OSError) -> str:
+    """One line for an OS error on a path: the path and what went wrong."""
+    where = exc.filename if exc.filename is not None else "?"
+    return f"{where}: {exc.strerror or exc}"
+
+
+def refuse_run(r: RunDir, problem: str, counts: dict[str, int]) -> None:
+    """A run that cannot be done here (its folder or one of its files is not what it must be):
+    one log line naming the path, counted as failed; nothing in its folder is touched."""
+    counts["failed"] = counts.get("failed", 0) + 1
+    log.error("run %s failed: %s", r.run_id, problem)
+
+
+def claim_one(r: RunDir, counts: dict[str, int]) -> bool:
+    """True when ``r`` is claimed and to be done; False when skipped (finished, or held)."""
+    status = r.finished()
+    if status is None and not r.claim():
+        counts["held"] = counts.get("held", 0) + 1
+        log.info("skip %s (held by another sweep: %s)", r.path, r.holder)
+        return False
+    if status is None:
+        status = r.finished(quiet=True)  # finished by another sweep before our claim?
+        if status is not None:
+            r.release()
+    if status is not None:
+        counts["skipped"] += 1
+        log.info("skip %s (already %s)", r.path, status)
+        return False
+    return True
 
 
 def run(cfg: DictConfig) -> dict[str, int]:
@@ -93,6 +121,8 @@ def run(cfg: DictConfig) -> dict[str, int]:
     the sweep goes on; a non-finite loss or parameter is recorded as ``diverged`` by the trainer.
     Each run is claimed (``.lock``) while this process works on it; a run another sweep holds
     counts as ``held``. Control and LM runs resume from their checkpoint (``checkpoint_every``).
+    A run whose folder cannot be used (a crafted entry: :meth:`RunDir.blocker`, or an OS error
+    making or locking it) counts as ``failed`` with one log line naming the path; the others run.
     """
     validate(cfg)
     runs = [RunDir(m) for m in member_configs(cfg)]
@@ -104,8 +134,17 @@ def run(cfg: DictConfig) -> dict[str, int]:
     try:
         worker = get_worker(cfg)
         resumable = cfg.task.family in ("control", "lm") and cfg.mode == "train"
+        started = []
         for r in todo:
-            r.start(keep_checkpoint=resumable)
+            try:
+                r.start(keep_checkpoint=resumable)
+                started.append(r)
+            except OSError as exc:  # e.g. a crafted entry in the folder: named, the run not done
+                refuse_run(r, os_problem(exc), counts)
+                r.release()
+        todo[:] = started
+        if not todo:
+            return counts
         t0 = time.time()
         try:
             worker(cfg, todo)
@@ -138,13 +177,31 @@ def describe(counts: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in sorted(counts.items()) if v)
 
 
+def in_sweep() -> bool:
+    """True inside a Hydra multirun (``-m``): the sweep's end decides the exit code."""
+    try:
+        from hydra.types import RunMode
+
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except Exception:
+        return False
+
+
 def main_entry(cfg: DictConfig) -> None:
+    """Run ``cfg``; exit 2 with one line for an invalid config or an unusable results path
+    (nothing started), exit 1 when a run failed (in a sweep: at its end, see
+    :class:`harness.callbacks.SweepSummary`, after the other jobs ran)."""
     try:
         counts = run(cfg)
     except ValueError as exc:  # invalid config: nothing was started
         print(f"invalid config: {exc}")
         raise SystemExit(2)
+    except OSError as exc:  # results_dir turned unusable between validation and the runs
+        print(f"cannot write results: {os_problem(exc)}")
+        raise SystemExit(2)
     write_outcome(counts)
     print(f"[harness] {cfg.task.name}/{cfg.estimator} seed={cfg.seed}"
           f"{' population=' + str(cfg.population) if cfg.population > 1 else ''}: {describe(counts)}"
           f"  -> {cfg.results_dir}")
+    if counts.get("failed") and not in_sweep():
+        raise SystemExit(1)

@@ -11,6 +11,7 @@ point that runs them all is :func:`harness.validation.validate`.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any, List, Optional
 
@@ -131,9 +132,33 @@ def settings_from_config(cfg) -> ProbeSettings:
         extra = sorted(set(node.keys()) - known)
         if extra:
             raise ValueError(f"probe has unknown keys {extra}; known: {sorted(known)}")
+        for k in node.keys():
+            check_probe_type(str(k), node[k])
         s = ProbeSettings(**{k: node[k] for k in node.keys()})
     check_probe_settings(s)
     return s
+
+
+_KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+
+
+def check_probe_type(name: str, value: Any) -> None:
+    """``++probe.<name>=<value>`` bypasses the schema: its type is checked here, by name."""
+    declared = {f.name: str(f.type) for f in fields(ProbeSettings)}[name]
+    optional = declared.startswith("Optional[")
+    base = declared[len("Optional["):-1] if optional else declared
+    if value is None:
+        ok = optional
+    elif base == "bool":
+        ok = isinstance(value, bool)
+    elif base == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif base == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        raise ValueError(f"probe.{name} must be {_KINDS[base]}{' or null' if optional else ''}, got {value!r}")
 
 
 def check_probe_settings(s: ProbeSettings) -> None:
@@ -155,6 +180,25 @@ def check_probe_settings(s: ProbeSettings) -> None:
         bad("critic_samples", ">= 1", s.critic_samples)
     if s.reps < 10:
         bad("reps", ">= 10", s.reps)
+    if s.batches is not None and s.batches > COUNT_MAX:
+        bad("batches", f"at most {COUNT_MAX} (or null)", s.batches)
+    for name in ("critic_samples", "reps", "reference_batches", "critic_episodes", "chunk"):
+        value = getattr(s, name)
+        if value > COUNT_MAX:
+            bad(name, f"at most {COUNT_MAX}", value)
+    for name in ("critic_episodes", "chunk"):
+        if getattr(s, name) < 1:
+            bad(name, ">= 1", getattr(s, name))
+    for name in ("init_seed", "critic_seed", "proposal_seed"):
+        value = getattr(s, name)
+        if not 0 <= value <= SEED_MAX:
+            bad(name, f"an integer in [0, {SEED_MAX}]", value)
+    for name in ("init_scale", "critic_noise", "proposal_shift", "control_scale"):
+        value = getattr(s, name)
+        if not is_finite(value):
+            bad(name, "a finite number", value)
+    if s.checkpoint is not None and "\0" in str(s.checkpoint):
+        bad("checkpoint", "a path without NUL characters", s.checkpoint)
 
 
 def member_configs(cfg: DictConfig) -> list[DictConfig]:
@@ -202,6 +246,79 @@ def check_known_keys(cfg: DictConfig) -> None:
 
 
 
+# Sane upper bounds (issue 12): beyond them a value is a typo, and it would crash or hang
+# (a 64-bit seed overflows the generators; 100000 threads segfault; population=10000 makes
+# 10,000 run directories).
+SEED_MAX = 2**32 - 1  # numpy's and gymnasium's seeds are 32-bit
+POPULATION_MAX = 4096
+COUNT_MAX = 2**31 - 1  # iterations, epochs, envs, widths...: what torch and numpy index with
+BUDGET_MAX = 2**53  # env steps / tokens: exact as a float
+NAME_MAX = 100  # task.name: one folder of the run directory's path
+
+
+def threads_max() -> int:
+    """``threads`` above this is a typo (four per core; at least 16)."""
+    return max(16, 4 * (os.cpu_count() or 1))
+
+
+def expand_path(value: Any) -> str:
+    """The one rule for a path in a config (``results_dir``; the LM paths follow it too): a
+    leading ``~`` is the user's home (:func:`os.path.expanduser`), nothing else is expanded."""
+    return os.path.expanduser(str(value))
+
+
+def results_path(cfg: Any) -> str:
+    """``cfg.results_dir`` as a path on disk (:func:`expand_path`); every place that turns
+    results_dir into a path uses this."""
+    return expand_path(cfg.results_dir)
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be one folder inside results_dir, or None."""
+    if not name.strip():
+        return "blank"
+    if name.startswith("."):
+        return "starts with '.' (hidden, or a step out of results_dir)"
+    bad = [c for c in ("/", "\\", "\0") if c in name]
+    if bad:
+        return f"contains {bad[0]!r}"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "contains a control character"
+    if len(name) > NAME_MAX:
+        return f"{len(name)} characters long (at most {NAME_MAX})"
+    return None
+
+
+def path_problem(path: str, writable: bool = False) -> str | None:
+    """Why ``path`` (a results_dir) cannot hold run directories, or None: it must be a
+    directory or creatable as one; with ``writable`` an existing one must take new folders too
+    (the command line always writes Hydra's job folder there; in-process, a read-only folder of
+    finished runs is fine: each run that needs writing says so itself). Checked without leaving
+    anything: a temporary folder is made in the nearest existing ancestor and removed at once."""
+    import tempfile
+
+    if "\0" in path:
+        return "it contains a NUL character"
+    p = os.path.abspath(path)
+    if os.path.exists(p) and not os.path.isdir(p):
+        return f"{p} exists and is not a directory"
+    if os.path.isdir(p) and not writable:
+        return None
+    ancestor = p
+    while not os.path.exists(ancestor):
+        parent = os.path.dirname(ancestor)
+        if parent == ancestor:
+            break
+        ancestor = parent
+    if not os.path.isdir(ancestor):
+        return f"{ancestor} is not a directory"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".harness-write-test-", dir=ancestor))
+    except OSError as exc:
+        return f"cannot create folders in {ancestor} ({exc.strerror or exc})"
+    return None
+
+
 def bad_field(field_name: str, allowed: str, value: Any) -> None:
     raise ValueError(f"{field_name} must be {allowed}, got {value!r}")
 
@@ -231,10 +348,24 @@ def check_fields(cfg: DictConfig) -> None:
     # (conf/experiment/claim_c20.yaml sweeps mode=probe,train with ++probe.batches)
     if not str(cfg.task.name) or "/" in str(cfg.task.name):
         bad("task.name", "a non-empty name without '/' (it names the run directory's folder)", cfg.task.name)
+    problem = name_problem(str(cfg.task.name))
+    if problem:
+        bad("task.name", f"a folder name inside results_dir: not empty, not starting with '.', without '/', "
+            f"'\\', NUL or control characters, at most {NAME_MAX} characters (this one {problem})",
+            cfg.task.name)
     if not str(cfg.results_dir).strip():
         bad("results_dir", "a non-empty path", cfg.results_dir)
+    if "\0" in str(cfg.results_dir):
+        bad("results_dir", "a path without NUL characters", cfg.results_dir)
     if cfg.seed < 0:
         bad("seed", "an integer >= 0", cfg.seed)
+    if cfg.seed > SEED_MAX:
+        bad("seed", f"an integer in [0, {SEED_MAX}] (2**32 - 1)", cfg.seed)
+    if cfg.population > POPULATION_MAX:
+        bad("population", f"an integer in [1, {POPULATION_MAX}]", cfg.population)
+    if cfg.population >= 1 and cfg.seed + cfg.population - 1 > SEED_MAX:
+        bad("seed", f"at most {SEED_MAX} - (population - 1) = {SEED_MAX - cfg.population + 1} "
+            f"(member i runs with seed + i)", cfg.seed)
     if not 0.0 < cfg.gamma <= 1.0:
         bad("gamma", "in (0, 1]", cfg.gamma)
     if not 0.0 <= cfg.gae_lambda <= 1.0:
@@ -305,3 +436,35 @@ def check_fields(cfg: DictConfig) -> None:
         bad("budget.env_steps", "null for task.family=lm (the LM budget is budget.tokens)", b.env_steps)
     if cfg.task.max_episode_steps is not None and cfg.task.max_episode_steps < 1:
         bad("task.max_episode_steps", ">= 1 or null (the environment's own limit)", cfg.task.max_episode_steps)
+    check_bounds(cfg)
+
+
+def check_bounds(cfg: DictConfig) -> None:
+    """Upper bounds and finiteness the lower-bound checks above leave open (issue 12): a value
+    past them is a typo that would overflow, hang or silently mean something else."""
+    bad, finite = bad_field, is_finite
+    counts = {"n_steps": cfg.n_steps, "group_size": cfg.group_size, "epochs": cfg.epochs,
+              "minibatches": cfg.minibatches, "eval_every": cfg.eval_every,
+              "eval_every_steps": cfg.eval_every_steps, "eval_episodes": cfg.eval_episodes,
+              "checkpoint_every": cfg.get("checkpoint_every", 0), "budget.iterations": cfg.budget.iterations,
+              "task.num_envs": cfg.task.num_envs, "task.rollout_steps": cfg.task.rollout_steps,
+              "task.episodes_per_iter": cfg.task.episodes_per_iter,
+              "task.max_episode_steps": cfg.task.max_episode_steps}
+    for name, value in counts.items():
+        if value is not None and value > COUNT_MAX:
+            bad(name, f"at most {COUNT_MAX} (2**31 - 1)", value)
+    for name in ("env_steps", "tokens"):
+        value = cfg.budget[name]
+        if value is not None and value > BUDGET_MAX:
+            bad(f"budget.{name}", f"at most {BUDGET_MAX} (2**53) or null", value)
+    if cfg.threads is not None and cfg.threads > threads_max():
+        bad("threads", f"in [1, {threads_max()}] (4 per core of this machine) or null", cfg.threads)
+    if cfg.max_grad_norm is not None and not finite(cfg.max_grad_norm):
+        bad("max_grad_norm", "a finite number > 0 or null (no clipping)", cfg.max_grad_norm)
+    if not finite(cfg.kl.kl_target):
+        bad("kl.kl_target", "a finite number", cfg.kl.kl_target)
+    if not finite(cfg.task.init_log_std):
+        bad("task.init_log_std", "a finite number", cfg.task.init_log_std)
+    hidden = cfg.task.hidden
+    if hidden is not None and any(h > COUNT_MAX for h in hidden):
+        bad("task.hidden", f"widths of at most {COUNT_MAX}", list(hidden))

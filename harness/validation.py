@@ -12,15 +12,18 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from .config import ProbeSettings, bad_field, check_fields, check_known_keys, refuse_unknown_keys
+from .config import (ProbeSettings, bad_field, check_fields, check_known_keys, path_problem, refuse_unknown_keys,
+                     results_path)
 from .estimators import ESTIMATORS, KL_ESTIMATORS, EstimatorSpec, get_estimator
 from .losses import AGG_MODES, POLICY_LOSSES
 from .probes import validate_probe
-from .tasks.control import validate_control
+from .tasks.control import time_limit, validate_control
 from .tasks.lm import validate_lm
 from .tasks.toy import validate_toy
 
-__all__ = ["validate", "check_registered"]
+__all__ = ["validate", "check_registered", "check_results_dir"]
+
+ENVS_MAX = 65536  # gymnasium envs one control process holds at once (population x width)
 
 
 def check_registered(cfg: DictConfig) -> EstimatorSpec:
@@ -48,6 +51,7 @@ def validate(cfg: DictConfig) -> None:
     family = cfg.task.family
     if family == "control":
         validate_control(cfg, needs_groups=spec.needs_groups, full_episodes=spec.full_episodes)
+        check_control_sizes(cfg, spec)
     elif family == "lm":
         validate_lm(cfg)
     elif family == "toy":
@@ -55,3 +59,55 @@ def validate(cfg: DictConfig) -> None:
     if cfg.mode == "probe":
         refuse_unknown_keys(cfg, "probe", ProbeSettings)  # names the key (probe.<key>) before the probe's checks
         validate_probe(cfg)
+    check_device(cfg)
+    check_results_dir(cfg)
+
+
+def check_device(cfg: DictConfig) -> None:
+    """``device=cuda`` needs CUDA (the LM task checks it itself, with the same message)."""
+    if cfg.device == "cuda" and cfg.task.family != "lm":
+        import torch
+
+        if not torch.cuda.is_available():
+            bad_field("device", "'cpu' or 'auto' here: CUDA is not available", cfg.device)
+
+
+def check_results_dir(cfg: DictConfig) -> None:
+    """results_dir must be a directory, or creatable as one (nothing is created here)."""
+    problem = path_problem(results_path(cfg))
+    if problem:
+        bad_field("results_dir", f"a folder the harness can create and write ({problem})", cfg.results_dir)
+
+
+def check_control_sizes(cfg: DictConfig, spec: EstimatorSpec) -> None:
+    """Sizes that only make sense together: minibatches within the samples an iteration gives
+    (step-based: ``num_envs x rollout_steps`` steps; whole-episode: at most ``episodes_per_iter``
+    x the time limit), and no more gymnasium envs at once than :data:`ENVS_MAX`."""
+    t = cfg.task
+    P = int(cfg.population)
+    if spec.full_episodes:
+        width = int(t.episodes_per_iter) + (int(t.episodes_per_iter) // int(cfg.group_size) if spec.needs_greedy else 0)
+        width_field = "task.episodes_per_iter"
+    else:
+        width, width_field = int(t.num_envs), "task.num_envs"
+    for name, w in ((width_field, width), ("eval_episodes", int(cfg.eval_episodes))):
+        if P * w > ENVS_MAX:
+            bad_field(name, f"at most {ENVS_MAX // P} with population={P} (population x {w} gymnasium envs "
+                      f"at once; at most {ENVS_MAX})", cfg[name] if name == "eval_episodes" else t[name.split('.')[1]])
+    if cfg.mode != "train":
+        return
+    one_each = cfg.normalize_advantages == "minibatch"  # a one-sample minibatch whitens to advantage 0
+    if spec.full_episodes:
+        limit = time_limit(t.env_id, t.max_episode_steps)
+        if limit is None:
+            return
+        samples = int(t.episodes_per_iter) * int(limit)
+        what = (f"the samples an iteration can give ({t.episodes_per_iter} episodes x at most {limit} steps "
+                f"= {samples})")
+    else:
+        samples = int(t.num_envs) * int(t.rollout_steps)
+        what = f"the samples an iteration gives ({t.num_envs} envs x {t.rollout_steps} steps = {samples})"
+    if cfg.minibatches > samples or (one_each and cfg.minibatches >= samples and samples > 1):
+        fewer = (f"< {what}: with normalize_advantages=minibatch a one-sample minibatch has advantage 0"
+                 if one_each else f"<= {what}")
+        bad_field("minibatches", fewer, cfg.minibatches)

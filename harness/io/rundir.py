@@ -30,6 +30,7 @@ import logging
 import os
 import platform
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -40,6 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
+from ..config import results_path
 from . import schema
 
 try:
@@ -114,7 +116,7 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def run_dir_for(cfg: DictConfig) -> Path:
-    return Path(cfg.results_dir) / str(cfg.task.name) / str(cfg.estimator) / f"seed{cfg.seed}-{config_hash(cfg)}"
+    return Path(results_path(cfg)) / str(cfg.task.name) / str(cfg.estimator) / f"seed{cfg.seed}-{config_hash(cfg)}"
 
 
 def run_status(path: Path) -> str | None:
@@ -190,6 +192,30 @@ class RunDir:
     def status(self) -> str | None:
         return run_status(self.path)
 
+    def blocker(self) -> str | None:
+        """Why this run cannot be done here, or None: its directory exists but is not a
+        directory, or one of its own files (config.yaml, metrics.parquet, the checkpoint,
+        summary.json, .lock) is not a regular file (a directory, a symlink, a FIFO...).
+        The harness neither reads, follows nor removes such an entry; it names it (issue 12)."""
+        try:
+            if self.path.exists() and not self.path.is_dir():
+                return f"{self.path} is not a directory"
+            if not self.path.exists():
+                return None
+            for name in ("config.yaml", "metrics.parquet", CHECKPOINT_NAME, "summary.json", LOCK_FILE):
+                f = self.path / name
+                try:
+                    mode = f.lstat().st_mode
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(mode):
+                    kind = ("a directory" if stat.S_ISDIR(mode) else "a symlink" if stat.S_ISLNK(mode)
+                            else "not a regular file")
+                    return f"{f} is {kind}"
+        except OSError as exc:
+            return f"{self.path}: {exc.strerror or exc}"
+        return None
+
     def finished(self, quiet: bool = False) -> str | None:
         """See :func:`check_finished`."""
         return check_finished(self.path, quiet)
@@ -202,7 +228,8 @@ class RunDir:
         if fcntl is None or self._lock_fd is not None:
             return True
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        # O_NOFOLLOW: a crafted .lock symlink must not make us truncate its target
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # BlockingIOError: held elsewhere
@@ -230,7 +257,8 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "summary.json").unlink(missing_ok=True)
         for tmp in self.path.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
+            if not tmp.is_dir() or tmp.is_symlink():  # a crafted folder is left alone
+                tmp.unlink(missing_ok=True)
         if not keep_checkpoint:
             self.discard_progress()
         atomic_write_text(self.path / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))

@@ -9,6 +9,7 @@ reset transition's neighbour and treats truncation as termination; its issues #1
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -29,9 +30,31 @@ class EnvInfo:
     high: np.ndarray | None = None
 
 
+def registered_id(env_id: str) -> str:
+    """The registry id of ``env_id``. gymnasium's ``module:EnvId`` syntax (a user's own env:
+    ``task.env_id=my_pkg.envs:MyEnv-v0``) imports ``module``, whose import registers ``EnvId``,
+    and names ``EnvId``; a plain id (gymnasium's, or one the user's code registered) is itself."""
+    module, sep, name = str(env_id).rpartition(":")
+    if sep and module:
+        importlib.import_module(module)
+        # the registry answers the full id too (gym.spec(env_id), as a time limit is looked up)
+        gym.envs.registry.setdefault(str(env_id), gym.spec(name))
+        return name
+    return str(env_id)
+
+
+def time_limit(env_id: str, max_episode_steps: int | None) -> int | None:
+    """Steps an episode can take at most: ``task.max_episode_steps``, else the env's registered
+    limit; None when neither bounds it."""
+    if max_episode_steps is not None:
+        return int(max_episode_steps)
+    return gym.spec(registered_id(env_id)).max_episode_steps
+
+
 def env_info(env_id: str) -> EnvInfo:
     """Spaces of ``env_id``; refuses anything but a flat Box observation and a Discrete or Box action."""
     try:
+        gym.spec(registered_id(env_id))  # a vector env is looked up by the registry id
         env = gym.make(env_id)
     except Exception as exc:  # gymnasium's message names close ids
         raise ValueError(f"task.env_id {env_id!r} is not a gymnasium environment: {exc}") from None
@@ -95,7 +118,8 @@ def make_vector_env(env_id: str, num_envs: int, max_episode_steps: int | None,
     """gymnasium's native vector env where it has one (one seed for all sub-envs), else
     ``SyncVectorEnv`` (one seed per sub-env, needed for identical group starts)."""
     kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
-    if native and gym.envs.registry[env_id].vector_entry_point is not None:
+    env_id = registered_id(env_id)  # module:EnvId imports module; the registry knows EnvId
+    if native and gym.spec(env_id).vector_entry_point is not None:
         env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
     else:
         env = SyncVectorEnv([lambda: gym.make(env_id, **kwargs) for _ in range(num_envs)],
