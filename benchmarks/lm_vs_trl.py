@@ -231,8 +231,8 @@ def make_trl_trainer(model_dir: Path, prompts: list[str], examples: list, out_di
             self.tokens.append(counter["tokens"] - self.tok0)
 
     ds = datasets.Dataset.from_dict({"prompt": prompts, "example_index": list(range(len(prompts)))})
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     config = GRPOConfig(
         output_dir=str(out_dir), use_cpu=True, bf16=False, fp16=False, seed=seed, data_seed=seed,
         per_device_train_batch_size=PROMPTS_PER_ITER * GROUP_SIZE, gradient_accumulation_steps=1,
@@ -326,7 +326,7 @@ def main() -> None:
     examples = split.examples
     from transformers import AutoTokenizer
 
-    reloaded = AutoTokenizer.from_pretrained(str(model_dir))
+    reloaded = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     mismatched = sum(reloaded(p, add_special_tokens=True)["input_ids"] != ids
                      for p, ids in zip(prompts[:256], split.prompt_ids[:256]))
     if mismatched:

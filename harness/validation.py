@@ -54,13 +54,29 @@ def validate(cfg: DictConfig) -> None:
         check_control_sizes(cfg, spec)
     elif family == "lm":
         validate_lm(cfg)
+        check_sequence_minibatches(cfg, int(cfg.lm.prompts_per_iter) * int(cfg.group_size),
+                                   f"{cfg.lm.prompts_per_iter} prompts x group_size {cfg.group_size}")
     elif family == "toy":
         validate_toy(cfg)
+        check_sequence_minibatches(cfg, int(cfg.task.episodes_per_iter), "task.episodes_per_iter")
     if cfg.mode == "probe":
         refuse_unknown_keys(cfg, "probe", ProbeSettings)  # names the key (probe.<key>) before the probe's checks
         validate_probe(cfg)
     check_device(cfg)
     check_results_dir(cfg)
+
+
+def check_sequence_minibatches(cfg: DictConfig, sequences: int, what: str) -> None:
+    """LM and toy minibatches are drawn over whole sequences: at most one per sequence (a
+    one-sequence minibatch with normalize_advantages=minibatch whitens to advantage 0)."""
+    if cfg.mode != "train":
+        return
+    one_each = cfg.normalize_advantages == "minibatch"
+    if cfg.minibatches > sequences or (one_each and cfg.minibatches >= sequences and sequences > 1):
+        allowed = (f"< the sequences an iteration samples ({what} = {sequences}): with "
+                   "normalize_advantages=minibatch a one-sequence minibatch has advantage 0" if one_each
+                   else f"<= the sequences an iteration samples ({what} = {sequences})")
+        bad_field("minibatches", allowed, cfg.minibatches)
 
 
 def check_device(cfg: DictConfig) -> None:

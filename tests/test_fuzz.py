@@ -235,6 +235,9 @@ CASES: list[tuple[list[str], str, str]] = [
      "minibatches", V),  # whole episodes: at most 4 x 2 steps
     (["estimator=rloo", "task.max_episode_steps=1", "minibatches=9"], "minibatches", V),
     (["task.env_id=Pendulum-v1", "task.rollout_steps=4", "task.num_envs=1", "minibatches=8"], "minibatches", V),
+    (TOY + ["task.episodes_per_iter=16", "minibatches=17"], "minibatches", V),  # toy: over sequences
+    (TOY + ["task.episodes_per_iter=16", "normalize_advantages=minibatch", "minibatches=16"], "minibatches", V),
+    (LM + ["lm.prompts_per_iter=2", "group_size=4", "minibatches=9"], "minibatches", V),  # LM: 2 x 4 responses
     # ---- names that cannot leave results_dir (or hide from the report)
     (["task.name=.."], "task.name", V),
     (["task.name=.hydra"], "task.name", V),

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 
-import gymnasium as gym
 import numpy as np
 import torch
 from omegaconf import DictConfig
@@ -33,7 +32,8 @@ from ..io import RunDir
 from ..io import checkpoint as ckpt
 from ..models.control import ControlAgent
 from ..models.mlp import clip_grad_norm_per_member, member_view
-from ..tasks.control import EpisodeCollector, MemberEnvs, StepCollector, advantage_batch, env_info, evaluate
+from ..tasks.control import (EpisodeCollector, MemberEnvs, StepCollector, advantage_batch, env_info, evaluate,
+                             time_limit)
 from .loop import Source, train_population
 from .update import UpdateBatch
 
@@ -102,7 +102,7 @@ class ControlSource(Source):
         self.budget = cfg.budget.env_steps
         self.uses_groups = spec.needs_groups
         self.whole_episodes = spec.full_episodes
-        limit = t.max_episode_steps or gym.spec(t.env_id).max_episode_steps
+        limit = time_limit(t.env_id, t.max_episode_steps)
         self.norm_len = int(limit or t.rollout_steps) if spec.full_episodes else int(t.rollout_steps)
         self.seq_ids = str(cfg.loss_agg) != "token_mean"
         if spec.full_episodes:
