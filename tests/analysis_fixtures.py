@@ -129,3 +129,15 @@ def make_sweep(root: Path, *, estimators=("ppo_gae", "rloo", "reinforce"),
                                            len(cols["iteration"])),
                           config=f"seed: {seed}\ntask:\n  name: {task}\nestimator:\n  name: {est}\n")
     return root
+
+
+def run_analysis_cli(*args, timeout: int = 300):
+    """``python -m analysis ARGS`` in a subprocess of this checkout (text output captured)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    return subprocess.run([sys.executable, "-m", "analysis", *args], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,24 +1,20 @@
 """Bad arguments to `python -m analysis report|claims`: one line naming the argument and the
 allowed values, exit code 2, no traceback (the real CLI in a subprocess)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from analysis.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.analysis_fixtures import run_analysis_cli
+
 FOLDER = "an existing folder (a folder containing run directories with metrics.parquet)"
 CLAIMS_FOLDER = "an existing folder holding the claim experiments' runs"
 
 
 def _cli(*args):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "analysis", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return run_analysis_cli(*args, timeout=120)
 
 
 def _cases(tmp: Path):

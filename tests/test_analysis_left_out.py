@@ -2,10 +2,6 @@
 and counted, on stdout and in report.md / claims.md; a non-finite score never switches columns."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,15 +13,14 @@ import analysis
 from analysis import claims as C
 from harness.experiments import Point
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.analysis_fixtures import run_analysis_cli
+
 TASK = "CartPole-v1"
 NOT_SCORED = "a non-finite score is not scored (nor replaced by another column)"
 
 
 def _cli(*args):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "analysis", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_analysis_cli(*args, timeout=300)
 
 
 def _good(root, est, seed, n=8):
