@@ -142,16 +142,20 @@ class MemberOptimizer:
         scale = (lr / lr_max) if lr_max > 0 else torch.zeros_like(lr)
         rescale = moving & (scale != 1.0)
         frozen_idx = frozen.nonzero().flatten() if bool(frozen.any()) else None
-        shape = (1, self.P)  # broadcast over member_view's [k, P, ...]
-        return {"lr": lr_max, "frozen": frozen_idx,
-                "scale": scale.view(*shape) if bool(rescale.any()) else None, "keep": (~rescale).view(*shape)}
+        mix = None
+        if bool(rescale.any()):  # per parameter, each row's factor f and 1 - f ([k*P, 1, ...])
+            mix = []
+            for prm in self.params:
+                f = scale.to(prm.dtype).repeat(prm.shape[0] // self.P).view(-1, *([1] * (prm.dim() - 1)))
+                mix.append((f, 1.0 - f))
+        return {"lr": lr_max, "frozen": frozen_idx, "mix": mix}
 
     def _apply(self, plan: dict | None) -> None:
         if plan is None:
             return
         for g in self.optim.param_groups:
             g["lr"] = plan["lr"]
-        if plan["frozen"] is None and plan["scale"] is None:  # every lone run; populations without annealing
+        if plan["frozen"] is None and plan["mix"] is None:  # every lone run; populations without annealing
             self.optim.step()
             return
         P, frozen = self.P, plan["frozen"]
@@ -162,14 +166,11 @@ class MemberOptimizer:
                 saved.append((member_view(p.data, P)[:, frozen].clone(),
                               {k: member_view(v, P)[:, frozen].clone() for k, v in st.items()
                                if torch.is_tensor(v) and v.dim() > 0}))
-        old = [p.detach().clone() for p in self.params] if plan["scale"] is not None else None
+        old = [p.detach().clone() for p in self.params] if plan["mix"] is not None else None
         self.optim.step()
-        if old is not None:  # a member's change scaled by lr[p] / lr_max; its moments are its own
-            for p, o in zip(self.params, old):
-                v, vo = member_view(p.data, P), member_view(o, P)
-                tail = (1,) * (v.dim() - 2)
-                f = plan["scale"].view(1, P, *tail).to(v.dtype)
-                v.copy_(torch.where(plan["keep"].view(1, P, *tail), v, vo + (v - vo) * f))
+        if old is not None:  # a member's change scaled by f = lr[p] / lr_max: f new + (1 - f) old
+            for p, o, (f, g) in zip(self.params, old, plan["mix"]):
+                p.data.mul_(f).addcmul_(o, g)
         for p, (data, st) in zip(self.params, saved):
             member_view(p.data, P)[:, frozen] = data
             for k, v in st.items():
