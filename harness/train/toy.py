@@ -107,6 +107,7 @@ class ToySource(Source):
         self.kl_ref_target = cfg.kl.target == "ref"
         self.sequences = 0
         self.tokens = 0
+        self._exact: tuple[dict, float] | None = None
 
     def generators(self):
         return [self.gen]
@@ -115,6 +116,7 @@ class ToySource(Source):
         return [self.gen]
 
     def collect(self):
+        self._exact = None  # this iteration's exact statistics, computed once after its update
         task = self.task
         prompts = torch.randint(task.n_prompts, (self.n_groups,), generator=self.gen)
         batch = task.sample(self.theta, prompts.repeat_interleave(self.k), self.gen)
@@ -162,20 +164,26 @@ class ToySource(Source):
         den = float(g.norm() * true.norm())
         return [{"grad_cos": float((g * true).sum()) / den if den > 0 else float("nan")}]
 
+    def exact(self) -> tuple[dict, float]:
+        """``(exact_stats, exact KL to the reference)`` of the updated policy, computed once per
+        iteration (evaluation, adaptive KL and the metric row all read them)."""
+        if self._exact is None:
+            with torch.no_grad():
+                theta = self.theta.detach()
+                self._exact = (self.task.exact_stats(theta), float(self.task.sequence_kl(theta, self.theta_ref)))
+        return self._exact
+
     def kl_to_reference(self, batch):
-        with torch.no_grad():
-            return torch.tensor([float(self.task.sequence_kl(self.theta.detach(), self.theta_ref))])
+        return torch.tensor([self.exact()[1]])
 
     def evaluate(self, flags):
-        return [{"eval_return": self.task.exact_stats(self.theta.detach())["J"]}]
+        return [{"eval_return": self.exact()[0]["J"]}]
 
     def episode_return(self, p, batch):
         return float(batch.reward.mean())
 
     def row_extras(self, p, batch, stats, ev, pre, row) -> dict:
-        ex = self.task.exact_stats(self.theta.detach())
-        with torch.no_grad():
-            kl_ref = float(self.task.sequence_kl(self.theta.detach(), self.theta_ref))
+        ex, kl_ref = self.exact()
         out = {
             "reward": float(batch.reward.mean()), "gold_reward": None, "kl_ref": kl_ref,
             "response_len": float(batch.length.double().mean()), "tokens": int(self.tokens),
