@@ -1,4 +1,5 @@
-"""``python -m analysis <command>``: ``report`` and ``claims`` (both read results; neither runs anything).
+"""``python -m analysis <command>``: ``report`` (reads results) and ``claims`` (reads results; with
+``--run`` it first runs the claim experiments that are missing, through :mod:`harness.experiments`).
 
 Exit codes: 0 success, 2 bad input: an argument outside its allowed values (one line naming
 the argument and what is allowed, no usage dump, no traceback), or a folder without runs.
@@ -72,7 +73,8 @@ def _claim_ids(text: str) -> set[str]:
     unknown = sorted(ids - set(CLAIMS_BY_ID), key=lambda c: (len(c), c))
     if not ids or unknown:
         what = f"unknown claim id(s) {', '.join(unknown)}" if unknown else f"{text!r} names no claim"
-        raise argparse.ArgumentTypeError(f"{what}; allowed: comma-separated ids among C1-C22")
+        ids_all = list(CLAIMS_BY_ID)
+        raise argparse.ArgumentTypeError(f"{what}; allowed: comma-separated ids among {ids_all[0]}-{ids_all[-1]}")
     return ids
 
 
@@ -133,19 +135,38 @@ def _run_report(args) -> int:
     return 0
 
 
+def _readme_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a file; allowed: an existing markdown file with the "
+                                         "<!-- claims-table:start --> and <!-- claims-table:end --> markers")
+    if "<!-- claims-table:start -->" not in path.read_text(errors="replace"):
+        raise argparse.ArgumentTypeError(f"{text} has no <!-- claims-table:start --> marker; allowed: a markdown "
+                                         "file with the claims-table start and end markers")
+    return path
+
+
 def _add_claims(sub) -> None:
     p = sub.add_parser("claims", help="verdicts for the claims from the runs in DIR (claims.md)",
-                       description="Verdicts for claims C1-C22 (CLAIMS.md) from runs the harness produced in DIR: "
-                                   "DIR/claims.md, DIR/claims.json and DIR/claims_figures/. Runs nothing: "
-                                   "python -m harness.experiments claims DIR [--quick] runs the experiments.")
+                       description="Verdicts for the claims of conf/claims.yaml (CLAIMS.md) from runs the harness "
+                                   "produced in DIR: DIR/claims.md, DIR/claims.json and DIR/claims_figures/. "
+                                   "With --run, first runs what is missing (every claim experiment's sweep and "
+                                   "the exact claims' tests).")
     p.add_argument("results", metavar="DIR", type=_claims_folder,
                    help="folder holding the claim experiments' runs")
+    p.add_argument("--run", action="store_true",
+                   help="run the missing claim experiments and the exact claims' tests first (finished runs are "
+                        "skipped)")
     p.add_argument("--quick", action="store_true",
-                   help="judge the quick variant of the experiments (smaller budgets, wider intervals, LM claims "
-                        "skipped), as run by python -m harness.experiments claims DIR --quick")
+                   help="the quick variant of the experiments (smaller budgets, wider intervals, LM claims skipped)")
     p.add_argument("--only", type=_claim_ids, default=None, metavar="IDS",
-                   help="comma-separated claim ids among C1-C22, e.g. C3,C5,C6")
-    p.add_argument("--run", action="store_true", help=argparse.SUPPRESS)  # moved to harness.experiments
+                   help="comma-separated claim ids, e.g. C3,C5,C6")
+    p.add_argument("--seed-offset", type=_int_at_least(0), default=0, metavar="K",
+                   help="run/judge every experiment on seeds shifted by K (1000: disjoint from the default seeds); "
+                        "each offset keeps its own report and every report shows all offsets side by side")
+    p.add_argument("--readme", type=_readme_file, default=None, metavar="FILE",
+                   help="also rewrite FILE's claims table (between its claims-table markers) from the reports "
+                        "of every offset in DIR")
     p.set_defaults(func=_run_claims)
 
 
@@ -155,23 +176,34 @@ def _run_claims(args) -> int:
     from . import claims
 
     only = args.only
-    ids = ",".join(sorted(only, key=lambda c: int(c[1:]))) if only else ""
-    command = (f"python -m harness.experiments claims {args.results}{' --quick' if args.quick else ''}"
-               f"{' --only ' + ids if ids else ''}")
-    if args.run:  # analysis only reads results; the harness runs the experiments
-        print(f"analysis runs nothing; run the experiments with: {command}", file=sys.stderr)
-        return 2
     t0 = time.time()
-    res = claims.build_claims(args.results, quick=args.quick, only=only, progress=print)
+    if args.run:
+        from harness.experiments.run import describe, run_claims  # the one named exception (.importlinter)
+
+        totals = run_claims(args.results, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print)
+        print(f"[claims] runs: {describe(totals) or 'nothing to run'} ({time.time() - t0:.0f} s)")
+    res = claims.build_claims(args.results, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print)
     out, verdicts = res.out, res.verdicts
     print(claims.format_table(verdicts))
     counts = {v: sum(x.verdict == v and not x.not_run for x in verdicts) for v in claims.VERDICTS}
     not_run = sum(bool(x.not_run) for x in verdicts)
     print(f"{len(verdicts)} claims: " + ", ".join(f"{n} {k}" for k, n in counts.items())
           + f", {not_run} not run  ({time.time() - t0:.0f} s)")
+    stab = claims.stability(Path(args.results).resolve(), args.quick)
+    if len(stab["offsets"]) > 1:
+        print(f"seed offsets {stab['offsets']}: {stab['summary']}")
     _print_left_out(res.left_out)
     if res.missing:
-        print(f"{res.missing} run director{'y' if res.missing == 1 else 'ies'} not run yet ({command})")
+        ids = ",".join(sorted(only, key=lambda c: int(c[1:]))) if only else ""
+        print(f"{res.missing} run director{'y' if res.missing == 1 else 'ies'} not run yet (python -m analysis "
+              f"claims {args.results} --run{' --quick' if args.quick else ''}"
+              f"{f' --seed-offset {args.seed_offset}' if args.seed_offset else ''}{' --only ' + ids if ids else ''})")
+    if args.readme is not None:
+        from .claims.report import readme_table, update_readme
+
+        cmd = f"python -m analysis claims {args.results}{' --quick' if args.quick else ''} --readme {args.readme}"
+        update_readme(args.readme, readme_table(Path(args.results).resolve(), args.quick, cmd))
+        print(f"claims table: {args.readme}")
     print(f"report: {out}")
     return 0
 

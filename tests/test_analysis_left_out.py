@@ -145,7 +145,7 @@ def test_claims_names_runs_it_does_not_use(tmp_path, monkeypatch, capsys):
     never = exp / TASK / "rloo" / "seed9"
     cfg = OmegaConf.create({"mode": "train"})
 
-    def compose(name, r, quick):
+    def compose(name, r, quick, seed_offset=0):
         if name != "claim_c3":
             raise C.NotRun(f"{name} not in this test")
         return [Point(name, ["experiment=claim_c3", "x", "y", f"seed={i}"], cfg, [d])
@@ -177,4 +177,4 @@ def test_claims_names_runs_it_does_not_use(tmp_path, monkeypatch, capsys):
     assert "3 run(s) left out (not scored):" in lines
     assert sorted(ln for ln in lines if ln.startswith("  left out: ")) == sorted(
         f"  left out: {p}: {why}" for p, why in reasons.items())
-    assert f"1 run directory not run yet (python -m harness.experiments claims {root} --only C3)" in lines
+    assert f"1 run directory not run yet (python -m analysis claims {root} --run --only C3)" in lines

@@ -1,5 +1,6 @@
-"""Claims report: verdict rules on synthetic data with known answers, the not-run path, and one
-claim end to end on the toy task (run by harness.experiments, judged by analysis.claims)."""
+"""Claims report: rules with hand-worked answers, each fixed rule on data where the old rule gave
+the wrong verdict, the claims-as-data table, seed offsets and stability, the exact claims'
+pytest marker, and one claim end to end on the toy task."""
 import json
 
 import numpy as np
@@ -7,104 +8,294 @@ import pandas as pd
 import pytest
 
 from analysis import claims as C
+from analysis.claims import kinds as K
+from analysis.claims.report import README_END, README_START, readme_table, update_readme
+from analysis.claims.rules import POWER_FACTOR, Rule, judge_part, needed_n
+from analysis.claims.spec import load_claims
+from analysis.stats import HYPERPARAMETERS
 from harness import experiments as X
 from harness.experiments import run as XR
 
 
 # ----------------------------------------------------------------------------- rules
 
-def test_effect_rule_reads_the_interval_against_the_threshold():
-    assert C.rule_greater("s", 2.0, 1.5, 2.5, 1.0).verdict == "supported"
-    assert C.rule_greater("s", 0.5, 0.2, 0.8, 1.0).verdict == "refuted"
-    assert C.rule_greater("s", 1.1, 0.8, 1.4, 1.0).verdict == "inconclusive"
-    assert C.rule_less("s", 0.5, 0.2, 0.8, 1.0).verdict == "supported"
-    assert C.rule_less("s", 2.0, 1.5, 2.5, 1.0).verdict == "refuted"
-    assert C.rule_greater("s", np.nan, np.nan, np.nan, 0.0).verdict == "inconclusive"
+@pytest.mark.parametrize("rule,interval,verdict", [
+    ({"greater": 1}, (1.5, 2.5), "supported"), ({"greater": 1}, (0.2, 0.8), "refuted"),
+    ({"greater": 1}, (0.8, 1.4), "inconclusive"), ({"less": 1}, (0.2, 0.8), "supported"),
+    ({"less": 1}, (1.5, 2.5), "refuted"), ({"less": 1}, (0.9, 1.1), "inconclusive"),
+    ({"equivalent": 0.1}, (-0.05, 0.08), "supported"), ({"equivalent": 0.1}, (0.12, 0.3), "refuted"),
+    ({"equivalent": 0.1}, (-0.3, -0.11), "refuted"), ({"equivalent": 0.1}, (0.05, 0.2), "inconclusive"),
+    ({"equivalent": {"to": 1.0, "tol": 0.05}}, (0.97, 1.04), "supported"),
+    ({"equivalent": {"to": 1.0, "tol": 0.05}}, (0.5, 0.9), "refuted"),
+    ({"between": [0, 0.1]}, (0.02, 0.03), "supported"), ({"between": [0, 0.1]}, (-0.01, 0.03), "inconclusive"),
+    ({"between": [0, 0.1]}, (0.2, 0.5), "refuted"), ({"greater": 0}, (np.nan, np.nan), "inconclusive"),
+])
+def test_rules_read_the_interval(rule, interval, verdict):
+    lo, hi = interval
+    assert Rule.parse(rule).judge((lo + hi) / 2, lo, hi) == verdict
 
 
-def test_null_rule_needs_zero_inside_and_a_narrow_interval():
-    assert C.rule_null("b", 0.001, -0.004, 0.006, 0.01).verdict == "supported"
-    assert C.rule_null("b", 0.001, -0.03, 0.05, 0.01).verdict == "inconclusive"  # too wide to call a null
-    assert C.rule_null("b", 0.02, 0.01, 0.03, 0.05).verdict == "refuted"  # excludes 0: an effect was found
-    assert C.rule_exact("x", 1e-12).verdict == "supported" and C.rule_exact("x", 1e-3).verdict == "refuted"
+def test_exact_rule_and_bad_rules():
+    assert Rule.parse({"exact": 1e-9}).judge(1e-12, 0, 0) == "supported"
+    assert Rule.parse({"exact": 1e-9}).judge(1e-3, 0, 0) == "refuted"
+    for bad in ({"bigger": 1}, {"between": [1, 0]}, {"greater": 1, "less": 2}, "greater"):
+        with pytest.raises(ValueError):
+            Rule.parse(bad)
 
 
-def test_combine_parts():
+def test_old_null_rule_refuted_a_negligible_effect_the_equivalence_rule_supports():
+    """C18 on fresh seeds: growth -0.046 [-0.079, -0.018] tokens, tolerance 0.1. The old null rule
+    refuted it (the interval excludes 0); inside the tolerance, the equivalence rule supports it."""
+    assert Rule.parse({"equivalent": 0.1}).judge(-0.046, -0.079, -0.018) == "supported"
+    # the same rule still refutes an effect outside the tolerance
+    assert Rule.parse({"equivalent": 0.1}).judge(-0.3, -0.4, -0.2) == "refuted"
+
+
+def test_needed_n_by_hand():
+    # greater 0: point 0.1, interval [-0.1, 0.3] at n = 10: h = 0.2, m = 0.1 -> 10 * 4 * factor
+    assert needed_n(Rule.parse({"greater": 0}), 0.1, -0.1, 0.3, 10) == np.ceil(10 * 4 * POWER_FACTOR)
+    assert POWER_FACTOR == pytest.approx(((1.959964 + 0.841621) / 1.959964) ** 2)
+    # equivalence within 0.1, point 0.02, interval [-0.2, 0.24] at n = 100: the upper end must come
+    # inside: h = 0.22, m = 0.08 (the lower end: h = 0.22, m = 0.12 needs less)
+    assert needed_n(Rule.parse({"equivalent": 0.1}), 0.02, -0.2, 0.24, 100) == np.ceil(100 * (0.22 / 0.08) ** 2
+                                                                                         * POWER_FACTOR)
+    # a point estimate on the threshold can never be decided
+    assert needed_n(Rule.parse({"greater": 0}), 0.0, -1, 1, 10) is None
+    part = judge_part("p", Rule.parse({"greater": 0}), 0.1, -0.1, 0.3, 10, "10 seeds", "seeds")
+    assert part.verdict == "inconclusive" and part.needs == \
+        f"undecided at n = 10 seeds, deciding needs about n = {np.ceil(40 * POWER_FACTOR):g}"
+
+
+def test_combine_and_power_parts():
     s, r, i = (C.Part("p", 0, 0, 0, "", v) for v in ("supported", "refuted", "inconclusive"))
-    assert C.combine([s, s]) == "supported"
-    assert C.combine([s, i]) == "inconclusive"
-    assert C.combine([s, i, r]) == "refuted"
-    assert C.combine([]) == "inconclusive"
+    weak = C.Part("control", 0, 0, 0, "", "inconclusive", role="power")
+    assert C.combine([s, s]) == "supported" and C.combine([s, i]) == "inconclusive"
+    assert C.combine([s, i, r]) == "refuted" and C.combine([]) == "inconclusive"
+    assert C.combine([s, weak]) == "inconclusive"  # the data could not have shown the opposite
+    assert C.combine([r, weak]) == "refuted"
 
 
-def test_a_true_effect_is_found_and_a_null_effect_never_is():
+def test_bootstraps_find_a_true_effect_and_use_shared_noise():
     rng = np.random.default_rng(1)
-    # true effect: group a is larger by 1 sd over 40 samples each
     a, b = rng.normal(1.0, 1.0, 40), rng.normal(0.0, 1.0, 40)
-    diff = C.group_bootstrap({"a": a, "b": b}, lambda g: C._mean(g["a"]) - C._mean(g["b"]))
-    assert C.rule_greater("d", *diff, 0.0).verdict == "supported"
-    assert C.rule_null("d", *diff, 0.1).verdict == "refuted"
-    # null effect built symmetric (b = -a): the point estimate is exactly 0, so an effect rule can
-    # never call it supported, and the null rule calls it supported only with a narrow interval
-    x = rng.normal(0.0, 1.0, 40)
-    null = C.group_bootstrap({"a": x, "b": -x}, lambda g: C._mean(g["a"]) + C._mean(g["b"]))
-    assert null[0] == pytest.approx(0.0, abs=1e-12)
-    assert C.rule_greater("d", *null, 0.0).verdict == "inconclusive"
-    assert C.rule_null("d", *null, 0.05).verdict == "inconclusive"  # 40 noisy samples: too wide
-    tight = np.concatenate([x, -x]) * 1e-3
-    t = C.group_bootstrap({"a": tight}, lambda g: C._mean(g["a"]))
-    assert C.rule_null("d", *t, 0.05).verdict == "supported"
-
-
-def test_paired_bootstrap_uses_the_shared_noise():
-    rng = np.random.default_rng(0)
+    diff = K.group_bootstrap({"a": a, "b": b}, lambda g: K._mean(g["a"]) - K._mean(g["b"]))
+    assert Rule.parse({"greater": 0}).judge(*diff) == "supported"
     noise = rng.normal(0, 10.0, 500)
-    a, b = noise + 0.5, noise  # a differs from b by exactly 0.5 on every shared batch
-    pt, lo, hi = C.paired_bootstrap({"a": a, "b": b}, lambda d: C._mean(d["a"]) - C._mean(d["b"]))
+    pt, lo, hi = K.paired_bootstrap({"a": noise + 0.5, "b": noise}, lambda d: K._mean(d["a"]) - K._mean(d["b"]))
     assert (pt, lo, hi) == pytest.approx((0.5, 0.5, 0.5))
-    unpaired = C.group_bootstrap({"a": a, "b": b}, lambda d: C._mean(d["a"]) - C._mean(d["b"]))
-    assert unpaired[2] - unpaired[1] > 1.0  # without pairing the same difference drowns in noise
+    unpaired = K.group_bootstrap({"a": noise + 0.5, "b": noise}, lambda d: K._mean(d["a"]) - K._mean(d["b"]))
+    assert unpaired[2] - unpaired[1] > 1.0
 
 
-# ----------------------------------------------------------------------------- claim evaluation
+# ----------------------------------------------------------------------------- synthetic evidence
 
-def _c3_data(var_ratio: float, baseline_bias: tuple[float, float, float], control_low: float = 1.0) -> dict:
+def _train_data(name: str, groups: list[tuple[dict, dict]], seeds=range(6), iters: int = 12) -> C.ExpData:
+    """Training runs: one run directory per (config, seed); ``groups``: (sweep values, column -> f(seed, it))."""
+    rows, runs, sweep = [], [], []
+    for gi, (swept, cols) in enumerate(groups):
+        for seed in seeds:
+            rd = f"{name}/g{gi}/seed{seed}"
+            runs.append({"run_dir": rd, "status": "completed", "reason": None, "point": str(swept)})
+            sweep.append({"run_dir": rd, **swept})
+            for it in range(1, iters + 1):
+                row = {"run_dir": rd, "seed": seed, "iteration": it, "task": "t", "estimator": "ppo_gae",
+                       "status": "completed", "env_steps": 100 * it, "episode_return": np.nan,
+                       **{hp: np.nan for hp in HYPERPARAMETERS}}
+                row.update({c: f(seed, it) for c, f in cols.items()})
+                rows.append(row)
+    return C.ExpData(name, pd.DataFrame(runs), pd.DataFrame(), pd.DataFrame(), pd.DataFrame(rows), pd.DataFrame(sweep))
+
+
+def _probe_data(name: str, rows: list[dict], batches: dict[str, np.ndarray] | None = None,
+                column: str = "dev_sq") -> C.ExpData:
+    probe, tabs, sweep = [], [], []
+    for i, r in enumerate(rows):
+        rd = f"{name}/p{i}"
+        swept = r.pop("_sweep", {})
+        sweep.append({"run_dir": rd, **swept})
+        probe.append({"run_dir": rd, "scope": "all", "seed": 0, "batches": 1000, **r})
+        if batches and r.get("estimator") in batches:
+            arr = batches[r["estimator"]]
+            tabs.append(pd.DataFrame({"run_dir": rd, "scope": "all", "seed": 0, "batch": np.arange(arr.size),
+                                      column: arr}))
+    runs = pd.DataFrame({"run_dir": [p["run_dir"] for p in probe], "status": "completed", "reason": None,
+                         "point": ""})
+    return C.ExpData(name, runs, pd.DataFrame(probe), pd.concat(tabs) if tabs else pd.DataFrame(), pd.DataFrame(),
+                     pd.DataFrame(sweep))
+
+
+def _judge(cid: str, data: dict) -> C.Verdict:
+    return C.evaluate_claim(C.CLAIMS_BY_ID[cid], data, {})
+
+
+def test_c19_vacuous_evidence_no_longer_supports():
+    """Old C19: runs where clipping cannot act (ratio exactly 1: clip fraction exactly 0, clipped
+    and unclipped identical) made "clipping is rarely active" and "removing it costs little" look
+    supported. Now each epoch setting needs a clip fraction > 0 (power check): inconclusive."""
+    same = lambda s, it: 0.5 + 0.01 * it + 0.001 * s  # noqa: E731 - identical with and without clipping
+    vacuous = _train_data("claim_c19", [({"epochs": e, "clip_eps": c}, {"clip_frac": lambda s, it: 0.0, "reward": same})
+                                        for e in (1, 2) for c in (0.2, None)])
+    v = _judge("C19", {"claim_c19": vacuous})
+    assert v.verdict == "inconclusive"
+    assert all(p.verdict == "supported" for p in v.parts if p.role == "judged")  # the old reading
+    assert [p.verdict for p in v.parts if p.role == "power"] == ["inconclusive", "inconclusive"]  # exactly 0
+    # clipping acting on 2% of tokens, rewards equal within 0.005: supported
+    active = _train_data("claim_c19", [({"epochs": e, "clip_eps": c},
+                                        {"clip_frac": lambda s, it, c=c: 0.02 + 0.001 * (s % 3) if c else 0.0,
+                                         "reward": lambda s, it, c=c: same(s, it) + (0.003 if c else 0.0)})
+                                       for e in (1, 2) for c in (0.2, None)])
+    assert _judge("C19", {"claim_c19": active}).verdict == "supported"
+
+
+def test_c9_credits_epochs_not_the_preset():
+    """Old C9 compared ppo_gae's tuned preset with untuned one-step estimators: a gap between
+    presets read as "epochs help". Now epochs=10 vs epochs=1 of one preset: equal curves are not
+    evidence (inconclusive), a real epochs effect is."""
+    flat = lambda s, it: 100.0 + 10 * it + 5 * np.sin(s)  # noqa: E731
+    equal = _train_data("claim_c9", [({"epochs": 10}, {"eval_return": flat}), ({"epochs": 1}, {"eval_return": flat})])
+    v = _judge("C9", {"claim_c9": equal})
+    assert v.verdict == "inconclusive" and v.point == pytest.approx(0.0)
+    better = _train_data("claim_c9", [({"epochs": 10}, {"eval_return": lambda s, it: flat(s, it) + 50}),
+                                      ({"epochs": 1}, {"eval_return": flat})])
+    assert _judge("C9", {"claim_c9": better}).verdict == "supported"
+
+
+def test_c4_judges_direction_and_scale_not_bias_above_zero():
+    """Old C4 read "a little bias" as relative squared bias > 0, which any bias passes. Now GRPO's
+    direction bias 1 - cos must lie in (0, 0.1) and the group mean's scale must be (k-1)/k."""
+    def rows(grpo_cos, dr_weight=0.875):
+        return [{"estimator": "rloo", "rel_bias_sq": 0.0, "rel_bias_sq_low": -0.002, "rel_bias_sq_high": 0.002,
+                 "weight": 1.0, "weight_low": 0.99, "weight_high": 1.01, "_sweep": {"estimator": "rloo"}},
+                {"estimator": "grpo", "rel_bias_sq": 1.6, "rel_bias_sq_low": 1.5, "rel_bias_sq_high": 1.7,
+                 "cos_mean": grpo_cos, "cos_mean_low": grpo_cos - 0.01, "cos_mean_high": grpo_cos + 0.01,
+                 "weight": 2.2, "weight_low": 2.1, "weight_high": 2.3, "_sweep": {"estimator": "grpo"}},
+                {"estimator": "dr_grpo", "rel_bias_sq": 0.02, "rel_bias_sq_low": 0.015, "rel_bias_sq_high": 0.025,
+                 "cos_mean": 1.0, "cos_mean_low": 0.998, "cos_mean_high": 1.002, "weight": dr_weight,
+                 "weight_low": dr_weight - 0.01, "weight_high": dr_weight + 0.01, "_sweep": {"estimator": "dr_grpo"}}]
+    assert _judge("C4", {"claim_c4": _probe_data("claim_c4", rows(0.97))}).verdict == "supported"
+    # a large direction bias (cos 0.5) passed the old "bias > 0" rule: it is not "a little"
+    assert _judge("C4", {"claim_c4": _probe_data("claim_c4", rows(0.5))}).verdict == "refuted"
+    # the group mean including itself must shrink the gradient by (k-1)/k, not leave it whole
+    assert _judge("C4", {"claim_c4": _probe_data("claim_c4", rows(0.97, dr_weight=1.0))}).verdict == "refuted"
+
+
+def test_c14_is_a_measured_property_that_can_fail():
+    """Old C14 checked that critic-free advantages are constant within a response, true by
+    construction. Now: a learned critic's per-token advantages are closer to Q - V than the
+    critic-free broadcast; a bad critic refutes it."""
     rng = np.random.default_rng(0)
-    M = 400
-    dev_rf = rng.gamma(2.0, 1.0, M)
-    probe, batches = [], []
-    for est, ctrl, dev, bias in (("reinforce", False, dev_rf, (0.0, -0.01, 0.01)),
-                                 ("baseline", False, dev_rf * var_ratio, baseline_bias),
-                                 ("reinforce", True, dev_rf, (2.0, control_low, 3.0))):
-        run_dir = f"{est}-{ctrl}"
-        probe.append({"run_dir": run_dir, "scope": "all", "estimator": est, "negative_control": ctrl, "seed": 0,
-                      "batches": M, "rel_bias_sq": bias[0], "rel_bias_sq_low": bias[1], "rel_bias_sq_high": bias[2],
-                      "critic_rmse": 0.01})
-        batches.append(pd.DataFrame({"run_dir": run_dir, "scope": "all", "seed": 0, "batch": np.arange(M),
-                                     "dev_sq": dev}))
-    runs = pd.DataFrame({"run_dir": [p["run_dir"] for p in probe], "status": "completed", "reason": None, "point": ""})
-    return {"claim_c3": C.ExpData("claim_c3", runs, pd.DataFrame(probe), pd.concat(batches), pd.DataFrame())}
+    base = rng.gamma(2.0, 1.0, 400)
+
+    def data(critic_scale):
+        rows = [{"estimator": e, "adv_within_std": 0.0 if e == "grpo" else 0.06, "_sweep": {"estimator": e}}
+                for e in ("rloo", "ppo_gae", "a2c", "grpo")]
+        return _probe_data("claim_c14", rows, {"rloo": base, "ppo_gae": base * critic_scale, "a2c": base * critic_scale},
+                           column="adv_mse")
+    assert _judge("C14", {"claim_c14": data(0.5)}).verdict == "supported"
+    assert _judge("C14", {"claim_c14": data(1.5)}).verdict == "refuted"
 
 
-def test_c3_verdicts_on_synthetic_probes_with_known_answers():
-    assert C.eval_c3(_c3_data(0.3, (0.0, -0.004, 0.004))).verdict == "supported"
-    # no variance reduction (ratio exactly 1 on every batch): never supported
-    assert C.eval_c3(_c3_data(1.0, (0.0, -0.004, 0.004))).verdict == "inconclusive"
-    # more variance: refuted; a detected baseline bias: refuted
-    assert C.eval_c3(_c3_data(1.5, (0.0, -0.004, 0.004))).verdict == "refuted"
-    assert C.eval_c3(_c3_data(0.3, (0.2, 0.1, 0.3))).verdict == "refuted"
-    # the probe missed the deliberately biased control: no power, so no "supported"
-    assert C.eval_c3(_c3_data(0.3, (0.0, -0.004, 0.004), control_low=-0.5)).verdict == "inconclusive"
+def test_for_each_and_optional_parts():
+    rows = [{"rel_bias_sq": b, "rel_bias_sq_low": b - 0.002, "rel_bias_sq_high": b + 0.002,
+             "_sweep": {"probe.proposal_shift": s}} for s, b in ((0.0, 0.0), (2.0, 0.05))]
+    e = _probe_data("claim_c13", rows, None)
+    e.batches = pd.concat([pd.DataFrame({"run_dir": f"claim_c13/p{i}", "scope": "all", "seed": 0,
+                                         "batch": np.arange(50), "dev_sq": np.full(50, v)})
+                           for i, v in enumerate((1.0, 3.0))])
+    v = _judge("C13", {"claim_c13": e})
+    names = [p.name for p in v.parts]
+    assert names[1:] == ["gradient relative squared bias at shift 0", "gradient relative squared bias at shift 2"]
+    assert [p.verdict for p in v.parts] == ["supported", "supported", "refuted"] and v.verdict == "refuted"
+    # C3's CartPole part is optional: judged without it, with a note
+    c3_rows = [{"estimator": est, "rel_bias_sq": b, "rel_bias_sq_low": lo, "rel_bias_sq_high": hi,
+                "_sweep": {"estimator": est, "probe.negative_control": ctrl}}
+               for est, ctrl, b, lo, hi in (("reinforce", False, 0, -0.01, 0.01), ("baseline", False, 0, -0.004, 0.004),
+                                            ("reinforce", True, 2.0, 1.0, 3.0))]
+    rng = np.random.default_rng(0)
+    dev = rng.gamma(2.0, 1.0, 300)
+    d = _probe_data("claim_c3", c3_rows, None)
+    d.batches = pd.concat([pd.DataFrame({"run_dir": f"claim_c3/p{i}", "scope": "all", "seed": 0,
+                                         "batch": np.arange(300), "dev_sq": dev * f}) for i, f in enumerate((1, 0.3, 1))])
+    v = C.evaluate_claim(C.CLAIMS_BY_ID["C3"], {"claim_c3": d}, {"claim_c3_control": "skipped here"})
+    assert v.verdict == "supported" and "CartPole" in v.note and "skipped here" in v.note
+
+
+# ----------------------------------------------------------------------------- the table as data
+
+def test_claims_table_is_consistent_with_the_experiments():
+    ids = [c.id for c in C.CLAIMS]
+    assert ids == X.CLAIM_IDS and ids[:22] == [f"C{i}" for i in range(1, 23)]
+    for c in C.CLAIMS:
+        assert c.rule and c.text and c.source
+        assert c.exact == (c.id in X.EXACT_CLAIMS)
+        assert c.exact or (c.parts and all(p.rule is not None for p in c.parts))
+        for x in c.experiments:
+            assert x in X.EXPERIMENTS, (c.id, x)
+    for name, ex in X.EXPERIMENTS.items():
+        if ex.family == "lm" and X.lm_unavailable():
+            continue
+        for quick in (False, True):
+            assert len(X.sweep_overrides(X.sweep_params(name, quick))) >= 1
+
+
+def test_a_malformed_claim_entry_is_named(tmp_path):
+    f = tmp_path / "claims.yaml"
+    f.write_text("C1:\n  text: t\n  source: s\n  experiments: [claim_c4]\n  parts:\n"
+                 "    - {name: p, stat: no_such_kind, rule: {greater: 0}}\n")
+    with pytest.raises(ValueError, match="C1 part 'p': stat must be one of"):
+        load_claims(f)
+    f.write_text("C1:\n  text: t\n  source: s\n  experiments: [claim_c4]\n  parts:\n"
+                 "    - {name: p, stat: probe_value, column: x, rule: {greater: 0}, colour: red}\n")
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['colour'\]"):
+        load_claims(f)
+
+
+def test_sweep_expansion_is_hydras_cartesian_product():
+    combos = X.sweep_overrides({"estimator": "a,b", "++probe.batches": "4", "clip_eps": "0.2,null"})
+    assert len(combos) == 4 and ["estimator=a", "++probe.batches=4", "clip_eps=null"] in combos
+
+
+def test_seed_offset_moves_every_run_to_disjoint_seeds(tmp_path):
+    base = X.compose_points("claim_c18", tmp_path, quick=True)
+    moved = X.compose_points("claim_c18", tmp_path, quick=True, seed_offset=1000)
+    assert [p.sweep for p in base] == [p.sweep for p in moved]
+    seeds = lambda pts: {int(str(d).rsplit("seed", 1)[1].split("-")[0]) if "seed" in str(d) else None  # noqa: E731
+                         for p in pts for d in p.run_dirs}
+    assert {int(p.cfg.seed) for p in moved} == {int(p.cfg.seed) + 1000 for p in base}
+    assert not {d for p in base for d in p.run_dirs} & {d for p in moved for d in p.run_dirs}
+    assert seeds(base) != seeds(moved)
+
+
+# ----------------------------------------------------------------------------- reports
+
+def _report(root, offset, verdicts):
+    (root / (f"claims_seed{offset}.json" if offset else "claims.json")).write_text(json.dumps(
+        {"mode": "full", "seed_offset": offset, "verdicts": [
+            {"claim": c, "verdict": v, "label": v, "point": 1.0, "low": 0.5, "high": 1.5, "not_run": None}
+            for c, v in verdicts.items()]}))
+
+
+def test_stability_flags_a_verdict_that_flips(tmp_path):
+    _report(tmp_path, 0, {"C3": "supported", "C18": "supported", "C8": "inconclusive"})
+    _report(tmp_path, 1000, {"C3": "supported", "C18": "refuted", "C8": "supported"})
+    st = C.stability(tmp_path, quick=False)
+    status = {r["claim"]: r["status"] for r in st["rows"]}
+    assert st["offsets"] == [0, 1000] and status == {"C3": "stable", "C8": "undecided", "C18": "unstable"}
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{README_START}\nold\n{README_END}\noutro\n")
+    update_readme(readme, readme_table(tmp_path, False, "cmd"))
+    text = readme.read_text()
+    assert "old" not in text and text.startswith("intro\n") and text.endswith("outro\n")
+    assert "| C18 |" in text and "**unstable**" in text and "seeds +1000" in text
 
 
 def test_missing_runs_are_inconclusive_not_run(tmp_path):
     out, verdicts = C.build_claims_report(tmp_path, quick=False, only={"C1", "C3", "C10"}, progress=lambda s: None)
     by = {v.claim: v for v in verdicts}
     assert all(v.verdict == "inconclusive" and v.not_run for v in verdicts)
-    assert "python -m harness.experiments claims" in by["C3"].not_run
+    assert "python -m analysis claims DIR --run" in by["C3"].not_run
     assert by["C1"].not_run.startswith("tests not run")
-    text = out.read_text()
-    assert "inconclusive — not run" in text and "| C10 |" in text
+    assert "inconclusive — not run" in out.read_text()
     assert json.loads((tmp_path / "claims.json").read_text())["verdicts"][0]["claim"] == "C1"
 
 
@@ -117,38 +308,32 @@ def test_lm_claims_say_why_they_were_not_run(tmp_path, monkeypatch):
     assert quick[0].not_run.startswith("--quick skips the LM task")
 
 
-def test_every_claim_has_a_rule_and_every_experiment_file_composes():
-    assert [c.id for c in C.CLAIMS] == [f"C{i}" for i in range(1, 23)]
-    for c in C.CLAIMS:
-        assert c.rule and (c.exact or c.evaluate is not None)
-        assert c.exact or c.experiments  # every claim is exact or has an experiment (harness.experiments)
-        for x in c.experiments:
-            assert x in X.EXPERIMENTS
-    assert set(X.CLAIM_EXPERIMENTS) | set(X.EXACT_TESTS) == set(C.CLAIMS_BY_ID) == set(X.CLAIM_IDS)
-    for name, ex in X.EXPERIMENTS.items():
-        if ex.family == "lm" and X.lm_unavailable():
-            continue
-        for quick in (False, True):
-            params = X.sweep_params(name, quick)
-            assert params, name
-            assert len(X.sweep_overrides(params)) >= 1
+def test_exact_claims_are_found_by_marker_not_by_name(tmp_path, monkeypatch):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_fake.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.claim('C16')\ndef test_renamed_freely():\n    assert 1 + 1 == 2\n\n"
+        "@pytest.mark.claim('C7')\ndef test_anything():\n    assert 1 + 1 == 3\n\n"
+        "def test_c16_named_like_a_claim_but_unmarked():\n    assert False\n")
+    rec = XR.run_exact_tests(["C16", "C7", "C12"], tmp_path / "exact_tests.json", progress=lambda s: None,
+                             repo=tmp_path)
+    assert json.loads((tmp_path / "exact_tests.json").read_text()) == rec
+    assert rec["claims"]["C16"] == {"nodes": ["tests/test_fake.py::test_renamed_freely"], "outcomes": ["passed"]}
+    assert C.eval_exact(C.CLAIMS_BY_ID["C16"], rec).verdict == "supported"
+    assert C.eval_exact(C.CLAIMS_BY_ID["C7"], rec).verdict == "refuted"
+    assert C.eval_exact(C.CLAIMS_BY_ID["C12"], rec).not_run == "no test marked claim('C12') was collected"
 
 
-def test_sweep_expansion_is_hydras_cartesian_product():
-    combos = X.sweep_overrides({"estimator": "a,b", "++probe.batches": "4", "clip_eps": "0.2,null"})
-    assert len(combos) == 4
-    assert ["estimator=a", "++probe.batches=4", "clip_eps=null"] in combos
-    assert X.sweep_overrides({"group_size": "range(2,5)"}) == [["group_size=2"], ["group_size=3"], ["group_size=4"]]
+def test_every_exact_claim_has_marked_tests():
+    import subprocess
+    import sys
 
-
-def test_analysis_claims_runs_nothing(tmp_path, capsys):
-    from analysis.cli import main
-
-    assert main(["claims", str(tmp_path), "--run", "--quick", "--only", "C3"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"analysis runs nothing; run the experiments with: python -m harness.experiments claims "
-                   f"{tmp_path} --quick --only C3"]
-    assert not any(tmp_path.iterdir())
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "claim", "tests"],
+                         capture_output=True, text=True, cwd=X.REPO)
+    collected = [ln for ln in out.stdout.splitlines() if "::" in ln]
+    files = {ln.split("::")[0] for ln in collected}
+    assert {"tests/test_returns.py", "tests/test_losses.py", "tests/test_group_kl.py"} <= files
+    assert len(collected) >= 12
 
 
 def test_c3_end_to_end_on_the_toy_task(tmp_path, monkeypatch):
@@ -161,87 +346,28 @@ def test_c3_end_to_end_on_the_toy_task(tmp_path, monkeypatch):
     XR.run_claims(tmp_path, quick=True, only={"C3"}, progress=lines.append)
     out, verdicts = C.build_claims_report(tmp_path, quick=True, only={"C3"}, progress=lines.append)
     v = verdicts[0]
-    assert not v.not_run and v.verdict in C.VERDICTS
+    assert not v.not_run
     assert v.point < 1 and v.high < 1  # the baseline lowers the variance on shared samples
-    assert any("claim_c3 (2/2)" in line for line in lines)
-    assert any("claim_c3_control (2/2)" in line for line in lines)
-    assert "Negative control not run" in v.note
+    # no negative control ran: the power check is missing, so the claim cannot be supported
+    assert v.verdict == "inconclusive" and "Power check 'negative control" in v.note
     assert any(p.name.startswith("CartPole") for p in v.parts)
-    assert (tmp_path / "claims_figures" / "c3.png").is_file()
-    # a rerun reuses the finished runs
+    assert (tmp_path / "claims_figures_quick" / "c3.png").is_file()
     lines.clear()
     XR.run_claims(tmp_path, quick=True, only={"C3"}, progress=lines.append)
     assert sum("done already" in line for line in lines) == 4
-
-
-def test_exact_claim_runs_its_tests(tmp_path, monkeypatch):
-    # a stand-in tests folder keeps the pytest subprocess light (the real one imports torch)
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_fake.py").write_text(
-        "def test_c16_holds():\n    assert 1 + 1 == 2\n\n"
-        "def test_c7_breaks():\n    assert 1 + 1 == 3\n")
-    monkeypatch.setattr(C, "REPO", tmp_path)
-    monkeypatch.setattr(C, "TESTS_DIR", tmp_path / "tests")
-    tests = {"C16": (("test_c16_",), ("test_fake.py",)), "C7": (("test_c7_",), ("test_fake.py",)),
-             "C12": (("test_c12",), ("test_lm*.py",))}
-    c16, c7, none = (C.Claim(cid, "t", "s", tests=t, test_files=f) for cid, (t, f) in tests.items())
-    # the harness runs the tests (a pytest subprocess) and records them; analysis only reads the record
-    rec = XR.run_exact_tests(["C16", "C7", "C12"], tmp_path / "exact_tests.json", progress=lambda s: None,
-                             repo=tmp_path, tests=tests)
-    assert json.loads((tmp_path / "exact_tests.json").read_text()) == rec
-    v = C.eval_exact(c16, rec)
-    assert v.verdict == "supported" and "tests/test_fake.py::test_c16_holds" in v.note
-    assert C.eval_exact(c7, rec).verdict == "refuted"
-    missing = C.eval_exact(none, rec)
-    assert missing.not_run and "no test matching" in missing.not_run and "no test file yet" in missing.not_run
-
-
-def _lm_metrics(configs: list[dict], iters: int = 12) -> "C.ExpData":
-    """Synthetic LM training curves: one run per (config, seed)."""
-    rows, runs = [], []
-    for i, c in enumerate(configs):
-        for seed in (0, 1, 2):
-            rd = f"run{i}"
-            runs.append({"run_dir": rd, "status": "completed", "reason": None, "point": str(c)})
-            for it in range(1, iters + 1):
-                f = it / iters
-                rows.append({"run_dir": rd, "seed": seed, "iteration": it, "estimator": c.get("estimator", "rloo"),
-                             "kl_beta": c.get("beta", 0.0), "epochs": c.get("epochs", 1),
-                             "cfg_clip_eps": c.get("clip", 0.2), "reward": c["reward"] * f + 0.01 * seed,
-                             "gold_reward": 0.5 + c["gold"] * f + 0.01 * seed, "kl_ref": c["kl"] * f,
-                             "clip_frac": c.get("clip_frac", 0.01), "peak_mem_mb": c.get("mem", 100.0),
-                             "wall_time_s": c.get("wall", 10.0) * f, "status": "completed"})
-    return C.ExpData("x", pd.DataFrame(runs).drop_duplicates("run_dir"), pd.DataFrame(), pd.DataFrame(),
-                     pd.DataFrame(rows))
-
-
-def test_lm_claims_on_synthetic_curves():
-    hacking = _lm_metrics([{"beta": 0.0, "reward": 1.0, "gold": -0.2, "kl": 4.0},
-                           {"beta": 0.5, "reward": 0.3, "gold": 0.1, "kl": 0.5}])
-    assert C.eval_c10({"claim_c10": hacking}).verdict == "supported"
-    honest = _lm_metrics([{"beta": 0.0, "reward": 1.0, "gold": 0.3, "kl": 4.0},
-                          {"beta": 0.5, "reward": 0.3, "gold": 0.1, "kl": 0.5}])
-    assert C.eval_c10({"claim_c10": honest}).verdict == "refuted"  # gold rises without a penalty: no hacking
-    assert C.eval_c21({"claim_c10": hacking}).verdict in C.VERDICTS
-    c15 = _lm_metrics([{"estimator": "ppo_gae", "reward": 1.0, "gold": 0.1, "kl": 1.0, "mem": 200.0, "wall": 20.0},
-                       {"estimator": "rloo", "reward": 1.0, "gold": 0.1, "kl": 1.0, "mem": 100.0, "wall": 10.0},
-                       {"estimator": "remax", "reward": 1.0, "gold": 0.1, "kl": 1.0, "mem": 110.0, "wall": 12.0}])
-    assert C.eval_c15({"claim_c15": c15}).verdict == "supported"
-    c19 = _lm_metrics([{"clip": 0.2, "reward": 1.0, "gold": 0.1, "kl": 1.0, "clip_frac": 0.2},
-                       {"clip": None, "reward": 1.0, "gold": 0.1, "kl": 1.0, "clip_frac": 0.0}])
-    assert C.eval_c19({"claim_c19": c19}).verdict == "refuted"  # clipping active on 20% of tokens
+    # on fresh seeds the same runs are new: nothing is reused
+    lines.clear()
+    XR.run_claims(tmp_path, quick=True, only={"C3"}, seed_offset=1000, progress=lines.append)
+    assert sum("done already" in line for line in lines) == 0
 
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_every_claim_experiment_composes_and_validates(tmp_path, quick):
-    """Each point of each claim experiment (full and --quick budgets) composes and passes the
-    harness's validation, so ``python -m harness.experiments claims`` never meets an invalid config mid-way."""
-    from harness.experiments import EXPERIMENTS, compose_points
     from harness.validation import validate
 
     bad = []
-    for name in EXPERIMENTS:
-        for p in compose_points(name, tmp_path, quick):
+    for name in X.EXPERIMENTS:
+        for p in X.compose_points(name, tmp_path, quick):
             try:
                 assert p.error is None, p.error
                 validate(p.cfg)

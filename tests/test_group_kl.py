@@ -33,6 +33,7 @@ def test_rloo_hand_computed():
     assert rloo(s).flatten().tolist() == pytest.approx([-3.0, -1.5, 4.5])
 
 
+@pytest.mark.claim("C16")
 @pytest.mark.parametrize("k", [2, 4, 8])
 def test_c16_group_mean_times_k_over_k_minus_1_equals_rloo(k):
     s = torch.randn(50, k, generator=torch.Generator().manual_seed(k), dtype=torch.float64)

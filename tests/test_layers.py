@@ -71,11 +71,15 @@ def test_harness_never_imports_analysis():
 
 
 def test_analysis_never_launches_training():
+    """analysis's library reads results; the one exception is its command line's ``claims --run``,
+    which hands the missing claim experiments to harness.experiments.run (as .importlinter says)."""
     launching = ("subprocess", "multiprocessing", "harness.app", "harness.__main__", "harness.train",
                  "harness.experiments.run", "harness.experiments.__main__")
-    bad = [f"{mod} -> {m}" for mod, ims in modules("analysis").items() for m in ims
-           if any(under(m, x) for x in launching)]
+    allowed = {("analysis.cli", "harness.experiments.run")}
+    found = [(mod, m) for mod, ims in modules("analysis").items() for m in ims if any(under(m, x) for x in launching)]
+    bad = [f"{mod} -> {m}" for mod, m in found if not any(mod == a and under(m, b) for a, b in allowed)]
     assert not bad, bad
+    assert any(mod == "analysis.cli" for mod, _ in found)  # the reader sees the exception it allows
 
 
 def test_the_ast_reader_sees_imports_inside_functions(tmp_path):

@@ -73,6 +73,7 @@ def _tiny(arch: str, vocab: int = 10):
                                         pad_token_id=0, eos_token_id=2, bos_token_id=1)).eval()
 
 
+@pytest.mark.claim("C12")
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_c12_teacher_forced_logprobs_equal_sequential_decoding(arch):
     """Claim C12: one teacher-forced pass gives log pi(y_t | x, y_<t) for every t, equal to the

@@ -18,28 +18,33 @@ def grad_at(ratio: float, adv: float, clip_eps=EPS):
     return logp.grad.item(), loss.item(), {k: float(v) for k, v in m.items()}
 
 
+@pytest.mark.claim("C7")
 def test_c7_positive_advantage_above_band_has_zero_gradient():
     g, loss, m = grad_at(1.5, 2.0)
     assert g == 0.0 and loss == pytest.approx(-1.2 * 2.0) and m["clip_frac"] == 1.0
 
 
+@pytest.mark.claim("C7")
 def test_c7_negative_advantage_below_band_has_zero_gradient():
     g, loss, m = grad_at(0.5, -1.0)
     assert g == 0.0 and loss == pytest.approx(0.8) and m["clip_frac"] == 1.0
 
 
+@pytest.mark.claim("C7")
 def test_c7_negative_advantage_above_band_is_not_cut_off():
     g, loss, m = grad_at(1.5, -1.0)
     # loss = -(r * A) = 1.5 ; d loss / d logp = -A * r = 1.5
     assert g == pytest.approx(1.5) and loss == pytest.approx(1.5) and m["clip_frac"] == 0.0
 
 
+@pytest.mark.claim("C7")
 @pytest.mark.parametrize("ratio,adv", [(1.1, 2.0), (0.9, -1.0), (1.0, 3.0), (0.85, 0.5)])
 def test_c7_inside_band_is_unclipped_gradient(ratio, adv):
     g, _, _ = grad_at(ratio, adv)
     assert g == pytest.approx(-adv * ratio)  # d(-r A)/d logp = -A r
 
 
+@pytest.mark.claim("C7")
 def test_c7_clipped_objective_is_lower_bound_everywhere():
     ratios = torch.linspace(0.01, 3.0, 301)
     advs = torch.linspace(-3, 3, 61)

@@ -24,12 +24,14 @@ C1 = dict(
 )
 
 
+@pytest.mark.claim("C1")
 def test_c1_worked_example_lambda_1():
     adv, ret = gae(**C1, gamma=1.0, lam=1.0)
     assert adv.flatten().tolist() == pytest.approx([0.5, 0.6, 0.2])
     assert ret.flatten().tolist() == pytest.approx([1.0, 1.0, 1.0])
 
 
+@pytest.mark.claim("C1")
 def test_c1_worked_example_lambda_0_equals_deltas():
     adv, ret = gae(**C1, gamma=1.0, lam=0.0)
     assert adv.flatten().tolist() == pytest.approx([-0.1, 0.4, 0.2])  # the document's deltas
@@ -189,6 +191,7 @@ def mc_advantage_with_bootstrap(r, v, nv, te, tr, gamma):
     return out
 
 
+@pytest.mark.claim("C2")
 @settings(max_examples=60, deadline=None)
 @given(batches)
 def test_c2_gae_lambda1_is_monte_carlo_minus_v(args):
@@ -198,6 +201,7 @@ def test_c2_gae_lambda1_is_monte_carlo_minus_v(args):
     assert torch.allclose(adv, mc_advantage_with_bootstrap(r, v, nv, te, tr, gamma), atol=1e-9)
 
 
+@pytest.mark.claim("C2")
 @settings(max_examples=60, deadline=None)
 @given(batches)
 def test_c2_gae_lambda0_is_td_error(args):
@@ -208,6 +212,7 @@ def test_c2_gae_lambda0_is_td_error(args):
     assert torch.allclose(adv, td, atol=1e-12)
 
 
+@pytest.mark.claim("C2")
 @settings(max_examples=60, deadline=None)
 @given(batches)
 def test_c2_n_step_extremes(args):

@@ -18,8 +18,9 @@ adds sweep parameters: fewer batches, seeds and steps) and skips the LM task; it
 beside the full ones (other config hashes) and ``python -m analysis claims DIR --quick`` reports
 on them.
 
-The tables here (:data:`EXPERIMENTS`, :data:`CLAIM_EXPERIMENTS`, :data:`EXACT_TESTS`) say what
-each claim needs run; :mod:`analysis.claims` reads them to find the evidence.
+The claims themselves are data, ``conf/claims.yaml`` (:data:`CLAIMS_FILE`): the ids, each claim's
+experiments and which claims are exact; :data:`EXPERIMENTS` says how each experiment runs (its
+family and --quick variant). :mod:`analysis.claims` reads both to find the evidence.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"
 TESTS_DIR = REPO / "tests"
 
-__all__ = ["CLAIM_EXPERIMENTS", "CLAIM_IDS", "EXACT_TESTS", "EXPERIMENTS", "Experiment", "NotComposed", "Point",
+__all__ = ["CLAIMS_FILE", "CLAIM_EXPERIMENTS", "CLAIM_IDS", "EXACT_CLAIMS", "EXPERIMENTS", "Experiment", "NotComposed", "Point",
            "compose_points", "experiments_for", "lm_unavailable", "point_done", "sweep_overrides", "sweep_params"]
 
 
@@ -85,25 +86,23 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("claim_c19", "lm", quick_skip="--quick skips the LM task"),
 ]}
 
+CLAIMS_FILE = CONF_DIR / "claims.yaml"  # the claims as data; analysis.claims judges them
+
+
+def _claim_table() -> dict[str, dict]:
+    import yaml
+
+    return yaml.safe_load(CLAIMS_FILE.read_text())
+
+
+_TABLE = _claim_table()
+#: Claim ids in the order of conf/claims.yaml.
+CLAIM_IDS: list[str] = list(_TABLE)
 #: Claim id -> its experiments (the first is required for a verdict, later ones add optional parts).
-CLAIM_EXPERIMENTS: dict[str, tuple[str, ...]] = {
-    "C3": ("claim_c3", "claim_c3_control"), "C4": ("claim_c4",), "C5": ("claim_c5",), "C6": ("claim_c5",),
-    "C8": ("claim_c8",), "C9": ("claim_c9",), "C10": ("claim_c10",), "C11": ("claim_c11",),
-    "C13": ("claim_c13",), "C14": ("claim_c14",), "C15": ("claim_c15",), "C17": ("claim_c17",),
-    "C18": ("claim_c18",), "C19": ("claim_c19",), "C20": ("claim_c20",), "C21": ("claim_c10",),
-    "C22": ("claim_c22",),
-}
-
-#: Exact claims -> (pytest -k name prefixes, test file globs under tests/).
-EXACT_TESTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "C1": (("test_c1_",), ("test_returns.py",)),
-    "C2": (("test_c2_",), ("test_returns.py",)),
-    "C7": (("test_c7_",), ("test_losses.py",)),
-    "C12": (("test_c12",), ("test_lm*.py",)),
-    "C16": (("test_c16_",), ("test_group_kl.py",)),
-}
-
-CLAIM_IDS = [f"C{i}" for i in range(1, 23)]
+CLAIM_EXPERIMENTS: dict[str, tuple[str, ...]] = {c: tuple(e.get("experiments") or ()) for c, e in _TABLE.items()
+                                                 if e.get("experiments")}
+#: Exact claims: judged by the unit tests marked ``@pytest.mark.claim("<id>")``.
+EXACT_CLAIMS: list[str] = [c for c, e in _TABLE.items() if e.get("exact")]
 FAMILY_ORDER = {"toy": 0, "control": 1, "lm": 2}
 
 
@@ -137,10 +136,11 @@ class Point:
     cfg: Any = None
     run_dirs: list[Path] = field(default_factory=list)
     error: str | None = None
+    sweep: list[str] = field(default_factory=list)  # this point's own sweep overrides
 
     @property
     def tag(self) -> str:
-        """The sweep's own overrides (without experiment, results_dir, progress, the LM cache)."""
+        """The sweep's own overrides (and the shifted seed, under a seed offset)."""
         return " ".join(o for o in self.overrides[3:] if not o.startswith("lm.cache_dir"))
 
 
@@ -164,8 +164,12 @@ def sweep_overrides(params: dict[str, str]) -> list[list[str]]:
     return BasicSweeper.split_arguments(parsed, None)[0]
 
 
-def compose_points(name: str, root: Path, quick: bool) -> list[Point]:
-    """Compose every config of experiment ``name`` with ``results_dir=root/name``."""
+def compose_points(name: str, root: Path, quick: bool, seed_offset: int = 0) -> list[Point]:
+    """Compose every config of experiment ``name`` with ``results_dir=root/name``.
+
+    ``seed_offset`` K shifts every config's ``seed`` by K (its members' seeds follow: seed + i),
+    so the same experiment runs on seeds disjoint from the default ones (K >= the largest
+    population); the runs land beside the others (the seed is part of a run's config hash)."""
     register_configs()
     root = Path(root)
     points = []
@@ -177,9 +181,12 @@ def compose_points(name: str, root: Path, quick: bool) -> list[Point]:
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             for combo in combos:
-                p = Point(name, base + combo)
+                p = Point(name, base + combo, sweep=list(combo))
                 try:
                     p.cfg = compose(config_name="config", overrides=p.overrides)
+                    if seed_offset:
+                        p.overrides = p.overrides + [f"seed={int(p.cfg.seed) + int(seed_offset)}"]
+                        p.cfg = compose(config_name="config", overrides=p.overrides)
                     p.run_dirs = [run_dir_for(m) for m in member_configs(p.cfg)]
                 except Exception as exc:  # missing task config, schema error, ...
                     p.error = f"{type(exc).__name__}: {exc}".splitlines()[0]

@@ -23,11 +23,11 @@ from typing import Any
 from ..app import describe, run
 from ..io import atomic_write_json
 from . import (
-    CLAIM_IDS, EXACT_TESTS, EXPERIMENTS, REPO, Point, compose_points, experiments_for, lm_unavailable,
+    CLAIM_IDS, EXACT_CLAIMS, EXPERIMENTS, REPO, Point, compose_points, experiments_for, lm_unavailable,
     point_done,
 )
 
-__all__ = ["main", "run_claims", "run_exact_tests", "run_points"]
+__all__ = ["describe", "main", "run_claims", "run_exact_tests", "run_points"]
 
 
 def run_points(points: list[Point], progress: Callable[[str], None] = print) -> dict[str, int]:
@@ -59,23 +59,20 @@ def run_points(points: list[Point], progress: Callable[[str], None] = print) -> 
 
 
 def run_exact_tests(claims: Iterable[str], out: Path, progress: Callable[[str], None] = print,
-                    repo: Path = REPO, tests: dict | None = None) -> dict:
-    """One pytest run over every exact claim's tests (``tests``: :data:`EXACT_TESTS` by default);
-    outcomes per claim into ``out`` (JSON), which :mod:`analysis.claims` reads."""
-    tests = EXACT_TESTS if tests is None else tests
-    exact = [c for c in claims if c in tests]
-    files = sorted({f for c in exact for pattern in tests[c][1]
-                    for f in (str(p.relative_to(repo)) for p in (repo / "tests").glob(pattern))})
-    expr = " or ".join(t for c in exact for t in tests[c][0])
+                    repo: Path = REPO, tests_dir: str = "tests") -> dict:
+    """One pytest run over the tests marked ``@pytest.mark.claim`` (:mod:`.pytest_claims`);
+    their outcomes per exact claim into ``out`` (JSON), which :mod:`analysis.claims` reads."""
+    exact = [c for c in claims if c in EXACT_CLAIMS]
     xml = Path(out).with_suffix(".xml")
     t0 = time.time()
-    results: dict[str, Any] = {}
-    if files:
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", "-k", expr, *files]
+    results: dict[str, Any] = {c: {"nodes": [], "outcomes": []} for c in exact}
+    if exact:
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "harness.experiments.pytest_claims",
+               f"--junitxml={xml}", "-m", "claim", tests_dir]
         progress(f"[claims] exact tests: {' '.join(cmd[3:])}")
-        env = {**os.environ, "MPLBACKEND": "Agg"}
+        path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x)
+        env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": path}  # the plugin imports from this checkout
         subprocess.run(cmd, cwd=repo, capture_output=True, text=True, env=env)
-        cases = []
         if xml.is_file():
             for tc in ET.parse(xml).getroot().iter("testcase"):
                 outcome = "passed"
@@ -85,26 +82,26 @@ def run_exact_tests(claims: Iterable[str], out: Path, progress: Callable[[str], 
                     elif child.tag == "skipped":
                         outcome = "skipped"
                 node = tc.get("classname", "").replace(".", "/") + ".py::" + tc.get("name", "")
-                cases.append((node, tc.get("name", ""), outcome))
-        for c in exact:
-            mine = [(node, o) for node, name, o in cases if any(name.startswith(t) for t in tests[c][0])]
-            results[c] = {"nodes": [n for n, _ in mine], "outcomes": [o for _, o in mine]}
-    for c in exact:
-        results.setdefault(c, {"nodes": [], "outcomes": []})
+                for prop in tc.iter("property"):
+                    cid = prop.get("value")
+                    if prop.get("name") == "claim" and cid in results:
+                        results[cid]["nodes"].append(node)
+                        results[cid]["outcomes"].append(outcome)
     payload = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": time.time() - t0, "claims": results}
     atomic_write_json(Path(out), payload)
     progress(f"[claims] exact tests done ({time.time() - t0:.1f} s)")
     return payload
 
 
-def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None = None,
+def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None = None, seed_offset: int = 0,
                progress: Callable[[str], None] = print) -> dict[str, int]:
-    """Run the exact tests and every experiment the claims (``only``: a subset) need, into ``root``."""
+    """Run the exact tests and every experiment the claims (``only``: a subset) need, into ``root``
+    (``seed_offset``: on seeds shifted by that much, :func:`~harness.experiments.compose_points`)."""
     root = Path(root).resolve()  # the exact tests run from the repository root
     root.mkdir(parents=True, exist_ok=True)
     claims = [c for c in CLAIM_IDS if only is None or c in only]
     totals: dict[str, int] = {}
-    if any(c in EXACT_TESTS for c in claims):
+    if any(c in EXACT_CLAIMS for c in claims):
         run_exact_tests(claims, root / "exact_tests.json", progress)
     for name in experiments_for(claims):
         ex = EXPERIMENTS[name]
@@ -116,7 +113,7 @@ def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None =
             progress(f"[claims] experiment {name}: skipped ({reason})")
             continue
         try:
-            points = compose_points(name, root, quick)
+            points = compose_points(name, root, quick, seed_offset=seed_offset)
         except Exception as exc:
             progress(f"[claims] experiment {name}: cannot compose: {type(exc).__name__}: {exc}".splitlines()[0])
             totals["error"] = totals.get("error", 0) + 1
@@ -138,7 +135,7 @@ def parse_only(text: str | None) -> set[str] | None:
     only = {c.strip().upper() for c in text.split(",") if c.strip()}
     unknown = sorted(only - set(CLAIM_IDS))
     if unknown:
-        raise ValueError(f"unknown claim id(s) {unknown}; valid: C1-C22")
+        raise ValueError(f"unknown claim id(s) {unknown}; valid: {CLAIM_IDS[0]}-{CLAIM_IDS[-1]}")
     return only
 
 
@@ -154,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="smaller budgets and wider intervals (about a minute on 2 cores, LM claims skipped)")
     p.add_argument("--only", default=None, metavar="IDS", help="comma-separated claim ids, e.g. C3,C5,C6")
+    p.add_argument("--seed-offset", type=int, default=0, metavar="K",
+                   help="run every experiment on seeds shifted by K (disjoint from the default ones for K >= 1000)")
     return parser
 
 
@@ -165,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     t0 = time.time()
-    totals = run_claims(args.results, quick=args.quick, only=only, progress=print)
+    totals = run_claims(args.results, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print)
     print(f"[claims] runs: {describe(totals) or 'nothing to run'} ({time.time() - t0:.0f} s)")
     print(f"verdicts: python -m analysis claims {args.results}{' --quick' if args.quick else ''}"
           f"{' --only ' + args.only if args.only else ''}")

@@ -12,7 +12,9 @@ task), ``gbar`` the mean estimate and ``Sigma`` the covariance of one estimate.
 * relative versions divide by ``||t||^2``; ``weight`` is ``<E g, t> / ||t||^2`` (1 for an
   unbiased estimator; C17's per-prompt gradient weight);
 * ``snr = ||E g||^2 / tr Sigma`` (debiased numerator) - signal per unit of noise in one batch;
-* ``cos`` is the mean over batches of ``cos(g_m, t)``; ``cos_mean`` is ``cos(gbar, t)``.
+* ``cos`` is the mean over batches of ``cos(g_m, t)``; ``cos_mean`` estimates ``cos(E g, t)``:
+  ``<gbar, t> / (|t| sqrt(||gbar||^2 - tr Sigma_hat / M))``, the squared norm debiased as the
+  bias is (the plain ``cos(gbar, t)`` is pulled toward 0 by the noise in ``gbar``); with an interval.
 
 Intervals are percentile intervals of a bootstrap over batches (multinomial resampling weights
 ``W [reps, M]``, drawn from a fixed seed), the same resampling for every statistic.
@@ -99,15 +101,20 @@ def gradient_summary(G: np.ndarray, truth: np.ndarray, W: np.ndarray, gbar_reps:
         snr = (mean_sq - tr / M) / tr if tr > 0 else float("nan")
         cos_reps = W @ np.nan_to_num(pb["cos_true"]) / M
         weight_reps = (gbar_reps @ truth) / tn2 if tn2 > 0 else np.full(W.shape[0], np.nan)
+        # cos(E g, t): |gbar|^2 overstates |E g|^2 by tr Sigma / M (noise adds orthogonal
+        # components), so the debiased squared norm is used, and twice that in the replicates
+        cos_mean_reps = (gbar_reps @ truth) / np.sqrt(np.clip(gb2_reps - 2.0 * tr_reps / M, 1e-300, None) * tn2)
+        mean_sq_debiased = mean_sq - tr / M
     out: dict[str, float] = {
         "grad_dim": D, "true_grad_norm": float(np.sqrt(tn2)), "mean_grad_norm": float(np.sqrt(mean_sq)),
         "total_var": tr, "bias_sq": bias_sq, "bias_norm": float(np.linalg.norm(gbar - truth)),
         "snr": snr, "cos": float(np.nanmean(pb["cos_true"])),
-        "cos_mean": float(gbar @ truth / np.sqrt(mean_sq * tn2)) if mean_sq > 0 and tn2 > 0 else float("nan"),
+        "cos_mean": float(gbar @ truth / np.sqrt(mean_sq_debiased * tn2)) if mean_sq_debiased > 0 and tn2 > 0
+        else float("nan"),
         "weight": float(gbar @ truth / tn2) if tn2 > 0 else float("nan"),
     }
     for name, reps in (("total_var", tr_reps), ("bias_sq", bias_sq_reps), ("snr", snr_reps),
-                       ("cos", cos_reps), ("weight", weight_reps)):
+                       ("cos", cos_reps), ("weight", weight_reps), ("cos_mean", cos_mean_reps)):
         out[f"{name}_low"], out[f"{name}_high"] = percentile_interval(reps, confidence)
     if tn2 > 0:
         for name in ("total_var", "bias_sq"):

@@ -1,0 +1,281 @@
+"""claims.md / claims.json, the verdicts of every seed offset side by side, README's table."""
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from harness.io import atomic_write_json, atomic_write_text
+
+from . import CLAIMS_BY_ID, Verdict, evaluate_all
+from .evidence import ExpData, NotRun, sweep_params
+from .figures import claim_figure
+from .rules import POWER_FACTOR, VERDICTS, Part, _finite
+
+
+def _fmt(x: float) -> str:
+    if x is None or not np.isfinite(x):
+        return "—"
+    a = abs(x)
+    return f"{x:.3g}" if (1e-3 <= a < 1e4) or a == 0 else f"{x:.2e}"
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _ci(v: Verdict | Part) -> str:
+    if not _finite(v.low, v.high) or (v.low == v.high):
+        return "—"
+    return f"[{_fmt(v.low)}, {_fmt(v.high)}]"
+
+
+def report_name(seed_offset: int, quick: bool, suffix: str) -> str:
+    """claims.md / claims.json at offset 0, claims_seed<K>.* otherwise (quick: claims_quick*)."""
+    stem = "claims" + ("_quick" if quick else "") + (f"_seed{seed_offset}" if seed_offset else "")
+    return stem + suffix
+
+
+DIVERGED_RULE = ("A run that diverged scores the task's worst return from its divergence to the budget (final score "
+                 "and area under the curve; `analysis.stats`, the conservative default).")
+
+
+def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], meta: dict, quick: bool,
+                 seed_offset: int, wall_s: float) -> Path:
+    fig_dir = root / ("claims_figures" + ("_quick" if quick else "") + (f"_seed{seed_offset}" if seed_offset else ""))
+    for v in verdicts:
+        if not v.not_run and v.parts:
+            v.figure = claim_figure(v, CLAIMS_BY_ID[v.claim], data, fig_dir)
+    counts = {k: sum(v.verdict == k and not v.not_run for v in verdicts) for k in VERDICTS}
+    not_run = sum(bool(v.not_run) for v in verdicts)
+    lines = [f"# Claims report — {root}", "",
+             f"Mode: **{'quick' if quick else 'full'}**" + (" (smaller budgets, wider intervals; LM claims skipped)"
+                                                            if quick else "")
+             + f"; seeds offset by **{seed_offset}**. Generated {time.strftime('%Y-%m-%d %H:%M:%S')} in {wall_s:.0f} s. "
+             + ", ".join(f"{n} {k}" for k, n in counts.items()) + f", {not_run} not run.", "",
+             "Intervals are 95% bootstrap percentile intervals (paired over shared batches or seeds where two configs "
+             "saw the same samples). Each claim's rules are data (`conf/claims.yaml`), fixed before data is read: "
+             "an effect `> t` is supported when the interval lies above t and refuted when below; an equivalence "
+             "`= c (+-tol)` (two one-sided tests on the same interval) is supported when the interval lies inside "
+             "[c - tol, c + tol] and refuted when wholly outside; `in (a, b)` likewise for a small but present effect. "
+             "A claim is supported when all its judged parts are, refuted when any is; a power check that fails "
+             "leaves it inconclusive. Undecided parts state about how much data would decide them: the half-width "
+             f"h at n shrinks as 1/sqrt(n), so deciding needs n (h/m)^2 x {POWER_FACTOR:.2f} (80% power) where m is "
+             "the distance from the point estimate to the boundary it must clear. " + DIVERGED_RULE, "",
+             "| id | claim | source | statistic | value | 95% interval | n | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for v in verdicts:
+        c = CLAIMS_BY_ID[v.claim]
+        verdict = f"**{v.verdict}**" if not v.not_run else v.label
+        value = "—" if v.not_run else (f"{int(v.point)} passed" if c.exact else _fmt(v.point))
+        lines.append(f"| {c.id} | {_cell(c.text)} | {c.source} | {_cell(v.statistic or '—')} | {value} | "
+                     f"{'—' if c.exact else _ci(v)} | {v.n or '—'} | {_cell(verdict)} |")
+    stab = stability(root, quick)
+    if len(stab["offsets"]) > 1:
+        lines += ["", "## Stability across seed offsets", "", stability_table(stab), "",
+                  f"Offsets judged in this folder: {', '.join(map(str, stab['offsets']))} "
+                  f"(`python -m analysis claims DIR --run --seed-offset K`). {stab['summary']}"]
+    left_out = [r for name in sorted(data) for r in data[name].left_out()]
+    missing = sum(e.missing() for e in data.values())
+    lines += ["", "## Runs left out", ""]
+    if left_out:
+        lines += [f"{len(left_out)} run director{'y' if len(left_out) == 1 else 'ies'} of the experiments are not "
+                  "evidence (only finished runs are, by the harness's definition, `harness.io.finished`):", ""]
+        lines += [f"- `{r['path']}`: {_cell(r['reason'])}" for r in left_out]
+    else:
+        lines.append("None.")
+    if missing:
+        lines += ["", f"{missing} run director{'y' if missing == 1 else 'ies'} not run yet (`python -m analysis claims "
+                      f"{root} --run{' --quick' if quick else ''}` runs them)."]
+    lines += ["", "## Details", ""]
+    for v in verdicts:
+        c = CLAIMS_BY_ID[v.claim]
+        lines += [f"### {c.id} — {v.label}", "", f"*Claim ({c.source}):* {c.text}.", "", f"*Rule:* {c.rule}.", ""]
+        if v.parts:
+            lines += ["| part | value | 95% interval | rule | n | outcome | deciding needs |",
+                      "| --- | --- | --- | --- | --- | --- | --- |"]
+            for p in v.parts:
+                role = " (power check)" if p.role == "power" else ""
+                need = f"about n = {p.n_needed:g} {p.unit}" if p.verdict == "inconclusive" and p.n_needed else "—"
+                lines.append(f"| {_cell(p.name)}{role} | {_fmt(p.point)} | {_ci(p)} | {_cell(p.rule)} | {p.n} | "
+                             f"{p.verdict} | {need} |")
+            lines.append("")
+        if v.reported:
+            lines += ["Reported, not judged: " + "; ".join(f"{p.name} {_fmt(p.point)} {_ci(p)} ({p.n})"
+                                                           for p in v.reported) + ".", ""]
+        if v.needs:
+            lines += [f"*Undecided:* {v.needs}.", ""]
+        if v.note:
+            lines += [v.note, ""]
+        if c.experiments and c.experiments[0] in data:
+            e = data[c.experiments[0]]
+            st = e.runs.status.value_counts().to_dict() if len(e.runs) else {}
+            lines += [f"Runs of `{c.experiments[0]}` in this folder: " + ", ".join(f"{n} {s}" for s, n in st.items())
+                      + f" (`python -m harness -m experiment={c.experiments[0]}`).", ""]
+        if v.figure:
+            lines += [f"![{c.id}]({Path(v.figure).relative_to(root).as_posix()})", ""]
+    lines += ["## Experiments", "",
+              "Each claim experiment is a Hydra sweep (`python -m harness -m experiment=NAME`); seeds, budgets and "
+              "fixed settings are in `conf/experiment/NAME.yaml`. Sweep parameters as run for this report"
+              + (" (with the --quick replacements)" if quick else "") + ":", "",
+              "| experiment | sweep | configs | runs |", "| --- | --- | --- | --- |"]
+    for name in sorted(set(data) | set(meta.get("skipped", {}))):
+        if name in data:
+            e = data[name]
+            st = ", ".join(f"{n} {s_}" for s_, n in e.runs.status.value_counts().items()) if len(e.runs) else "—"
+            try:
+                sweep = "; ".join(f"`{k}={v}`" for k, v in sweep_params(name, quick).items())
+            except NotRun:
+                sweep = "—"
+            lines.append(f"| `{name}` | {sweep} | {e.runs.point.nunique() if len(e.runs) else 0} | {st} |")
+        else:
+            lines.append(f"| `{name}` | — | — | not run: {meta['skipped'][name]} |")
+    out = root / report_name(seed_offset, quick, ".md")
+    atomic_write_text(out, "\n".join(lines) + "\n")
+    atomic_write_json(root / report_name(seed_offset, quick, ".json"), {
+        "mode": "quick" if quick else "full", "seed_offset": seed_offset, "wall_s": wall_s,
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "verdicts": [
+            {"claim": v.claim, "verdict": v.verdict, "label": v.label, "statistic": v.statistic, "point": v.point,
+             "low": v.low, "high": v.high, "n": v.n, "not_run": v.not_run, "needs": v.needs,
+             "parts": [{k: val for k, val in p.__dict__.items() if k != "spec"} for p in v.parts],
+             "reported": [{k: val for k, val in p.__dict__.items() if k != "spec"} for p in v.reported],
+             "note": v.note} for v in verdicts],
+        "left_out": left_out, "not_run_yet": missing})
+    return out
+
+
+# ============================================================================ stability
+
+def stability(root: Path, quick: bool) -> dict:
+    """Every offset judged in ``root`` (its claims*.json of the same mode): per claim the verdict
+    at each offset and ``stable`` (the same decided verdict at every offset), ``unstable``
+    (decided at two offsets, differently), ``undecided`` (not decided at every offset)."""
+    reports = {}
+    for f in sorted(root.glob("claims*.json")):
+        try:
+            r = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if r.get("mode") != ("quick" if quick else "full") or not isinstance(r.get("verdicts"), list):
+            continue
+        reports[int(r.get("seed_offset", 0))] = {v["claim"]: v for v in r["verdicts"]}
+    offsets = sorted(reports)
+    rows = []
+    for cid in [c for c in CLAIMS_BY_ID if any(c in rep for rep in reports.values())]:
+        labels = {o: reports[o].get(cid) for o in offsets}
+        decided = {o: v["verdict"] for o, v in labels.items() if v and not v.get("not_run")
+                   and v["verdict"] in ("supported", "refuted")}
+        if len(set(decided.values())) > 1:
+            status = "unstable"
+        elif len(decided) == len(offsets):
+            status = "stable"
+        else:
+            status = "undecided"
+        rows.append({"claim": cid, "verdicts": {o: (v["label"] if v else "—") for o, v in labels.items()},
+                     "values": {o: (v.get("point"), v.get("low"), v.get("high")) if v else None
+                                for o, v in labels.items()},
+                     "status": status})
+    n = {s: sum(r["status"] == s for r in rows) for s in ("stable", "unstable", "undecided")}
+    summary = (f"{n['stable']} claims decided the same way at every offset, {n['unstable']} unstable (decided "
+               f"differently), {n['undecided']} undecided at some offset.")
+    return {"offsets": offsets, "rows": rows, "summary": summary}
+
+
+def _short_label(label: str) -> str:
+    return "not run" if label.startswith("inconclusive — not run") else label
+
+
+def stability_table(stab: dict) -> str:
+    head = "| id | " + " | ".join(f"offset {o}" for o in stab["offsets"]) + " | across offsets |"
+    lines = [head, "|" + " --- |" * (len(stab["offsets"]) + 2)]
+    for r in stab["rows"]:
+        cells = []
+        for o in stab["offsets"]:
+            val = r["values"].get(o)
+            stat = ""
+            if val and val[0] is not None and not r["verdicts"][o].startswith("inconclusive — not run"):
+                pt, lo, hi = val
+                stat = f" {_fmt(pt)}" + (f" [{_fmt(lo)}, {_fmt(hi)}]" if lo is not None and hi is not None
+                                          and _finite(lo, hi) and lo != hi else "")
+            cells.append(_cell(_short_label(r["verdicts"][o]) + stat))
+        status = f"**{r['status']}**" if r["status"] == "unstable" else r["status"]
+        lines.append(f"| {r['claim']} | " + " | ".join(cells) + f" | {status} |")
+    return "\n".join(lines)
+
+
+README_START, README_END = "<!-- claims-table:start -->", "<!-- claims-table:end -->"
+
+
+def readme_table(root: Path, quick: bool, command: str) -> str:
+    """README's claims section body: every claim's short text, each offset's verdict and statistic."""
+    stab = stability(root, quick)
+    if not stab["offsets"]:
+        raise FileNotFoundError(f"no {'quick ' if quick else ''}claims report in {root}: run python -m analysis "
+                                f"claims {root} first")
+    by_claim = {r["claim"]: r for r in stab["rows"]}
+    head = "| id | claim (source) | " + " | ".join(f"seeds +{o}" for o in stab["offsets"]) + " | across offsets |"
+    lines = [f"Written by `{command}` on {time.strftime('%Y-%m-%d')} from the reports in `{root}`; "
+             f"each cell: verdict, primary statistic [95% interval].", "", head,
+             "|" + " --- |" * (len(stab["offsets"]) + 3)]
+    for cid, r in by_claim.items():
+        c = CLAIMS_BY_ID[cid]
+        t = stability_table({"offsets": stab["offsets"], "rows": [r]}).splitlines()[-1]
+        cells = t.split(" | ", 1)[1]
+        lines.append(f"| {cid} | {_cell(c.short)} ({_cell(c.source)}) | {cells}")
+    lines += ["", stab["summary"]]
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path, body: str) -> None:
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{readme}: no {README_START} ... {README_END} markers")
+    new = re.sub(re.escape(README_START) + r".*?" + re.escape(README_END),
+                 lambda _: f"{README_START}\n{body}\n{README_END}", text, flags=re.S)
+    atomic_write_text(readme, new)
+
+
+# ============================================================================ entry points
+
+@dataclass
+class ClaimsResult:
+    """What :func:`build_claims` wrote and judged; ``left_out``: runs that are not evidence
+    (``{"experiment", "path", "status", "reason"}``), ``missing``: run directories never run."""
+
+    out: Path
+    verdicts: list[Verdict]
+    left_out: list[dict]
+    missing: int
+
+
+def build_claims(root: str | Path, *, quick: bool = False, only: set[str] | None = None, seed_offset: int = 0,
+                 progress: Callable[[str], None] = print) -> ClaimsResult:
+    """Judge the claims on what ``root`` holds; write the report, its JSON and figures there."""
+    root = Path(root).resolve()  # as harness.experiments wrote it (results_dir=<root>/<experiment>)
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    verdicts, data, meta = evaluate_all(root, quick=quick, only=only, seed_offset=seed_offset)
+    out = write_report(root, verdicts, data, meta, quick, seed_offset, time.time() - t0)
+    left_out = [r for name in sorted(data) for r in data[name].left_out()]
+    return ClaimsResult(out, verdicts, left_out, sum(e.missing() for e in data.values()))
+
+
+def build_claims_report(root: str | Path, *, quick: bool = False, only: set[str] | None = None,
+                        seed_offset: int = 0, progress: Callable[[str], None] = print) -> tuple[Path, list[Verdict]]:
+    res = build_claims(root, quick=quick, only=only, seed_offset=seed_offset, progress=progress)
+    return res.out, res.verdicts
+
+
+def format_table(verdicts: list[Verdict]) -> str:
+    rows = []
+    for v in verdicts:
+        stat = f"{_fmt(v.point)} {_ci(v)}" if not v.not_run and not CLAIMS_BY_ID[v.claim].exact else ""
+        rows.append(f"  {v.claim:<4} {v.label[:70]:<70} {stat}")
+        if v.needs:
+            rows.append(f"       {v.needs[:150]}")
+    return "\n".join(rows)
