@@ -164,6 +164,9 @@ def _add_claims(sub) -> None:
     p.add_argument("--seed-offset", type=_int_at_least(0), default=0, metavar="K",
                    help="run/judge every experiment on seeds shifted by K (1000: disjoint from the default seeds); "
                         "each offset keeps its own report and every report shows all offsets side by side")
+    p.add_argument("--budget-min", type=_int_at_least(0), default=45, metavar="MIN",
+                   help="with --run: the time budget in minutes for both stages; an undecided claim's experiment is "
+                        "extended only when its estimated time fits what is left (default 45)")
     p.add_argument("--readme", type=_readme_file, default=None, metavar="FILE",
                    help="also rewrite FILE's claims table (between its claims-table markers) from the reports "
                         "of every offset in DIR")
@@ -180,8 +183,23 @@ def _run_claims(args) -> int:
     if args.run:
         from harness.experiments.run import describe, run_claims  # the one named exception (.importlinter)
 
-        totals = run_claims(args.results, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print)
-        print(f"[claims] runs: {describe(totals) or 'nothing to run'} ({time.time() - t0:.0f} s)")
+        root = Path(args.results).resolve()
+        totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print)
+        print(f"[claims] stage one: {describe(totals) or 'nothing to run'} ({time.time() - t0:.0f} s)")
+        verdicts, data, meta = claims.evaluate_all(root, args.quick, only, args.seed_offset)
+        plan = claims.make_plan(verdicts, data, args.budget_min * 60 - (time.time() - t0), meta["plan"])
+        claims.write_plan(root, args.quick, args.seed_offset, plan)
+        ext = claims.extensions(plan)
+        fresh = {k: v for k, v in ext.items() if k not in claims.extensions(meta["plan"])
+                 or claims.extensions(meta["plan"])[k] != v}
+        for name, e in plan["experiments"].items():
+            print(f"[claims] stage two: {name}: {e.get('status')}"
+                  + (f" ({e['why']})" if e.get("why") else "") + " - " + "; ".join(e.get("parts", []))[:200])
+        if fresh:
+            t1 = time.time()
+            totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, extensions=fresh,
+                                progress=print)
+            print(f"[claims] stage two: {describe(totals) or 'nothing to run'} ({time.time() - t1:.0f} s)")
     res = claims.build_claims(args.results, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print)
     out, verdicts = res.out, res.verdicts
     print(claims.format_table(verdicts))

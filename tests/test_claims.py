@@ -374,3 +374,48 @@ def test_every_claim_experiment_composes_and_validates(tmp_path, quick):
             except Exception as exc:  # collect all, report together
                 bad.append(f"{name} {' '.join(p.overrides[3:])}: {exc}")
     assert not bad, "\n".join(bad)
+
+
+# ----------------------------------------------------------------------------- second stage
+
+def test_plan_extends_what_fits_and_says_what_does_not(tmp_path):
+    """An undecided part at n = 4 seeds needing about 10 asks for population ceil(4 * 10/4) = 10,
+    costing stage one's 30 s x (10/4 - 1) = 45 s; a probe at 1000 batches needing 3000 costs its
+    20 s x 3 = 60 s. With 50 s left only the cheaper extension runs."""
+    from types import SimpleNamespace as NS
+
+    from harness.experiments import Point
+
+    def exp(name, mode, n, wall):
+        d = tmp_path / name / "run0"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"status": "completed", "wall_time_s": wall}))
+        cfg = NS(mode=mode, population=n if mode == "train" else 1, probe=NS(batches=n))
+        e = C.ExpData(name, pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
+        e.points = [Point(name, [], cfg, [d])]
+        return e
+
+    data = {"claim_c8": exp("claim_c8", "train", 4, 30.0), "claim_c13": exp("claim_c13", "probe", 1000, 20.0)}
+    seeds = C.Part("final return", 1.0, -1.0, 3.0, "> 0", "inconclusive", "4+4 seeds", 4, 10, unit="seeds",
+                   experiment="claim_c8")
+    batches = C.Part("bias", 0.02, -0.01, 0.05, "= 0 (+-0.01)", "inconclusive", "1000 batches", 1000, 3000,
+                     unit="batches", experiment="claim_c13")
+    verdicts = [C.Verdict("C8", "inconclusive", parts=[seeds]), C.Verdict("C13", "inconclusive", parts=[batches])]
+    plan = C.make_plan(verdicts, data, budget_left_s=50.0)
+    e8, e13 = plan["experiments"]["claim_c8"], plan["experiments"]["claim_c13"]
+    assert (e8["population"], e8["cost_s"], e8["status"]) == (10, 45.0, "run")
+    assert (e13["batches"], e13["cost_s"], e13["status"]) == (3000, 60.0, "declined")
+    assert "1.0 min, 0.1 min of the budget left" in e13["why"]
+    assert C.extensions(plan) == {"claim_c8": {"population": 10}}
+    # a decided claim asks for nothing
+    assert C.make_plan([C.Verdict("C8", "supported", parts=[seeds])], data, 1e9)["experiments"] == {}
+
+
+def test_an_extension_keeps_stage_one_runs_and_adds_seeds(tmp_path):
+    one = X.compose_points("claim_c18", tmp_path, quick=True)
+    ext = X.compose_points("claim_c18", tmp_path, quick=True, extend={"population": 8})
+    for a, b in zip(one, ext):
+        assert a.cfg.population == 5 and b.cfg.population == 8
+        assert b.run_dirs[:5] == a.run_dirs  # the first 5 members are the stage-one runs
+    probes = X.compose_points("claim_c4", tmp_path, quick=True, extend={"batches": 5000, "population": 9})
+    assert {int(p.cfg.probe.batches) for p in probes} == {5000} and {p.cfg.population for p in probes} == {1}

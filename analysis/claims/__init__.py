@@ -30,6 +30,7 @@ from harness.experiments import EXPERIMENTS, FAMILY_ORDER, Point, lm_unavailable
 
 from .evidence import ExpData, NotRun, compose_points, load_points, sweep_key
 from .kinds import KINDS, group_bootstrap, paired_bootstrap
+from .plan import extensions, make_plan, read_plan, write_plan
 from .rules import VERDICTS, Part, Rule, combine, judge_part
 from .spec import Claim, PartSpec, load_claims
 
@@ -88,8 +89,11 @@ def _compute(ps: PartSpec, data: dict[str, ExpData]) -> Part:
     e.require(1)
     st = KINDS[ps.stat](e, ps.args)
     if ps.rule is None:
-        return Part(ps.name, st.point, st.low, st.high, "reported", "", st.n, st.n_units, None, "reported", st.unit)
-    return judge_part(ps.name, ps.rule, st.point, st.low, st.high, st.n_units, st.n, st.unit, ps.role)
+        return Part(ps.name, st.point, st.low, st.high, "reported", "", st.n, st.n_units, None, "reported", st.unit,
+                    experiment=ps.experiment)
+    part = judge_part(ps.name, ps.rule, st.point, st.low, st.high, st.n_units, st.n, st.unit, ps.role)
+    part.experiment = ps.experiment
+    return part
 
 
 def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str]) -> Verdict:
@@ -152,6 +156,8 @@ def evaluate_all(root: Path, quick: bool, only: set[str] | None = None, seed_off
     names = sorted({x for c in claims for x in c.experiments}, key=lambda x: (FAMILY_ORDER[EXPERIMENTS[x].family], x))
     skipped: dict[str, str] = {}
     points: dict[str, list[Point]] = {}
+    plan = read_plan(root, quick, seed_offset)
+    extended = extensions(plan)
     for name in names:
         ex = EXPERIMENTS[name]
         if quick and ex.quick_skip:
@@ -163,7 +169,7 @@ def evaluate_all(root: Path, quick: bool, only: set[str] | None = None, seed_off
                 skipped[name] = reason
                 continue
         try:
-            points[name] = compose_points(name, root, quick, seed_offset)
+            points[name] = compose_points(name, root, quick, seed_offset, extended.get(name))
         except NotRun as exc:
             skipped[name] = str(exc)
         except Exception as exc:  # noqa: BLE001 - reported as the claim's reason
@@ -183,7 +189,7 @@ def evaluate_all(root: Path, quick: bool, only: set[str] | None = None, seed_off
         except Exception as exc:  # an analysis error is reported, never turned into a verdict
             traceback.print_exc(file=sys.stderr)
             verdicts.append(Verdict(c.id, "inconclusive", not_run=f"analysis error: {type(exc).__name__}: {exc}"))
-    return verdicts, data, {"skipped": skipped, "tests": record}
+    return verdicts, data, {"skipped": skipped, "tests": record, "plan": plan}
 
 
 from .report import (  # noqa: E402 - the report needs the names above
@@ -192,5 +198,5 @@ from .report import (  # noqa: E402 - the report needs the names above
 
 __all__ = ["CLAIMS", "CLAIMS_BY_ID", "VERDICTS", "Claim", "ClaimsResult", "ExpData", "NotRun", "Part", "Rule",
            "Verdict", "build_claims", "build_claims_report", "combine", "evaluate_all", "evaluate_claim",
-           "format_table", "group_bootstrap", "judge_part", "load_claims", "paired_bootstrap", "readme_table",
+           "format_table", "group_bootstrap", "judge_part", "load_claims", "make_plan", "paired_bootstrap", "readme_table",
            "stability", "sweep_key"]

@@ -36,9 +36,9 @@ def sweep_params(name: str, quick: bool) -> dict[str, str]:
         raise NotRun(str(exc)) from None
 
 
-def compose_points(name: str, root: Path, quick: bool, seed_offset: int = 0) -> list[Point]:
+def compose_points(name: str, root: Path, quick: bool, seed_offset: int = 0, extend: dict | None = None) -> list[Point]:
     try:
-        return _compose_points(name, root, quick, seed_offset=seed_offset)
+        return _compose_points(name, root, quick, seed_offset=seed_offset, extend=extend)
     except NotComposed as exc:
         raise NotRun(str(exc)) from None
 
@@ -67,6 +67,7 @@ class ExpData:
     batches: pd.DataFrame
     metrics: pd.DataFrame
     sweep: pd.DataFrame = field(default_factory=pd.DataFrame)
+    points: list = field(default_factory=list)  # the composed configs (harness.experiments.Point)
 
     def finished(self) -> pd.DataFrame:
         return self.runs[self.runs.status.isin(FINISHED)]
@@ -205,4 +206,14 @@ def load_points(name: str, points: list[Point]) -> ExpData:
             if "metrics" in tables:
                 metrics.append(tables["metrics"])
     cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
-    return ExpData(name, pd.DataFrame(runs), cat(probes), cat(batches), cat(metrics), pd.DataFrame(sweep))
+    return ExpData(name, pd.DataFrame(runs), cat(probes), cat(batches), cat(metrics), pd.DataFrame(sweep), list(points))
+
+
+def wall_seconds(run_dir: Path) -> float:
+    """A finished run's recorded wall time (summary.json), 0 when unknown."""
+    try:
+        s = json.loads((Path(run_dir) / "summary.json").read_text())
+        w = s.get("wall_time_s", (s.get("final") or {}).get("wall_time_s"))
+        return float(w) if w is not None and np.isfinite(float(w)) else 0.0
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0.0

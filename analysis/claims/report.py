@@ -41,6 +41,11 @@ def report_name(seed_offset: int, quick: bool, suffix: str) -> str:
     return stem + suffix
 
 
+PLAN_TEXT = ("Two-stage design (`analysis/claims/plan.py`): stage one runs every experiment at its stated n; an "
+             "undecided claim's experiment is extended once to the n its power computation asks for (every training "
+             "config to that many seeds, every probe config to that many batches) when that is at most 25x the "
+             "stated n and its estimated time fits the budget left, cheapest first; verdicts are then judged on the "
+             "extended runs.")
 DIVERGED_RULE = ("A run that diverged scores the task's worst return from its divergence to the budget (final score "
                  "and area under the curve; `analysis.stats`, the conservative default).")
 
@@ -80,6 +85,17 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
         lines += ["", "## Stability across seed offsets", "", stability_table(stab), "",
                   f"Offsets judged in this folder: {', '.join(map(str, stab['offsets']))} "
                   f"(`python -m analysis claims DIR --run --seed-offset K`). {stab['summary']}"]
+    plan = meta.get("plan") or {}
+    if plan.get("experiments"):
+        lines += ["", "## Second stage", "", PLAN_TEXT + f" Budget left after stage one: "
+                  f"{plan.get('budget_left_s', 0) / 60:.1f} min.", "",
+                  "| experiment | extended to | x stated n | estimated time | status | undecided parts |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for name, e in plan["experiments"].items():
+            to = ", ".join(f"{k} {e[k]}" for k in ("population", "batches") if e.get(k))
+            status = e.get("status", "") + (f" ({e['why']})" if e.get("why") else "")
+            lines.append(f"| `{name}` | {to} | {e.get('factor', '')} | {e.get('cost_s', 0) / 60:.1f} min | "
+                         f"{_cell(status)} | {_cell('; '.join(e.get('parts', [])))} |")
     left_out = [r for name in sorted(data) for r in data[name].left_out()]
     missing = sum(e.missing() for e in data.values())
     lines += ["", "## Runs left out", ""]

@@ -165,6 +165,7 @@ class Part:
     role: str = "judged"  # judged | power (must be supported, else the claim stays inconclusive)
     unit: str = ""
     spec: Rule | None = None  # the rule applied (None: reported, not judged)
+    experiment: str = ""  # where its evidence comes from
 
     @property
     def needs(self) -> str:

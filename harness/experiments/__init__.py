@@ -164,14 +164,26 @@ def sweep_overrides(params: dict[str, str]) -> list[list[str]]:
     return BasicSweeper.split_arguments(parsed, None)[0]
 
 
-def compose_points(name: str, root: Path, quick: bool, seed_offset: int = 0) -> list[Point]:
+def _replace(overrides: list[str], key: str, value) -> list[str]:
+    """``overrides`` with every override of ``key`` (any ``+``/``++`` prefix) replaced by one."""
+    kept = [o for o in overrides if o.partition("=")[0].lstrip("+~") != key]
+    return kept + [f"++{key}={value}" if key.startswith("probe.") else f"{key}={value}"]
+
+
+def compose_points(name: str, root: Path, quick: bool, seed_offset: int = 0,
+                   extend: dict | None = None) -> list[Point]:
     """Compose every config of experiment ``name`` with ``results_dir=root/name``.
 
     ``seed_offset`` K shifts every config's ``seed`` by K (its members' seeds follow: seed + i),
     so the same experiment runs on seeds disjoint from the default ones (K >= the largest
-    population); the runs land beside the others (the seed is part of a run's config hash)."""
+    population); the runs land beside the others (the seed is part of a run's config hash).
+
+    ``extend`` (a claims report's second stage, :mod:`analysis.claims`): ``{"population": N}``
+    gives every training config N seeds (members ``seed .. seed + N - 1``: the first ones are the
+    stage-one runs, already finished), ``{"batches": N}`` gives every probe config N batches."""
     register_configs()
     root = Path(root)
+    extend = extend or {}
     points = []
     base = [f"experiment={name}", f"results_dir={root / name}", "progress=false"]
     if EXPERIMENTS[name].family == "lm":
@@ -184,8 +196,15 @@ def compose_points(name: str, root: Path, quick: bool, seed_offset: int = 0) -> 
                 p = Point(name, base + combo, sweep=list(combo))
                 try:
                     p.cfg = compose(config_name="config", overrides=p.overrides)
+                    changed = list(p.overrides)
                     if seed_offset:
-                        p.overrides = p.overrides + [f"seed={int(p.cfg.seed) + int(seed_offset)}"]
+                        changed = _replace(changed, "seed", int(p.cfg.seed) + int(seed_offset))
+                    if p.cfg.mode == "probe" and extend.get("batches"):
+                        changed = _replace(changed, "probe.batches", int(extend["batches"]))
+                    if p.cfg.mode == "train" and extend.get("population"):
+                        changed = _replace(changed, "population", int(extend["population"]))
+                    if changed != p.overrides:
+                        p.overrides = changed
                         p.cfg = compose(config_name="config", overrides=p.overrides)
                     p.run_dirs = [run_dir_for(m) for m in member_configs(p.cfg)]
                 except Exception as exc:  # missing task config, schema error, ...

@@ -94,16 +94,20 @@ def run_exact_tests(claims: Iterable[str], out: Path, progress: Callable[[str], 
 
 
 def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None = None, seed_offset: int = 0,
-               progress: Callable[[str], None] = print) -> dict[str, int]:
+               extensions: dict[str, dict] | None = None, progress: Callable[[str], None] = print) -> dict[str, int]:
     """Run the exact tests and every experiment the claims (``only``: a subset) need, into ``root``
-    (``seed_offset``: on seeds shifted by that much, :func:`~harness.experiments.compose_points`)."""
+    (``seed_offset``: on seeds shifted by that much, :func:`~harness.experiments.compose_points`).
+    ``extensions``: run only these experiments, each extended as given (a second stage)."""
     root = Path(root).resolve()  # the exact tests run from the repository root
     root.mkdir(parents=True, exist_ok=True)
     claims = [c for c in CLAIM_IDS if only is None or c in only]
     totals: dict[str, int] = {}
-    if any(c in EXACT_CLAIMS for c in claims):
+    if extensions is None and any(c in EXACT_CLAIMS for c in claims):
         run_exact_tests(claims, root / "exact_tests.json", progress)
-    for name in experiments_for(claims):
+    names = experiments_for(claims)
+    if extensions is not None:
+        names = [n for n in names if n in extensions]
+    for name in names:
         ex = EXPERIMENTS[name]
         if quick and ex.quick_skip:
             progress(f"[claims] experiment {name}: skipped ({ex.quick_skip})")
@@ -113,7 +117,8 @@ def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None =
             progress(f"[claims] experiment {name}: skipped ({reason})")
             continue
         try:
-            points = compose_points(name, root, quick, seed_offset=seed_offset)
+            points = compose_points(name, root, quick, seed_offset=seed_offset,
+                                    extend=(extensions or {}).get(name))
         except Exception as exc:
             progress(f"[claims] experiment {name}: cannot compose: {type(exc).__name__}: {exc}".splitlines()[0])
             totals["error"] = totals.get("error", 0) + 1
