@@ -164,9 +164,9 @@ def _add_claims(sub) -> None:
     p.add_argument("--seed-offset", type=_int_at_least(0), default=0, metavar="K",
                    help="run/judge every experiment on seeds shifted by K (1000: disjoint from the default seeds); "
                         "each offset keeps its own report and every report shows all offsets side by side")
-    p.add_argument("--budget-min", type=_int_at_least(0), default=45, metavar="MIN",
+    p.add_argument("--budget-min", type=_int_at_least(0), default=None, metavar="MIN",
                    help="with --run: the time budget in minutes for both stages; an undecided claim's experiment is "
-                        "extended only when its estimated time fits what is left (default 45)")
+                        "extended only when its estimated time fits what is left (default 45; 2 with --quick)")
     p.add_argument("--readme", type=_readme_file, default=None, metavar="FILE",
                    help="also rewrite FILE's claims table (between its claims-table markers) from the reports "
                         "of every offset in DIR")
@@ -187,7 +187,8 @@ def _run_claims(args) -> int:
         totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print)
         print(f"[claims] stage one: {describe(totals) or 'nothing to run'} ({time.time() - t0:.0f} s)")
         verdicts, data, meta = claims.evaluate_all(root, args.quick, only, args.seed_offset)
-        plan = claims.make_plan(verdicts, data, args.budget_min * 60 - (time.time() - t0), meta["plan"])
+        budget_min = args.budget_min if args.budget_min is not None else (2 if args.quick else 45)
+        plan = claims.make_plan(verdicts, data, budget_min * 60 - (time.time() - t0), meta["plan"])
         claims.write_plan(root, args.quick, args.seed_offset, plan)
         ext = claims.extensions(plan)
         fresh = {k: v for k, v in ext.items() if k not in claims.extensions(meta["plan"])

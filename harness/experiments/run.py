@@ -1,11 +1,12 @@
 """``python -m harness.experiments claims DIR [--quick] [--only C3,C4]``: run what the claims need.
 
-For the claims selected (all of C1-C22 by default): the exact claims' unit tests, once, with
-pytest (outcomes per claim into ``DIR/exact_tests.json``), then every experiment the claims need,
-toy first, then control, then LM: each config of its sweep (expanded by Hydra, see
-:mod:`harness.experiments`) through :func:`harness.app.run`, finished run directories skipped.
-``--quick``: the experiments' quick variants, LM skipped. Then ``python -m analysis claims DIR
-[--quick]`` gives the verdicts.
+For the claims selected (all of ``conf/claims.yaml`` by default): the exact claims' unit
+tests (marked ``@pytest.mark.claim``), once, with pytest (outcomes per claim into
+``DIR/exact_tests.json``), then every experiment the claims need, toy first, then control, then
+LM: each config of its sweep (expanded by Hydra, see :mod:`harness.experiments`) through
+:func:`harness.app.run`, finished run directories skipped. ``--quick``: the experiments' quick
+variants, LM skipped; ``--seed-offset K``: on seeds shifted by K. ``python -m analysis claims DIR
+--run`` does this and then judges (with a second stage for undecided claims).
 """
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Run named sets of experiments (finished runs are skipped).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     p = sub.add_parser("claims", help="run the claim experiments and the exact claims' tests",
-                       description="Run what the claims C1-C22 (CLAIMS.md) need into DIR: every sweep of "
+                       description="Run what the claims of conf/claims.yaml need into DIR: every sweep of "
                                    "conf/experiment/claim_*.yaml (DIR/<experiment>/...) and the exact claims' "
                                    "unit tests (DIR/exact_tests.json). Then: python -m analysis claims DIR.")
     p.add_argument("results", metavar="DIR", help="folder for the claim experiments' runs")
