@@ -451,8 +451,9 @@ def run_table(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_DIVE
     largest logged env_steps - or tokens, or iteration), ``auc`` (:func:`area_under_curve` of
     the score curve over that axis; a diverged run under ``diverged="worst"`` scores its worst
     return from its last logged ``x_col`` value - the divergence point - to the budget, and
-    the worst return throughout when it logged no score), ``collapsed`` (:func:`is_collapsed` on the score curve, shifted
-    by the task's minimum observed score when that is negative), ``iterations``, one
+    the worst return throughout when it logged no score), ``collapsed`` (:func:`is_collapsed`
+    on the score curve, shifted by the task's minimum observed score when that is negative),
+    ``iterations``, one
     column per hyperparameter (its first logged value) and per :data:`VARIANT_KEYS` setting
     (``update``, ``loss_agg``: its first logged value, None when the run did not log it).
     """
