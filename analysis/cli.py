@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import stats
 from .load import AnalysisWarning
-from .report import EXPECTED, NoRunsError, build_report, format_left_out
+from .report import EXPECTED, NoRunsError, build_report, diverged_rule_text, format_left_out
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,6 +93,11 @@ def _add_report(sub) -> None:
                    help=f"bootstrap replicates, >= 1 (default: {stats.DEFAULT_REPS})")
     p.add_argument("--seed", type=_int_at_least(0), default=stats.DEFAULT_SEED,
                    help=f"bootstrap random seed, >= 0 (default: {stats.DEFAULT_SEED})")
+    p.add_argument("--diverged", choices=stats.DIVERGED_RULES, default=stats.DEFAULT_DIVERGED,
+                   help="how a diverged run is scored after it diverged: worst = its task's worst return "
+                        "(task.worst_return, else the lowest observed score of its task) for the rest of the "
+                        "budget; last = its last evaluations carried forward (default: "
+                        f"{stats.DEFAULT_DIVERGED})")
     p.set_defaults(func=_run_report)
 
 
@@ -109,7 +114,7 @@ def _run_report(args) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", AnalysisWarning)
             t = build_report(args.results, args.out, x=args.x, last_n=args.last_n,
-                             reps=args.reps, seed=args.seed, progress=print)
+                             reps=args.reps, seed=args.seed, diverged=args.diverged, progress=print)
     except (NoRunsError, FileNotFoundError, NotADirectoryError) as err:
         _print_left_out(getattr(err, "left_out", []))
         print(f"error: {err}", file=sys.stderr)
@@ -126,6 +131,7 @@ def _run_report(args) -> int:
     print(f"{len(runs)} runs scored, {runs['task'].nunique()} task(s), {runs['estimator'].nunique()} "
           f"estimator(s): " + ", ".join(f"{int(st.get(s, 0))} {s}" for s in ("completed", "diverged"))
           + f"; {len(t.left_out)} left out")
+    print(diverged_rule_text(t, args.last_n))
     _print_left_out(t.left_out)
     for r in t.scores.itertuples():
         print(f"  {r.task:<16} {r.estimator:<14} IQM {r.iqm:10.3f}  "

@@ -25,7 +25,10 @@ Rules (the output contract in DESIGN.md "Outputs"):
   a column absent in an older run becomes null), so runs of different vintages stack;
 * each row gets ``run_dir`` (path of its run directory relative to the folder, POSIX
   separators) and ``status`` from ``summary.json`` (``incomplete`` when there is none yet,
-  ``unknown`` when it is not a JSON object with a string status), plus ``reason``;
+  ``unknown`` when it is not a JSON object with a string status), plus ``reason``, and
+  ``worst_return``: the run's ``task.worst_return`` in its config.yaml (a known lower bound on
+  a return, :class:`harness.config.TaskConfig`; NaN when the run recorded none, e.g. one
+  written before the field existed), which scores a diverged run (:mod:`analysis.stats`);
 * diverged runs are kept: dropping them would hide the instability being measured;
 * runs that differ in a :data:`VARIANT_KEYS` setting (``update``, the policy loss, and
   ``loss_agg``) are never pooled: where one estimator name was run with more than one such
@@ -44,6 +47,7 @@ not finished by the shared definition and is left out, named.
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -176,7 +180,8 @@ def _get(cfg, *keys):
 
 
 def _read_config(run_dir: Path) -> dict:
-    """task/estimator/seed from config.yaml, used only to fill nulls in the metrics."""
+    """task/estimator/seed from config.yaml, used only to fill nulls in the metrics, and
+    ``task.worst_return`` (a finite number, else absent)."""
     path = run_dir / CONFIG_FILE
     if not path.exists():
         return {}
@@ -205,6 +210,9 @@ def _read_config(run_dir: Path) -> dict:
     for key in VARIANT_KEYS:  # written to the metrics too since they joined the schema
         if isinstance(cfg.get(key), str):
             out[key] = cfg[key]
+    worst = _get(cfg, "task", "worst_return")
+    if isinstance(worst, (int, float)) and not isinstance(worst, bool) and math.isfinite(worst):
+        out["worst_return"] = float(worst)
     return out
 
 
@@ -242,6 +250,7 @@ def _empty_frame() -> pd.DataFrame:
                        for c in METRIC_COLUMNS})
     for c in ["run_dir", "status", "reason"]:
         df[c] = pd.Series(dtype=object)
+    df["worst_return"] = pd.Series(dtype=float)
     return df
 
 
@@ -307,8 +316,8 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
 
     Columns: every column of the output contract (null where a run did not log it), any
     extra columns runs logged, and ``run_dir`` (relative to ``path``), ``status``
-    (completed | diverged; with ``finished_only=False`` also failed | incomplete | unknown)
-    and ``reason``.
+    (completed | diverged; with ``finished_only=False`` also failed | incomplete | unknown),
+    ``reason`` and ``worst_return`` (the run's config.yaml ``task.worst_return``, NaN if none).
 
     Missing task/estimator/seed values are filled from the run's config.yaml, then from the
     ``<task>/<estimator>/<run>`` layout; a missing run_id from summary.json, then run_dir.
@@ -358,10 +367,14 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
             leave_out(rec, bad)
             continue
         n = table.num_rows
-        table = table.drop_columns([c for c in ("run_dir", "status", "reason") if c in table.column_names])
+        worst = rec.get("config_worst_return")
+        worst = float(worst) if isinstance(worst, (int, float)) and math.isfinite(worst) else None  # NaN: none
+        table = table.drop_columns([c for c in ("run_dir", "status", "reason", "worst_return")
+                                    if c in table.column_names])
         table = table.append_column("run_dir", pa.array([rec["run_dir"]] * n, pa.string()))
         table = table.append_column("status", pa.array([rec["status"]] * n, pa.string()))
         table = table.append_column("reason", pa.array([reason] * n, pa.string()))
+        table = table.append_column("worst_return", pa.array([worst] * n, pa.float64()))
         tables.append((rec, table))
     for link in left_out_links(root):
         left_out.append({**link, "task": None, "estimator": None})

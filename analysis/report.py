@@ -61,6 +61,7 @@ class Tables:
     skipped: list = field(default_factory=list)   # unreadable metrics files (also in left_out)
     run_dirs: pd.DataFrame | None = None          # every run directory, with or without metrics
     left_out: list = field(default_factory=list)  # runs not scored: {"run_dir", "path", "reason", ...}
+    diverged: str = stats.DEFAULT_DIVERGED        # how diverged runs were scored (stats.DIVERGED_RULES)
 
 
 def _ci(scores, statistic: str, reps: int, seed: int, prefix: str) -> dict:
@@ -80,13 +81,14 @@ def format_left_out(left_out: list) -> list[str]:
 
 
 def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAULT_REPS,
-                   seed: int = stats.DEFAULT_SEED) -> Tables:
-    """All statistics of a loaded results frame (see :func:`analysis.load`).
+                   seed: int = stats.DEFAULT_SEED, diverged: str = stats.DEFAULT_DIVERGED) -> Tables:
+    """All statistics of a loaded results frame (see :func:`analysis.load`); ``diverged``:
+    how diverged runs are scored (:data:`analysis.stats.DIVERGED_RULES`).
 
     Runs of one estimator that differ in ``update`` or ``loss_agg`` are never pooled: they
     carry separate ``estimator`` labels (:func:`analysis.load.label_variants`, idempotent)."""
     df = label_variants(df)
-    runs = stats.run_table(df, last_n=last_n)
+    runs = stats.run_table(df, last_n=last_n, diverged=diverged)
     runs["norm_score"] = stats.normalize_by_task(runs, "score")
     tasks = sorted(runs["task"].unique())
     estimators = sorted(runs["estimator"].unique())
@@ -183,7 +185,7 @@ def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAU
     return Tables(metrics=df, runs=runs, scores=scores, aggregate=aggregate, poi=poi,
                   profiles=profiles, sensitivity=sensitivity, failures=failures, budgets=budgets,
                   skipped=list(df.attrs.get("skipped", [])), run_dirs=df.attrs.get("runs"),
-                  left_out=left_out)
+                  left_out=left_out, diverged=diverged)
 
 
 # ----------------------------------------------------------------------------- markdown
@@ -200,6 +202,32 @@ def fmt(x: float) -> str:
     if ax == 0:
         return "0"
     return f"{x:.3g}"
+
+
+def diverged_rule_text(t: Tables, last_n: int) -> str:
+    """The report's sentence on how diverged runs were scored (plus, under ``worst``, the worst
+    returns used and any fallback to the lowest observed score)."""
+    if t.diverged == "last":
+        return ("Diverged runs are scored by carrying their last evaluations forward (`--diverged last`): "
+                f"final score = mean of the last {last_n} evaluations logged before diverging, and the AUC "
+                "holds the last one to the budget.")
+    text = ("Diverged runs are scored with their task's worst return from the divergence on (`--diverged "
+            "worst`, the default): final score = that worst return, and the AUC integrates the curve up to "
+            "the divergence point and the worst return from there to the budget.")
+    d = t.runs[t.runs["status"] == "diverged"]
+    used = []
+    for task, g in d.groupby("task", sort=True):
+        for (value, source), gv in g.groupby(["worst_return", "worst_source"], sort=True):
+            used.append(f"{task}: {fmt(value)} ({source}, {len(gv)} run{'' if len(gv) == 1 else 's'})")
+    if used:
+        text += " Worst returns used: " + "; ".join(used) + "."
+    fallback = d[d["worst_source"] == stats.WORST_OBSERVED]
+    if len(fallback):
+        text += (f" {len(fallback)} diverged run{' records' if len(fallback) == 1 else 's record'} no "
+                 "`task.worst_return` (written before the field existed, or a task without a known bound), "
+                 "so the lowest score observed among all runs of its task in this folder is used instead "
+                 "('lowest observed').")
+    return text
 
 
 def _ci_str(lo: float, hi: float) -> str:
@@ -220,7 +248,7 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
     L = []
     L.append(f"# Benchmark report: `{results}`\n")
     L.append(f"Generated {_dt.datetime.now().isoformat(timespec='seconds')} by "
-             f"`python -m analysis report {results} --x {x} --last-n {last_n}` "
+             f"`python -m analysis report {results} --x {x} --last-n {last_n} --diverged {t.diverged}` "
              f"(bootstrap: {reps} replicates, seed {seed}, 95% percentile intervals).\n")
     L.append("## Runs\n")
     L.append(f"{n} runs scored over {runs['task'].nunique()} task(s) and {runs['estimator'].nunique()} "
@@ -253,8 +281,8 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
              "runs; AUC = normalised area under the learning curve (mean return over the "
              "budget, higher = more sample-efficient). Intervals: 95% stratified bootstrap. "
              "IQM trims floor(n/4) runs at each end, so with fewer than 4 runs it equals the "
-             "mean. Diverged runs are kept, scored on the evaluations they logged; runs left "
-             "out (above) are not scored.\n")
+             "mean. Diverged runs are kept; runs left out (above) are not scored. "
+             + diverged_rule_text(t, last_n) + "\n")
     rows = []
     for r in t.scores.itertuples():
         rows.append([r.task, r.estimator, f"{r.n_scored}/{r.n_runs}", fmt(r.iqm),
@@ -326,8 +354,10 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
 
 def build_report(results: str | Path, out: str | Path | None = None, *, x: str = "env_steps",
                  last_n: int = 5, reps: int = stats.DEFAULT_REPS, seed: int = stats.DEFAULT_SEED,
+                 diverged: str = stats.DEFAULT_DIVERGED,
                  progress: Callable[[str], None] | None = None) -> Tables:
-    """Load ``results``, compute every table, draw every figure, write report.md.
+    """Load ``results``, compute every table, draw every figure, write report.md (``diverged``:
+    how diverged runs are scored, :data:`analysis.stats.DIVERGED_RULES`; report.md says which).
 
     Writes into ``out`` (default ``<results>/report/``): ``report.md``, the PNGs of
     :data:`FIGURES` and CSVs of the tables (``left_out.csv``: every run not scored, and why). Returns the :class:`Tables`; the report path
@@ -350,7 +380,7 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
     out = Path(out) if out is not None else results / "report"
     out.mkdir(parents=True, exist_ok=True)
 
-    t = compute_tables(df, last_n=last_n, reps=reps, seed=seed)
+    t = compute_tables(df, last_n=last_n, reps=reps, seed=seed, diverged=diverged)
     df = t.metrics  # with the estimator labels the tables use
     palette = figs.estimator_palette(t.runs["estimator"])
     files = {k: name for k, (name, _) in FIGURES.items()}

@@ -24,6 +24,23 @@ Conventions shared with rliable (``rliable/metrics.py``, ``rliable/library.py``)
 
 Randomness: one ``numpy.random.default_rng(seed)`` per call (default seed 0), tasks drawn in
 the order given, so every interval is reproducible.
+
+Diverged runs (status ``diverged`` in summary.json; their rows stop at the divergence) are
+scored by one of :data:`DIVERGED_RULES`, chosen with ``diverged=`` on :func:`final_scores` and
+:func:`run_table` (``python -m analysis report --diverged``):
+
+* ``worst`` (the default, conservative): from the divergence on the run scores its task's
+  worst return ``w`` for the rest of the budget: final score ``w``; AUC integrates the curve
+  up to the divergence point (the run's last logged sample count) and ``w`` from there to
+  the budget (:func:`area_under_curve` with ``stop``/``after``). ``w`` is the run's own
+  ``task.worst_return`` (a known lower bound, recorded in its config.yaml; column
+  ``worst_return`` of :func:`analysis.load.load`); a run without one falls back to the lowest
+  finite value of its score column among all runs of its task in the frame (column
+  ``worst_source`` says which);
+* ``last``: the run keeps its last evaluations, as if carried forward to the budget: final
+  score the mean of its last ``last_n`` evaluations, AUC holds its last value to the budget.
+
+A run that did not diverge is scored the same under both rules.
 """
 
 from __future__ import annotations
@@ -37,7 +54,7 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
-from harness.io.scores import final_score, score_column
+from harness.io.scores import SCORE_COLUMNS, final_score, score_column
 
 from .load import HYPERPARAMETERS, RUN_KEYS, VARIANT_KEYS
 
@@ -53,6 +70,7 @@ __all__ = [
     "performance_profile",
     "area_under_curve",
     "is_collapsed",
+    "worst_returns",
     "final_scores",
     "run_table",
     "normalize_by_task",
@@ -61,11 +79,20 @@ __all__ = [
     "DEFAULT_REPS",
     "DEFAULT_SEED",
     "CONFIDENCE",
+    "DIVERGED_RULES",
+    "DEFAULT_DIVERGED",
 ]
 
 DEFAULT_REPS = 2000
 DEFAULT_SEED = 0
 CONFIDENCE = 0.95
+#: How a diverged run is scored after its divergence (module docstring): ``worst`` its task's
+#: worst return, ``last`` its last evaluations carried forward.
+DIVERGED_RULES = ("worst", "last")
+DEFAULT_DIVERGED = "worst"
+#: ``worst_source``: where a diverged run's worst return came from.
+WORST_FROM_TASK = "task.worst_return"
+WORST_OBSERVED = "lowest observed"
 
 _trapezoid = getattr(np, "trapezoid", None) or np.trapz  # numpy < 2 only has trapz
 
@@ -288,7 +315,8 @@ def performance_profile(
 
 # ----------------------------------------------------------------------------- per-run
 
-def area_under_curve(x, y, budget: float) -> float:
+def area_under_curve(x, y, budget: float, *, stop: float | None = None,
+                     after: float | None = None) -> float:
     """Normalised area under a learning curve, in units of return.
 
     ``(1 / budget) * integral_0^budget f(s) ds`` where ``f`` joins the points ``(x, y)``
@@ -296,6 +324,11 @@ def area_under_curve(x, y, budget: float) -> float:
     at its first value before the first point and at its last value after the last point.
     A run evaluated from 0 to the budget gets exactly ``trapezoid(y, x) / budget``: the
     average return over the budget, so an estimator that learns sooner scores higher.
+
+    With ``stop`` and ``after`` (a run that diverged at ``stop``, scored ``after`` from then
+    on): ``f`` as above on ``[0, stop]`` and the constant ``after`` on ``(stop, budget]``, i.e.
+    ``(integral_0^stop f(s) ds + after * (budget - stop)) / budget``, ``stop`` clipped to
+    ``[0, budget]``.
     """
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
@@ -303,11 +336,15 @@ def area_under_curve(x, y, budget: float) -> float:
     x, y = x[ok], y[ok]
     if x.size == 0 or not np.isfinite(budget) or budget <= 0:
         return float("nan")
+    end = budget if stop is None else float(np.clip(stop, 0.0, budget))
     order = np.argsort(x, kind="stable")
-    x, y = np.clip(x[order], 0.0, budget), y[order]
-    x = np.concatenate([[0.0], x, [budget]])
+    x, y = np.clip(x[order], 0.0, end), y[order]
+    x = np.concatenate([[0.0], x, [end]])
     y = np.concatenate([[y[0]], y, [y[-1]]])
-    return float(_trapezoid(y, x) / budget)
+    area = _trapezoid(y, x)
+    if stop is not None:
+        area += float(after) * (budget - end)
+    return float(area / budget)
 
 
 def is_collapsed(returns, shift: float = 0.0) -> bool:
@@ -335,34 +372,92 @@ def _x_column(df: pd.DataFrame) -> str:
     return "iteration"
 
 
-def final_scores(df: pd.DataFrame, last_n: int = 5) -> pd.DataFrame:
+def _check_rule(diverged: str) -> None:
+    if diverged not in DIVERGED_RULES:
+        raise ValueError(f"diverged must be one of {list(DIVERGED_RULES)}, got {diverged!r}")
+
+
+def _scored_worst(run: pd.DataFrame, diverged: str) -> bool:
+    """Does rule ``diverged`` score this run (one run's rows) with its task's worst return?"""
+    return diverged == "worst" and run["status"].iloc[0] == "diverged"
+
+
+def worst_returns(df: pd.DataFrame) -> pd.DataFrame:
+    """The worst return of each run's task: ``run_dir, seed, worst_return, worst_source``.
+
+    The run's own ``worst_return`` (its config.yaml's ``task.worst_return``; source
+    :data:`WORST_FROM_TASK`) when finite; else the lowest finite value of the run's score
+    column (:func:`harness.io.scores.score_column`; ``eval_return`` first when the run has
+    none) over every row of every run of its task in ``df`` (source :data:`WORST_OBSERVED`);
+    NaN and None when the task has no finite score at all.
+    """
+    lowest = {}
+    for task, tdf in df.groupby("task", sort=True):
+        for col in SCORE_COLUMNS:
+            v = tdf[col].to_numpy(dtype=float) if col in tdf else np.array([])
+            v = v[np.isfinite(v)]
+            lowest[(task, col)] = float(v.min()) if v.size else np.nan
+    rows = []
+    for (run_dir, seed), run in df.groupby(RUN_KEYS, dropna=False, sort=True):
+        known = run["worst_return"].to_numpy(dtype=float) if "worst_return" in run else np.array([])
+        known = known[np.isfinite(known)]
+        if known.size:
+            w, src = float(known[0]), WORST_FROM_TASK
+        else:
+            task = run["task"].iloc[0]
+            col = score_column(run)
+            cols = [col] if col is not None else list(SCORE_COLUMNS)
+            w = next((lowest[(task, c)] for c in cols if np.isfinite(lowest[(task, c)])), np.nan)
+            src = WORST_OBSERVED if np.isfinite(w) else None
+        rows.append({"run_dir": run_dir, "seed": seed, "worst_return": w, "worst_source": src})
+    return pd.DataFrame(rows, columns=["run_dir", "seed", "worst_return", "worst_source"])
+
+
+def final_scores(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_DIVERGED) -> pd.DataFrame:
     """Per-run final score: mean of the last ``last_n`` finite ``eval_return`` values
-    (by iteration), or of ``episode_return`` for a run with no evaluation.
+    (by iteration), or of ``episode_return`` for a run with no evaluation; a diverged run
+    under ``diverged="worst"`` (the default) scores its task's worst return instead
+    (:func:`worst_returns`), under ``"last"`` the mean of the last evaluations it logged
+    (module docstring, "Diverged runs"). A run that did not diverge scores the same either way.
 
     Returns one row per run (``run_dir, seed``) with ``task, estimator, status, score,
-    score_source`` (``eval_return`` | ``episode_return`` | None) and ``n_points``.
+    score_source`` (``eval_return`` | ``episode_return`` | None: the column of its curve),
+    ``n_points`` (evaluations averaged; 0 for a run scored its worst return), and
+    ``worst_return``, ``worst_source`` (the value and where it came from, for a run scored
+    with it; NaN/None otherwise).
     """
+    _check_rule(diverged)
+    worst = worst_returns(df).set_index(RUN_KEYS) if diverged == "worst" else None
     rows = []
     for (run_dir, seed), run in df.groupby(RUN_KEYS, dropna=False, sort=True):
         score, col, n = final_score(run, last_n)
+        w, src = np.nan, None
+        if _scored_worst(run, diverged):
+            w, src = worst.loc[(run_dir, seed), ["worst_return", "worst_source"]]
+            score, n = float(w), 0
         rows.append({"run_dir": run_dir, "seed": seed, "task": run["task"].iloc[0],
                      "estimator": run["estimator"].iloc[0], "status": run["status"].iloc[0],
-                     "score": score, "score_source": col, "n_points": n})
+                     "score": score, "score_source": col, "n_points": n,
+                     "worst_return": float(w), "worst_source": src})
     return pd.DataFrame(rows, columns=["run_dir", "seed", "task", "estimator", "status",
-                                       "score", "score_source", "n_points"])
+                                       "score", "score_source", "n_points", "worst_return",
+                                       "worst_source"])
 
 
-def run_table(df: pd.DataFrame, last_n: int = 5) -> pd.DataFrame:
+def run_table(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_DIVERGED) -> pd.DataFrame:
     """Everything per run the report needs: final score, AUC, collapse flag, hyperparameters.
 
-    Adds to :func:`final_scores`: ``x_col`` and ``budget`` (the task's largest logged
-    env_steps - or tokens, or iteration), ``auc`` (:func:`area_under_curve` of the score
-    curve over that axis), ``collapsed`` (:func:`is_collapsed` on the score curve, shifted
-    by the task's minimum observed score when that is negative), ``iterations``, one
+    Adds to :func:`final_scores` (``diverged`` as there): ``x_col`` and ``budget`` (the task's
+    largest logged env_steps - or tokens, or iteration), ``auc`` (:func:`area_under_curve` of
+    the score curve over that axis; a diverged run under ``diverged="worst"`` scores its worst
+    return from its last logged ``x_col`` value - the divergence point - to the budget, and
+    the worst return throughout when it logged no score), ``collapsed`` (:func:`is_collapsed`
+    on the score curve, shifted by the task's minimum observed score when that is negative),
+    ``iterations``, one
     column per hyperparameter (its first logged value) and per :data:`VARIANT_KEYS` setting
     (``update``, ``loss_agg``: its first logged value, None when the run did not log it).
     """
-    scores = final_scores(df, last_n=last_n).set_index(RUN_KEYS)
+    scores = final_scores(df, last_n=last_n, diverged=diverged).set_index(RUN_KEYS)
     extra = []
     for task, tdf in df.groupby("task", sort=True):
         x_col = _x_column(tdf)
@@ -377,11 +472,17 @@ def run_table(df: pd.DataFrame, last_n: int = 5) -> pd.DataFrame:
             col = score_column(run)
             row = {"run_dir": run_dir, "seed": seed, "x_col": x_col, "budget": budget,
                    "iterations": int(run["iteration"].notna().sum()) or len(run)}
+            xs = run[x_col].to_numpy(dtype=float)
+            cut = {}
+            if _scored_worst(run, diverged):  # the rule of the module docstring, "Diverged runs"
+                at = xs[np.isfinite(xs)]
+                cut = {"stop": float(at.max()) if at.size else 0.0,
+                       "after": float(scores.loc[(run_dir, seed), "worst_return"])}
             if col is None:
-                row.update(auc=np.nan, collapsed=False)
+                row.update(auc=cut["after"] if cut else np.nan, collapsed=False)
             else:
                 ys = run[col].to_numpy(dtype=float)
-                row["auc"] = area_under_curve(run[x_col].to_numpy(dtype=float), ys, budget)
+                row["auc"] = area_under_curve(xs, ys, budget, **cut)
                 row["collapsed"] = is_collapsed(ys, shift=min(score_min[col], 0.0))
             for hp in HYPERPARAMETERS:
                 v = run[hp].dropna()

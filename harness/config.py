@@ -31,6 +31,10 @@ class TaskConfig:
     hidden: List[int] = field(default_factory=lambda: [64, 64])
     activation: str = "tanh"
     init_log_std: float = 0.0
+    # A known lower bound on an episode's return (eval_return / episode_return) in this task, or
+    # None. Analysis scores a diverged run with it from the divergence on (analysis.stats); it
+    # does not change training, so it is not part of the run directory's hash.
+    worst_return: Optional[float] = None
 
 
 @dataclass
@@ -465,6 +469,8 @@ def check_bounds(cfg: DictConfig) -> None:
         bad("kl.kl_target", "a finite number", cfg.kl.kl_target)
     if not finite(cfg.task.init_log_std):
         bad("task.init_log_std", "a finite number", cfg.task.init_log_std)
+    if cfg.task.get("worst_return") is not None and not finite(cfg.task.worst_return):
+        bad("task.worst_return", "a finite number or null (unknown)", cfg.task.worst_return)
     hidden = cfg.task.hidden
     if hidden is not None and any(h > COUNT_MAX for h in hidden):
         bad("task.hidden", f"widths of at most {COUNT_MAX}", list(hidden))

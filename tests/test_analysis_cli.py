@@ -35,6 +35,8 @@ def _cases(tmp: Path):
         (["report", str(f)], f"{report} RESULTS: {f} is a file; allowed: {FOLDER}"),
         (["report", ok, "--x", "tokens"], f"{report} --x: invalid choice: 'tokens' (choose from 'env_steps', "
                                           "'wall_time_s')"),
+        (["report", ok, "--diverged", "best"], f"{report} --diverged: invalid choice: 'best' (choose from "
+                                               "'worst', 'last')"),
         (["claims", str(tmp / "missing")], f"{claims} DIR: {tmp / 'missing'} does not exist; allowed: "
                                            f"{CLAIMS_FOLDER} (python -m harness.experiments claims DIR)"),
         (["claims", str(f)], f"{claims} DIR: {f} is a file; allowed: {CLAIMS_FOLDER}"),
@@ -54,7 +56,7 @@ def test_bad_arguments_are_one_line_exit_2_in_a_subprocess(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]   # nothing written anywhere
 
 
-@pytest.mark.parametrize("i", range(13))
+@pytest.mark.parametrize("i", range(14))
 def test_main_returns_2_for_the_same_arguments(i, tmp_path, capsys):
     args, line = _cases(tmp_path)[i]
     assert main(args) == 2
@@ -67,6 +69,9 @@ def test_good_arguments_still_parse(tmp_path):
     a = build_parser().parse_args(["report", str(tmp_path), "--reps", "1", "--seed", "0", "--last-n", "1",
                                    "--out", str(tmp_path / "new")])
     assert (a.reps, a.seed, a.last_n, a.out, a.results) == (1, 0, 1, tmp_path / "new", tmp_path)
+    assert a.diverged == "worst"                           # the conservative rule by default
+    for rule in ("worst", "last"):
+        assert build_parser().parse_args(["report", str(tmp_path), "--diverged", rule]).diverged == rule
     a = build_parser().parse_args(["claims", str(tmp_path), "--only", "c3, C5"])
     assert a.only == {"C3", "C5"}
     assert main(["report", "--help"]) == 0

@@ -53,6 +53,24 @@ def test_diverged_run_is_kept_and_marked(tmp_path):
     assert np.isinf(bad["approx_kl"]).any()        # the evidence of divergence survives
 
 
+def test_worst_return_comes_from_the_runs_config_yaml(tmp_path):
+    """task.worst_return of a run's config.yaml is its rows' worst_return; a run written
+    before the field existed (or with null, or no config.yaml) has NaN."""
+    configs = {"new": "task:\n  name: CartPole-v1\n  worst_return: -12.5\n",
+               "old": "task:\n  name: CartPole-v1\n", "null": "task:\n  worst_return: null\n",
+               "none": None}
+    for name, config in configs.items():
+        write_run(tmp_path / TASK / "ppo_gae" / name, _cols("ppo_gae", 0),
+                  summary=_summary(name, "completed", 6), config=config)
+    df = analysis.load(tmp_path)
+    worst = df.groupby("run_dir")["worst_return"].agg(lambda v: v.tolist())
+    assert worst[f"{TASK}/ppo_gae/new"] == [-12.5] * 6
+    for name in ("old", "null", "none"):
+        assert np.isnan(worst[f"{TASK}/ppo_gae/{name}"]).all(), name
+    (tmp_path / "empty").mkdir()
+    assert "worst_return" in analysis.load(tmp_path / "empty").columns
+
+
 def test_corrupt_parquet_is_named_and_left_out(tmp_path):
     write_run(tmp_path / TASK / "a2c" / "good", _cols("a2c", 0), summary=_summary("g", "completed", 6))
     bad = write_run(tmp_path / TASK / "a2c" / "bad", _cols("a2c", 1),

@@ -1,5 +1,6 @@
 """`python -m analysis report` on a synthetic sweep, and its one-line errors."""
 
+import json
 import os
 import re
 import subprocess
@@ -24,17 +25,23 @@ def sweep(tmp_path_factory):
 
 
 def _direct_final_scores(root: Path, last_n: int = 5) -> pd.DataFrame:
-    """Final score per finished run straight from the files, without the analysis package."""
-    rows = []
+    """Final score per finished run straight from the files, without the analysis package:
+    the mean of the last ``last_n`` evaluations; a diverged run (the fixture's runs record no
+    task.worst_return) scores the lowest evaluation of any finished run of its task."""
+    rows, lowest = [], {}
     for path in sorted(root.rglob("metrics.parquet")):
         if not (path.parent / "summary.json").exists():
             continue                                    # still running: left out
         m = pd.read_parquet(path).sort_values("iteration")
         ev = m["eval_return"].dropna()
         ev = ev[np.isfinite(ev)]
-        rows.append({"task": m["task"].iloc[0], "estimator": m["estimator"].iloc[0],
-                     "score": ev.tail(last_n).mean()})
-    return pd.DataFrame(rows)
+        task = m["task"].iloc[0]
+        lowest[task] = min(lowest.get(task, np.inf), ev.min())
+        diverged = json.loads((path.parent / "summary.json").read_text())["status"] == "diverged"
+        rows.append({"task": task, "estimator": m["estimator"].iloc[0],
+                     "score": np.nan if diverged else ev.tail(last_n).mean()})
+    out = pd.DataFrame(rows)
+    return out.assign(score=out["score"].fillna(out["task"].map(lowest)))
 
 
 def _table_rows(md: str, section: str, first_cells: tuple[str, str]) -> list[str]:
@@ -100,6 +107,33 @@ def test_report_wall_time_axis_and_out_dir(sweep, tmp_path):
                  "--out", str(out)]) == 0
     assert (out / "report.md").exists() and (out / "learning_curves.png").exists()
     assert "--last-n 2" in (out / "report.md").read_text()
+
+
+def test_report_states_the_diverged_rule_and_the_fallback(sweep, tmp_path, capsys):
+    """The fixture's diverged run (CartPole-v1 ppo_gae seed3) records no task.worst_return."""
+    diverged = "CartPole-v1/ppo_gae/seed3"
+    lowest = _direct_final_scores(sweep).query("task == 'CartPole-v1'")["score"].min()
+    md, runs = {}, {}
+    for rule in ("worst", "last"):
+        assert main(["report", str(sweep), "--reps", "50", "--diverged", rule, "--out", str(tmp_path / rule)]) == 0
+        md[rule] = (tmp_path / rule / "report.md").read_text()
+        runs[rule] = pd.read_csv(tmp_path / rule / "runs.csv").set_index("run_dir")
+        assert f"--diverged {rule}`" in md[rule]
+    stdout = capsys.readouterr().out
+    worst_rule = ("Diverged runs are scored with their task's worst return from the divergence on "
+                  "(`--diverged worst`, the default)")
+    last_rule = "Diverged runs are scored by carrying their last evaluations forward (`--diverged last`)"
+    assert worst_rule in md["worst"] and last_rule not in md["worst"]
+    assert last_rule in md["last"] and worst_rule not in md["last"]
+    assert "1 diverged run records no `task.worst_return`" in md["worst"]
+    assert "lowest score observed among all runs of its task" in md["worst"]
+    assert "records no `task.worst_return`" not in md["last"]
+    assert worst_rule in stdout and last_rule in stdout
+    assert runs["worst"].loc[diverged, "score"] == pytest.approx(lowest)
+    assert runs["worst"].loc[diverged, "score"] < runs["last"].loc[diverged, "score"]
+    assert runs["worst"].loc[diverged, "auc"] < runs["last"].loc[diverged, "auc"]
+    completed = runs["worst"].index != diverged   # every other run: the same under both rules
+    assert runs["worst"].loc[completed, ["score", "auc"]].equals(runs["last"].loc[completed, ["score", "auc"]])
 
 
 def _cli(*args):

@@ -18,6 +18,7 @@ from analysis.stats import (
     performance_profile,
     probability_of_improvement,
     probability_of_improvement_interval,
+    run_table,
     stratified_bootstrap,
 )
 
@@ -213,6 +214,77 @@ def test_final_scores_mean_of_last_evaluations_with_fallback():
     assert out.loc["r1", "score_source"] == "eval_return"
     assert out.loc["r2", "score"] == 3.0                    # no eval: episode returns 2, 4
     assert out.loc["r2", "score_source"] == "episode_return"
+
+
+# ----------------------------------------------------------------------------- diverged runs
+
+
+def _runs(*runs) -> pd.DataFrame:
+    """A loaded frame by hand: one ``(run_dir, status, env_steps, eval_return, worst_return)``
+    per run, one row per point; task ``t``, seed 0, no hyperparameters."""
+    rows = []
+    for run_dir, status, xs, ys, worst in runs:
+        for i, (x, y) in enumerate(zip(xs, ys)):
+            rows.append({"run_dir": run_dir, "seed": 0.0, "task": "t", "estimator": "e", "status": status,
+                         "iteration": i + 1, "env_steps": float(x), "eval_return": float(y),
+                         "episode_return": np.nan, "worst_return": worst})
+    df = pd.DataFrame(rows)
+    for col in stats.HYPERPARAMETERS:
+        df[col] = np.nan
+    return df
+
+
+def test_area_under_curve_stops_at_divergence_by_hand():
+    # 10, 20 at x = 0, 50: trapezoid 0.5 * (10 + 20) * 50 = 750 on [0, 50]
+    assert area_under_curve([0, 50], [10, 20], 100) == 17.5                        # + 20 * 50 held
+    assert area_under_curve([0, 50], [10, 20], 100, stop=50, after=0.0) == 7.5     # + 0 * 50
+    assert area_under_curve([0, 50], [10, 20], 100, stop=50, after=-4.0) == 5.5    # (750 - 200) / 100
+    # the last value is held from the last point to the divergence: 750 + 20 * 30 + 0 * 20
+    assert area_under_curve([0, 50], [10, 20], 100, stop=80, after=0.0) == 13.5
+
+
+def test_diverged_run_under_both_rules_by_hand():
+    # d: evaluations 10, 20 at x = 0, 50, diverged after x = 50 (its last row), worst return 0;
+    # c: completed, 0, 20, 40 at x = 0, 50, 100 fixes the budget at 100.
+    df = _runs(("d", "diverged", [0, 50], [10, 20], 0.0),
+               ("c", "completed", [0, 50, 100], [0, 20, 40], 0.0))
+    worst = run_table(df, last_n=5).set_index("run_dir")               # the default rule
+    assert (worst.loc["d", "budget"], worst.loc["d", "score"], worst.loc["d", "auc"]) == (100, 0.0, 7.5)
+    assert worst.loc["d", "worst_source"] == "task.worst_return"
+    last = run_table(df, last_n=5, diverged="last").set_index("run_dir")
+    assert last.loc["d", "score"] == 15.0                              # mean of 10, 20
+    assert last.loc["d", "auc"] == 17.5                                # (750 + 20 * 50) / 100
+    # the run that did not diverge scores the same under both rules, and as before
+    for table in (worst, last):
+        assert table.loc["c", "score"] == 20.0                          # mean of 0, 20, 40
+        assert table.loc["c", "auc"] == 20.0                            # (500 + 1500) / 100
+        assert np.isnan(table.loc["c", "worst_return"])
+    assert final_scores(df, last_n=2).set_index("run_dir")["score"].tolist() == [30.0, 0.0]
+    assert final_scores(df, last_n=2, diverged="last").set_index("run_dir")["score"].tolist() == [30.0, 15.0]
+    # a run that diverged before it logged any score: the worst return throughout, or unscored
+    n = pd.concat([df, _runs(("n", "diverged", [10], [np.nan], -1.0))], ignore_index=True)
+    assert run_table(n).set_index("run_dir").loc["n", ["score", "auc"]].tolist() == [-1.0, -1.0]
+    assert run_table(n, diverged="last").set_index("run_dir").loc["n", ["score", "auc"]].isna().all()
+
+
+def test_diverged_run_without_worst_return_falls_back_to_the_lowest_observed():
+    # d recorded no worst return (an older run): the lowest eval_return among all runs of
+    # task t is -3 (run c, a completed run); a run of another task does not count.
+    df = _runs(("d", "diverged", [0, 50], [10, 20], np.nan),
+               ("c", "completed", [0, 50, 100], [-3, 20, 40], np.nan))
+    other = _runs(("o", "completed", [0, 100], [-99, -99], np.nan)).assign(task="other")
+    table = run_table(pd.concat([df, other], ignore_index=True)).set_index("run_dir")
+    assert table.loc["d", "score"] == -3.0
+    assert table.loc["d", "worst_return"] == -3.0 and table.loc["d", "worst_source"] == "lowest observed"
+    assert table.loc["d", "auc"] == pytest.approx((750 - 3 * 50) / 100)
+    assert table.loc["c", "score"] == 19.0 and table.loc["o", "score"] == -99.0
+
+
+def test_diverged_rule_must_be_worst_or_last():
+    df = _runs(("c", "completed", [0, 100], [1, 2], np.nan))
+    for fn in (final_scores, run_table):
+        with pytest.raises(ValueError, match=r"diverged must be one of \['worst', 'last'\], got 'best'"):
+            fn(df, diverged="best")
 
 
 def test_normalize_by_task():

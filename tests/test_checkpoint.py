@@ -277,8 +277,9 @@ def test_checkpoint_every_is_refused_where_no_trainer_checkpoints():
 
 
 def test_new_fields_leave_run_directory_hashes_unchanged():
-    """Hashes computed before checkpoint_every/deterministic existed: finished runs of older
-    sweeps are still found (and skipped) after the upgrade."""
+    """Hashes computed before checkpoint_every/deterministic/task.worst_return existed: finished
+    runs of older sweeps are still found (and skipped) after the upgrade (the presets set
+    task.worst_return, so every case below carries one)."""
     pinned = {
         (): "ab1ce9aeb4",
         ("estimator=rloo",): "89080fd17d",

@@ -59,7 +59,8 @@ CHECKPOINT_NAME = "checkpoint.safetensors"  # harness.io.checkpoint.CHECKPOINT_F
 # Test-only hook (tests/test_faults.py): seconds to sleep in the middle of every atomic write,
 # so that a SIGKILL at a random moment often lands inside a write. Unset in normal use.
 WRITE_DELAY_ENV = "HARNESS_TEST_WRITE_DELAY"
-_NOT_HASHED_NESTED = (("lm", "cache_dir"),)  # where a cache lives does not change the run
+# where a cache lives, and the bound analysis scores diverged runs with, do not change the run
+_NOT_HASHED_NESTED = (("lm", "cache_dir"), ("task", "worst_return"))
 
 # Columns every metrics.parquet carries (nulls where a value does not apply): harness.io.schema.
 METRIC_COLUMNS = schema.METRIC_COLUMNS
