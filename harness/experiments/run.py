@@ -1,6 +1,6 @@
 """``python -m harness.experiments claims DIR [--quick] [--only C3,C4]``: run what the claims need.
 
-For the claims selected (all of C1-C22 by default): the exact claims' unit tests, once, with
+For the claims selected (all of CLAIM_IDS, C1-C28, by default): the exact claims' unit tests, once, with
 pytest (outcomes per claim into ``DIR/exact_tests.json``), then every experiment the claims need,
 toy first, then control, then LM: each config of its sweep (expanded by Hydra, see
 :mod:`harness.experiments`) through :func:`harness.app.run`, finished run directories skipped.
@@ -138,7 +138,7 @@ def parse_only(text: str | None) -> set[str] | None:
     only = {c.strip().upper() for c in text.split(",") if c.strip()}
     unknown = sorted(only - set(CLAIM_IDS))
     if unknown:
-        raise ValueError(f"unknown claim id(s) {unknown}; valid: C1-C22")
+        raise ValueError(f"unknown claim id(s) {unknown}; valid: {CLAIM_IDS[0]}-{CLAIM_IDS[-1]}")
     return only
 
 
@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Run named sets of experiments (finished runs are skipped).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     p = sub.add_parser("claims", help="run the claim experiments and the exact claims' tests",
-                       description="Run what the claims C1-C22 (CLAIMS.md) need into DIR: every sweep of "
+                       description=f"Run what the claims {CLAIM_IDS[0]}-{CLAIM_IDS[-1]} (CLAIMS.md) need into DIR: "
+                                   "every sweep of "
                                    "conf/experiment/claim_*.yaml (DIR/<experiment>/...) and the exact claims' "
                                    "unit tests (DIR/exact_tests.json). Then: python -m analysis claims DIR.")
     p.add_argument("results", metavar="DIR", help="folder for the claim experiments' runs")
