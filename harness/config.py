@@ -115,6 +115,7 @@ class ProbeSettings:
     proposal_seed: int = 2
     negative_control: bool = False
     control_scale: float = 0.5
+    arcsin: bool = False  # toy, policy_gradient, binary rewards: also cos(E g, grad sum_x arcsin sqrt p_x) (C25)
     reps: int = 1000
     store_batches: bool = True
     reference_batches: int = 0  # control: batches of the REINFORCE reference (0: 2 x batches)

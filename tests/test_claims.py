@@ -167,10 +167,10 @@ def test_c4_judges_direction_and_scale_not_bias_above_zero():
         return [{"estimator": "rloo", "rel_bias_sq": 0.0, "rel_bias_sq_low": -0.002, "rel_bias_sq_high": 0.002,
                  "weight": 1.0, "weight_low": 0.99, "weight_high": 1.01, "_sweep": {"estimator": "rloo"}},
                 {"estimator": "grpo", "rel_bias_sq": 1.6, "rel_bias_sq_low": 1.5, "rel_bias_sq_high": 1.7,
-                 "cos_mean": grpo_cos, "cos_mean_low": grpo_cos - 0.01, "cos_mean_high": grpo_cos + 0.01,
+                 "cos_exp": grpo_cos, "cos_exp_low": grpo_cos - 0.01, "cos_exp_high": grpo_cos + 0.01,
                  "weight": 2.2, "weight_low": 2.1, "weight_high": 2.3, "_sweep": {"estimator": "grpo"}},
                 {"estimator": "dr_grpo", "rel_bias_sq": 0.02, "rel_bias_sq_low": 0.015, "rel_bias_sq_high": 0.025,
-                 "cos_mean": 1.0, "cos_mean_low": 0.998, "cos_mean_high": 1.002, "weight": dr_weight,
+                 "cos_exp": 1.0, "cos_exp_low": 0.998, "cos_exp_high": 1.002, "weight": dr_weight,
                  "weight_low": dr_weight - 0.01, "weight_high": dr_weight + 0.01, "_sweep": {"estimator": "dr_grpo"}}]
     assert _judge("C4", {"claim_c4": _probe_data("claim_c4", rows(0.97))}).verdict == "supported"
     # a large direction bias (cos 0.5) passed the old "bias > 0" rule: it is not "a little"

@@ -293,6 +293,11 @@ CASES: list[tuple[list[str], str, str]] = [
     ([*PROBE_TOY, "++probe.negative_control=yes"], "probe.negative_control", V),
     ([*PROBE_TOY, "++probe.store_batches=1"], "probe.store_batches", V),
     ([*PROBE_TOY, "++probe.target=[1]"], "probe.target", V),
+    ([*PROBE_TOY, "++probe.arcsin=yes"], "probe.arcsin", V),
+    ([*PROBE_TOY, "++probe.arcsin=true"], "probe.arcsin", V),  # the mixed preset has a dense prompt
+    ([*PROBE_TOY, "task.env_id=varlen", "++probe.arcsin=true", "++probe.target=kl"], "probe.arcsin", V),
+    ([*PROBE_TOY, "task.env_id=varlen", "++probe.arcsin=true", "kl.beta=0.1"], "probe.arcsin", V),
+    (["mode=probe", "estimator=reinforce", "++probe.arcsin=true"], "probe.arcsin", V),  # control task
     # ---- the toy and LM tasks take the same bounds
     ([*TOY, "seed=4294967296"], "seed", V),
     ([*TOY, "population=5000"], "population", V),
@@ -318,6 +323,7 @@ CLI_CASES: list[tuple[list[str], str, int]] = [
     (["population=10000"], "population", 2),
     (["task.num_envs=2", "task.rollout_steps=8", "minibatches=100"], "minibatches", 2),
     (["task.name=.."], "task.name", 2),
+    (["mode=probe", "task=toy", "estimator=grpo", "++probe.arcsin=true"], "probe.arcsin", 2),
     (["task.name=.hydra"], "task.name", 2),
     ([f"task.name={'n' * 300}"], "task.name", 2),
     (["results_dir=/dev/null"], "results_dir", 2),  # before Hydra's job folder: a traceback before

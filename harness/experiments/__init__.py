@@ -63,6 +63,7 @@ class Experiment:
 
 
 _TOY_QUICK = {"++probe.batches": "2000"}
+_NEW_QUICK = {"++probe.batches": "200", "++probe.reps": "200"}  # C23-C27: seconds in all
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("claim_c3", "toy", _TOY_QUICK),
     Experiment("claim_c3_control", "control", {"++probe.batches": "100"}),
@@ -74,6 +75,10 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("claim_c18", "toy", {"population": "5", "loss_agg": "seq_mean_token_mean,seq_mean_token_sum_norm"}),
     Experiment("claim_c20", "toy", {"population": "3", "++probe.batches": "1000", "group_size": "2,8"}),
     Experiment("claim_c22", "toy", _TOY_QUICK),
+    Experiment("claim_c23", "toy", _NEW_QUICK),
+    Experiment("claim_c24", "toy", {**_NEW_QUICK, "task.episodes_per_iter": "4,256"}),
+    Experiment("claim_c25", "toy", {**_NEW_QUICK, "group_size": "4,64"}),
+    Experiment("claim_c27", "toy", _NEW_QUICK),
     Experiment("claim_c8", "control", {"population": "3", "budget.env_steps": "12000", "clip_eps": "0.2,null",
                                        "epochs": "10", "eval_every_steps": "3000"}),
     Experiment("claim_c9", "control", {"population": "3", "budget.env_steps": "12000",

@@ -26,7 +26,7 @@ from ..tasks.toy import validate_toy
 from . import control as _control
 from . import toy as _toy
 from .control import validate_control_probe
-from .toy import probe_toy
+from .toy import probe_toy, validate_toy_probe
 
 log = logging.getLogger("harness.probes")
 
@@ -42,6 +42,7 @@ def validate_probe(cfg: DictConfig) -> None:
     s = settings_from_config(cfg)
     if cfg.task.family == "toy":
         validate_toy(cfg)
+        validate_toy_probe(cfg, s)
     else:
         validate_control_probe(cfg, s)
 

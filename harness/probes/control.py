@@ -55,6 +55,9 @@ def validate_control_probe(cfg, s: ProbeSettings) -> None:
                          "selects the initial policy")
     if s.target != "policy_gradient":
         raise ValueError(f"probe.target must be policy_gradient on control tasks, got {s.target!r}")
+    if s.arcsin:
+        raise ValueError("probe.arcsin must be false on control tasks (it needs the toy task's exact success "
+                         "probabilities), got True")
     E, k = int(cfg.task.episodes_per_iter), int(cfg.group_size)
     if spec.needs_groups and E % k:
         raise ValueError(f"task.episodes_per_iter must be a multiple of group_size={k}, got {E}")

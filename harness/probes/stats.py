@@ -12,9 +12,15 @@ task), ``gbar`` the mean estimate and ``Sigma`` the covariance of one estimate.
 * relative versions divide by ``||t||^2``; ``weight`` is ``<E g, t> / ||t||^2`` (1 for an
   unbiased estimator; C17's per-prompt gradient weight);
 * ``snr = ||E g||^2 / tr Sigma`` (debiased numerator) - signal per unit of noise in one batch;
-* ``cos`` is the mean over batches of ``cos(g_m, t)``; ``cos_mean`` estimates ``cos(E g, t)``:
-  ``<gbar, t> / (|t| sqrt(||gbar||^2 - tr Sigma_hat / M))``, the squared norm debiased as the
-  bias is (the plain ``cos(gbar, t)`` is pulled toward 0 by the noise in ``gbar``); with an interval.
+  ``mean_sq`` is that numerator, ``||E g||^2`` debiased (``||gbar||^2 - tr Sigma_hat / M``), and
+  ``rel_mean_sq`` divides it by ``||t||^2``: its interval contains 0 when ``E g = 0`` (C23's k1 in the loss);
+* ``cos`` is the mean over batches of ``cos(g_m, t)``; ``cos_mean`` is ``cos(gbar, t)``;
+  ``cos_exp`` is the cosine of the *expected* estimate with the truth, ``<gbar, t> / (|t|
+  sqrt(||gbar||^2 - tr Sigma_hat / M))`` (the norm debiased as the squared bias is: ``cos_mean``
+  is pulled towards 0 by the noise left in ``gbar``). It is blind to the scale of ``E g``: a
+  whitened estimator (``E g ~ grad J / std R``) has ``cos_exp = 1`` where its ``rel_bias_sq`` is
+  large, so ``1 - cos_exp`` is the bias in direction (C24). :func:`direction_cosine` gives the
+  same statistic against any other direction ``u`` (C25: the gradient of the arcsin objective).
 
 Intervals are percentile intervals of a bootstrap over batches (multinomial resampling weights
 ``W [reps, M]``, drawn from a fixed seed), the same resampling for every statistic.
@@ -64,13 +70,33 @@ def per_batch_scalars(G: np.ndarray, truth: np.ndarray) -> dict[str, np.ndarray]
     return out
 
 
+def direction_cosine(gbar: np.ndarray, gbar_reps: np.ndarray, tr: float, tr_reps: np.ndarray, M: int,
+                     u: np.ndarray) -> tuple[float, np.ndarray]:
+    """``cos(E g, u)`` estimated by ``<gbar, u> / (|u| sqrt(||gbar||^2 - tr / M))`` and its bootstrap
+    replicates (whose squared norms subtract ``2 tr* / M``, centred like the squared bias's).
+    ``(point, replicates [reps])``; nan where the debiased norm is not positive."""
+    un = float(np.sqrt(u @ u))
+    with np.errstate(all="ignore"):
+        n2 = float(gbar @ gbar) - tr / M
+        point = float(gbar @ u) / (un * np.sqrt(n2)) if n2 > 0 and un > 0 else float("nan")
+        n2_reps = np.einsum("rd,rd->r", gbar_reps, gbar_reps) - 2.0 * tr_reps / M
+        reps = np.where(n2_reps > 0, (gbar_reps @ u) / (un * np.sqrt(np.abs(n2_reps))), np.nan) if un > 0 \
+            else np.full(gbar_reps.shape[0], np.nan)
+    return point, reps
+
+
 def gradient_summary(G: np.ndarray, truth: np.ndarray, W: np.ndarray, gbar_reps: np.ndarray | None = None,
                      confidence: float = CONFIDENCE, truth_reps: np.ndarray | None = None,
-                     truth_noise: float = 0.0, truth_noise_reps: np.ndarray | None = None) -> dict[str, float]:
+                     truth_noise: float = 0.0, truth_noise_reps: np.ndarray | None = None,
+                     directions: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """Point estimates and bootstrap intervals of bias, variance, cosine and SNR.
 
     ``W`` is :func:`resample_weights`; ``gbar_reps = W @ G / M`` may be passed in when a caller
     slices it for several column subsets (scopes) of the same resampling.
+
+    ``directions`` (name -> ``u [D]``) adds ``cos_<name>`` = :func:`direction_cosine` of ``E g``
+    with ``u`` and ``cos_<name>_gap = cos_<name> - cos_exp``, each with its interval (the gap's
+    from the same replicates: a paired comparison of the two directions).
 
     A *noisy* truth (a high-sample reference: the mean of R independent estimates) passes its
     own bootstrap replicates ``truth_reps [reps, D]`` and noise ``truth_noise = tr Sigma_ref / R``
@@ -96,32 +122,36 @@ def gradient_summary(G: np.ndarray, truth: np.ndarray, W: np.ndarray, gbar_reps:
     if truth_reps is not None:
         noise_reps = truth_noise if truth_noise_reps is None else truth_noise_reps
         bias_sq_reps = bias_sq_reps - 2.0 * noise_reps
+    mean_sq_reps = gb2_reps - 2.0 * tr_reps / M
     with np.errstate(all="ignore"):
-        snr_reps = (gb2_reps - 2.0 * tr_reps / M) / tr_reps
+        snr_reps = mean_sq_reps / tr_reps
         snr = (mean_sq - tr / M) / tr if tr > 0 else float("nan")
         cos_reps = W @ np.nan_to_num(pb["cos_true"]) / M
         weight_reps = (gbar_reps @ truth) / tn2 if tn2 > 0 else np.full(W.shape[0], np.nan)
-        # cos(E g, t): |gbar|^2 overstates |E g|^2 by tr Sigma / M (noise adds orthogonal
-        # components), so the debiased squared norm is used, and twice that in the replicates
-        cos_mean_reps = (gbar_reps @ truth) / np.sqrt(np.clip(gb2_reps - 2.0 * tr_reps / M, 1e-300, None) * tn2)
-        mean_sq_debiased = mean_sq - tr / M
     out: dict[str, float] = {
         "grad_dim": D, "true_grad_norm": float(np.sqrt(tn2)), "mean_grad_norm": float(np.sqrt(mean_sq)),
         "total_var": tr, "bias_sq": bias_sq, "bias_norm": float(np.linalg.norm(gbar - truth)),
+        "mean_sq": mean_sq - tr / M,
         "snr": snr, "cos": float(np.nanmean(pb["cos_true"])),
-        "cos_mean": float(gbar @ truth / np.sqrt(mean_sq_debiased * tn2)) if mean_sq_debiased > 0 and tn2 > 0
-        else float("nan"),
+        "cos_mean": float(gbar @ truth / np.sqrt(mean_sq * tn2)) if mean_sq > 0 and tn2 > 0 else float("nan"),
         "weight": float(gbar @ truth / tn2) if tn2 > 0 else float("nan"),
     }
-    for name, reps in (("total_var", tr_reps), ("bias_sq", bias_sq_reps), ("snr", snr_reps),
-                       ("cos", cos_reps), ("weight", weight_reps), ("cos_mean", cos_mean_reps)):
+    cos_exp, cos_exp_reps = direction_cosine(gbar, gbar_reps, tr, tr_reps, M, truth)
+    out["cos_exp"] = cos_exp
+    named = [("total_var", tr_reps), ("bias_sq", bias_sq_reps), ("snr", snr_reps), ("cos", cos_reps),
+             ("weight", weight_reps), ("cos_exp", cos_exp_reps), ("mean_sq", mean_sq_reps)]
+    for name, u in (directions or {}).items():
+        point, reps = direction_cosine(gbar, gbar_reps, tr, tr_reps, M, np.asarray(u, dtype=float))
+        out[f"cos_{name}"], out[f"cos_{name}_gap"] = point, point - cos_exp
+        named += [(f"cos_{name}", reps), (f"cos_{name}_gap", reps - cos_exp_reps)]
+    for name, reps in named:
         out[f"{name}_low"], out[f"{name}_high"] = percentile_interval(reps, confidence)
     if tn2 > 0:
-        for name in ("total_var", "bias_sq"):
+        for name in ("total_var", "bias_sq", "mean_sq"):
             for suffix in ("", "_low", "_high"):
                 out[f"rel_{name}{suffix}"] = out[f"{name}{suffix}"] / tn2
     else:
-        for name in ("total_var", "bias_sq"):
+        for name in ("total_var", "bias_sq", "mean_sq"):
             for suffix in ("", "_low", "_high"):
                 out[f"rel_{name}{suffix}"] = float("nan")
     out["rel_bias"] = float(np.sign(out["rel_bias_sq"]) * np.sqrt(abs(out["rel_bias_sq"]))) \

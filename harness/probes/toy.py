@@ -24,6 +24,17 @@ Targets (``probe.target``):
   independent sequences of the frozen policy; the fit is recorded as ``critic_rmse`` against the
   exact ``V^pi`` and ``critic_ev``), ``exact`` (``V^pi``), or ``noisy`` (``V^pi`` plus
   ``probe.critic_noise`` x N(0, 1) per state: a critic of controlled quality, C5).
+  With ``gamma < 1`` the exact critic is the discounted ``V^pi_gamma`` (:meth:`ToyTask.values`) and
+  the fitted one regresses on discounted returns; the truth stays ``grad J``, undiscounted (C27).
+  A KL penalty (``kl.beta > 0``) is placed as the trainer places it: ``kl.in_reward=true`` subtracts
+  ``beta * k_t`` (``kl.estimator``) from each token's reward before the estimator runs
+  (:func:`harness.tasks.toy.advantage_batch`'s ``reward_penalty``, InstructGPT style), otherwise
+  ``beta * kl_penalty`` is added to the loss (GRPO style); the truth is then the gradient of the
+  KL-regularised objective ``J - beta KL(pi || ref)`` (C23), labelled ``<estimator>+<k>_reward`` or
+  ``<estimator>+<k>_loss``.
+  ``probe.arcsin=true`` (binary rewards) also compares ``E g`` with the gradient of
+  :meth:`ToyTask.arcsin_objective`: columns ``cos_arcsin``, ``cos_linear`` (``= cos_exp``, against
+  ``grad J``) and ``cos_arcsin_gap``, each with an interval (C25).
   ``probe.negative_control=true`` subtracts an action-dependent baseline
   ``probe.control_scale * [a_t == 0]`` from the advantages: a deliberately biased estimator the
   probe must flag (labelled ``<estimator>+action_baseline``).
@@ -49,12 +60,12 @@ import pandas as pd
 import torch
 
 from ..config import ProbeSettings, settings_from_config
-from ..estimators import EstimatorParams, EstimatorSpec, get_estimator
+from ..estimators import EstimatorParams, EstimatorSpec, get_estimator, kl_estimate, reward_to_go
 from ..io import RunDir, atomic_write_bytes
 from ..io.checkpoint import CheckpointError
 from ..io.checkpoint import load as load_checkpoint
 from ..losses import clipped_surrogate_loss, get_policy_loss, kl_penalty, whiten
-from ..tasks.toy import DTYPE, ToyBatch, ToyTask, advantage_batch, build_task, validate_toy
+from ..tasks.toy import DTYPE, ToyBatch, ToyTask, advantage_batch, build_task, time_major, validate_toy
 from . import stats as pstats
 
 TOY_DEFAULT_BATCHES = 2000
@@ -103,9 +114,11 @@ def reach_probabilities(task: ToyTask, theta: torch.Tensor) -> torch.Tensor:
     return reach
 
 
-def fit_critic(task: ToyTask, theta: torch.Tensor, s: ProbeSettings, seed: int) -> tuple[torch.Tensor, dict]:
-    """Critic for critic-based estimators at the frozen policy, and how well it fits V^pi."""
-    V_exact = task.values(theta.detach())[0]
+def fit_critic(task: ToyTask, theta: torch.Tensor, s: ProbeSettings, seed: int,
+               gamma: float = 1.0) -> tuple[torch.Tensor, dict]:
+    """Critic for critic-based estimators at the frozen policy, and how well it fits ``V^pi_gamma``
+    (the estimator's own discount: the exact critic of GAE(gamma, lambda) is the discounted value)."""
+    V_exact = task.values(theta.detach(), gamma)[0]
     info = {"critic": s.critic, "critic_noise": float(s.critic_noise) if s.critic == "noisy" else 0.0}
     if s.critic == "exact":
         V = V_exact.clone()
@@ -117,7 +130,7 @@ def fit_critic(task: ToyTask, theta: torch.Tensor, s: ProbeSettings, seed: int) 
         prompts = torch.randint(task.n_prompts, (s.critic_samples,), generator=g)
         b = task.sample(theta, prompts, g)
         st = b.states[b.mask.bool()]
-        ret = b.reward[:, None].expand_as(b.mask)[b.mask.bool()]
+        ret = discounted_returns(task, b, gamma).T[b.mask.bool()]
         sums = torch.zeros(task.n_states, dtype=DTYPE).index_add(0, st, ret)
         counts = torch.zeros(task.n_states, dtype=DTYPE).index_add(0, st, torch.ones_like(ret))
         prompt_mean = torch.zeros(task.n_prompts, dtype=DTYPE).index_add(0, b.prompts, b.reward) / \
@@ -127,6 +140,13 @@ def fit_critic(task: ToyTask, theta: torch.Tensor, s: ProbeSettings, seed: int) 
     w = reach_probabilities(task, theta.detach())
     info["critic_rmse"] = float(((w * (V - V_exact) ** 2).sum() / w.sum()).sqrt())
     return V, info
+
+
+def discounted_returns(task: ToyTask, batch: ToyBatch, gamma: float) -> torch.Tensor:
+    """``G_t = gamma^(n - 1 - t) R`` of every token, time-major ``[L, N]`` (the reward-to-go of
+    :func:`harness.estimators.reward_to_go` on the batch's per-token rewards)."""
+    tm = time_major(task, batch)
+    return reward_to_go(tm["rewards"], tm["terminated"], tm["truncated"], gamma) * tm["mask"]
 
 
 # ----------------------------------------------------------------------------- batches
@@ -142,13 +162,15 @@ def draw_batches(task: ToyTask, theta_sample: torch.Tensor, M: int, n_groups: in
 
 def estimator_advantages(task: ToyTask, spec: EstimatorSpec, params: EstimatorParams, batch: ToyBatch,
                          theta: torch.Tensor, M: int, k: int, critic: torch.Tensor | None,
-                         normalize: str = "none") -> torch.Tensor:
-    """Advantages ``[L, M*B]`` of every batch at once (groups never straddle two batches)."""
+                         normalize: str = "none", reward_penalty: torch.Tensor | None = None) -> torch.Tensor:
+    """Advantages ``[L, M*B]`` of every batch at once (groups never straddle two batches);
+    ``reward_penalty [L, M*B]`` is subtracted from the per-token rewards first (in-reward KL)."""
     greedy = None
     if spec.needs_greedy:
         leaves = task.greedy(theta)[batch.prompts[::k]]
         greedy = task.leaf_reward[leaves]
-    ab = advantage_batch(task, batch, critic if spec.needs_critic else None, greedy, k if spec.needs_groups else None)
+    ab = advantage_batch(task, batch, critic if spec.needs_critic else None, greedy, k if spec.needs_groups else None,
+                         reward_penalty)
     adv = spec(ab, params).advantages * ab.mask
     if normalize in ("batch", "minibatch"):  # each batch whitened on its own, as the update step does
         adv = _to_tm(whiten(_to_mb(adv, M), _to_mb(ab.mask, M)))
@@ -201,7 +223,8 @@ class ProbeResult:
 def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: EstimatorParams, *,
               settings: ProbeSettings, batch_size: int, group_size: int, seed: int,
               normalize: str = "none", theta_ref: torch.Tensor | None = None,
-              kl_name: str = "k3", update: str = "pg") -> ProbeResult:
+              kl_name: str = "k3", update: str = "pg", kl_beta: float = 0.0,
+              kl_in_reward: bool = False) -> ProbeResult:
     """Run one probe (one estimator, one target) and summarise it per scope (all, prompt<x>)."""
     s = settings
     M, k = int(s.batches or TOY_DEFAULT_BATCHES), int(group_size)
@@ -217,7 +240,8 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
                   "gae_lambda": params.gae_lambda, "gamma": params.gamma, "n_steps": params.n_steps,
                   "std_normalize": params.std_normalize, "critic": "none", "critic_noise": 0.0,
                   "critic_rmse": float("nan"), "critic_ev": float("nan"), "proposal_shift": float("nan"),
-                  "is_weight_m2": float("nan"), "kl_estimator": None, "label": spec.name}
+                  "is_weight_m2": float("nan"), "kl_estimator": None, "label": spec.name,
+                  "kl_beta": 0.0, "kl_placement": "none"}
     V_exact, Q_exact = task.values(theta)
     per_batch_extra: dict[str, np.ndarray] = {}
 
@@ -234,8 +258,7 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
     mask_tm = batch.mask.T
 
     if s.target == "kl":
-        meta["label"] = f"kl_{kl_name}"
-        meta["kl_estimator"] = kl_name
+        meta.update(label=f"kl_{kl_name}", kl_estimator=kl_name, kl_placement="loss")
         ref_logp = torch.log_softmax(theta_ref, -1)[batch.states, batch.tokens].view(M, batch_size, L).transpose(1, 2)
 
         def loss_fn(logp, mask):
@@ -250,9 +273,21 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
     else:
         critic = None
         if spec.needs_critic:
-            critic, cinfo = fit_critic(task, theta, s, seed)
+            critic, cinfo = fit_critic(task, theta, s, seed, params.gamma)
             meta.update(cinfo)
-        adv = estimator_advantages(task, spec, params, batch, theta, M, k, critic, normalize)
+        beta = float(kl_beta) if s.target == "policy_gradient" else 0.0
+        penalty = None
+        if beta > 0:  # the trainer's KL placement; the truth becomes grad (J - beta KL)
+            logp_tm = torch.log_softmax(theta, -1)[batch.states, batch.tokens].T
+            ref_tm = torch.log_softmax(theta_ref, -1)[batch.states, batch.tokens].T
+            k_tm = kl_estimate(kl_name, logp_tm, ref_tm) * mask_tm  # [L, M*B]
+            placement = "reward" if kl_in_reward else "loss"
+            meta.update(kl_beta=beta, kl_placement=placement, kl_estimator=kl_name,
+                        label=f"{spec.name}+{kl_name}_{placement}")
+            if kl_in_reward:
+                penalty = beta * k_tm
+            ref_mb = _to_mb(ref_tm, M)
+        adv = estimator_advantages(task, spec, params, batch, theta, M, k, critic, normalize, penalty)
         if s.negative_control:
             adv = adv - float(s.control_scale) * (batch.tokens.T == 0).to(DTYPE) * mask_tm
             meta["label"] = f"{spec.name}+action_baseline"
@@ -269,14 +304,25 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
         else:
             policy_loss = get_policy_loss(update)
 
+            kl_loss = beta > 0 and not kl_in_reward
+
             def loss_fn(logp, mask):  # the registered loss at the sampling policy (ratio 1)
-                return policy_loss(logp, logp.detach(), adv_mb, mask, with_metrics=False, **sequence_sum_agg())[0]
+                loss = policy_loss(logp, logp.detach(), adv_mb, mask, with_metrics=False, **sequence_sum_agg())[0]
+                if kl_loss:
+                    loss = loss + beta * kl_penalty(logp, ref_mb, mask, kl_name, **sequence_sum_agg())[0]
+                return loss
 
             values = batch.reward.view(M, batch_size).mean(1).numpy()
+            if beta > 0:  # the regularised return R - beta sum_t k_t
+                values = values - beta * k_tm.sum(0).view(M, batch_size).mean(1).numpy()
         grads, _ = batch_gradients(theta, batch, M, loss_fn)
         grads = -grads  # loss = -objective
-        true_grad = task.exact_gradient(theta)
-        value_true = float(task.expected_reward(theta))
+        th = theta.clone().requires_grad_(True)
+        objective = task.expected_reward(th)
+        if beta > 0:
+            objective = objective - beta * task.sequence_kl(th, theta_ref)
+        (true_grad,) = torch.autograd.grad(objective, th)
+        value_true = float(objective.detach())
         # advantage diagnostics against the exact advantage Q(s, a) - V(s)
         true_adv = (Q_exact[batch.states, batch.tokens] - V_exact[batch.states]).T * mask_tm
         err = ((adv - true_adv) ** 2 * mask_tm).reshape(L, M, -1)
@@ -286,7 +332,7 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
         within = ((((adv - col_mean) ** 2) * mask_tm).sum(0) / n_tok).sqrt()
         per_batch_extra["adv_within_std"] = within.view(M, -1).mean(1).numpy()
         if critic is not None:
-            ret = batch.reward[:, None].expand_as(batch.mask).T
+            ret = discounted_returns(task, batch, params.gamma)
             vals = critic[batch.states].T
             m = mask_tm.bool()
             var_r = ret[m].var(unbiased=False)
@@ -295,8 +341,15 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
     meta["tokens_per_batch"] = float(batch.length.double().sum()) / M
     meta["value_kind"] = {"kl": "sequence KL to ref", "importance": "IS estimate of J",
                           "policy_gradient": "mean sampled reward (J)"}[s.target]
+    if meta["kl_beta"] > 0:
+        meta["value_kind"] = "mean regularised return (J - beta KL)"
     G = grads.numpy()
     truth = true_grad.reshape(-1).numpy()
+    directions = {}
+    if s.arcsin:  # C25: the population GRPO direction
+        th = theta.clone().requires_grad_(True)
+        (g_arcsin,) = torch.autograd.grad(task.arcsin_objective(th), th)
+        directions["arcsin"] = g_arcsin.reshape(-1).numpy()
     W = pstats.resample_weights(M, int(s.reps), seed=int(seed) + 7)
     gbar_reps = W @ G / M
     scopes = [("all", np.arange(G.shape[1]))]
@@ -306,8 +359,11 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
         scopes.append((f"prompt{x}", (rows[:, None] * V + np.arange(V)[None, :]).reshape(-1)))
     out_rows, tables = [], []
     for scope, cols in scopes:
-        summ = pstats.gradient_summary(G[:, cols], truth[cols], W, gbar_reps[:, cols])
+        summ = pstats.gradient_summary(G[:, cols], truth[cols], W, gbar_reps[:, cols],
+                                       directions={n: u[cols] for n, u in directions.items()})
         row = {**meta, "scope": scope, **summ}
+        if s.arcsin:  # the comparison's other side, under the name C25 gives it
+            row.update({f"cos_linear{x}": summ[f"cos_exp{x}"] for x in ("", "_low", "_high")})
         pb = pstats.per_batch_scalars(G[:, cols], truth[cols])
         tab = {"scope": scope, "batch": np.arange(M), **pb}
         if scope == "all":
@@ -330,6 +386,23 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
 
 # ----------------------------------------------------------------------------- run directory
 
+def validate_toy_probe(cfg, s: ProbeSettings) -> None:
+    """Toy probe checks that need the task: ``probe.arcsin`` needs binary rewards, the
+    ``policy_gradient`` target and no KL term (its ``cos_linear`` is against ``grad J``)."""
+    if not s.arcsin:
+        return
+    if s.target != "policy_gradient":
+        raise ValueError(f"probe.arcsin must be false with probe.target={s.target} (it compares the policy "
+                         "gradient; set probe.target=policy_gradient), got True")
+    if float(cfg.kl.beta) > 0:
+        raise ValueError(f"probe.arcsin must be false with kl.beta={cfg.kl.beta} (the comparison is with grad J "
+                         "and the arcsin objective, without a KL term), got True")
+    if not build_task(cfg).binary_rewards:
+        raise ValueError("probe.arcsin must be false unless every reward is 0 or 1 (toy.prompts of kind binary or "
+                         f"first_token; preset {cfg.task.get('env_id')!r} has other rewards), got True")
+
+
+
 def _parquet_bytes(df: pd.DataFrame) -> bytes:
     buf = io.BytesIO()
     df.to_parquet(buf, index=False)
@@ -347,7 +420,8 @@ def probe_run(cfg, run: RunDir) -> None:
     params = EstimatorParams.from_cfg(cfg)
     res = probe_toy(task, theta, spec, params, settings=s, batch_size=int(cfg.task.episodes_per_iter),
                     group_size=int(cfg.group_size), seed=int(cfg.seed), normalize=str(cfg.normalize_advantages),
-                    theta_ref=theta_ref, kl_name=str(cfg.kl.estimator), update=str(cfg["update"]))
+                    theta_ref=theta_ref, kl_name=str(cfg.kl.estimator), update=str(cfg["update"]),
+                    kl_beta=float(cfg.kl.beta), kl_in_reward=bool(cfg.kl.in_reward))
     wall = time.time() - t0
     ident = {"run_id": run.run_id, "task": str(cfg.task.name), "estimator": str(cfg.estimator),
              "seed": int(cfg.seed), "policy": policy, "wall_time_s": wall}

@@ -252,14 +252,20 @@ class ToyTask:
         return torch.nonzero(self.state_prompt == x).flatten()
 
     # ------------------------------------------------------------------ exact quantities
-    def values(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Exact ``V [S]`` and ``Q [S, V]`` of the policy (undiscounted, reward at the end)."""
+    def values(self, theta: torch.Tensor, gamma: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact ``V [S]`` and ``Q [S, V]`` of the policy, reward at the end of the response.
+
+        ``gamma = 1`` (default): the undiscounted values whose root is ``J_x``. ``gamma < 1``:
+        the discounted ``V^pi_gamma``, ``Q^pi_gamma`` of GAE (Schulman et al. 2016, arXiv:1506.02438,
+        section 2): Bellman's ``Q(s, a) = r(s, a) + gamma V(s')`` with ``r`` the leaf reward on the
+        last token and 0 before it, so ``V_gamma(s_t) = E[gamma^(n - 1 - t) R]`` for a response of
+        ``n`` tokens - the exact critic of an estimator run with that gamma."""
         probs = torch.softmax(theta, dim=-1)
         V = torch.zeros(self.n_states, dtype=theta.dtype)
         Q = torch.zeros(self.param_shape, dtype=theta.dtype)
         ends = self.leaf_of >= 0
         for states in reversed(self.levels):  # deepest first: children are done before parents
-            cont = V[self.child[states].clamp(min=0)]
+            cont = float(gamma) * V[self.child[states].clamp(min=0)]
             q = torch.where(ends[states], self.leaf_reward_sa[states].to(theta.dtype), cont)
             Q = Q.index_put((states,), q)
             V = V.index_put((states,), (probs[states] * q).sum(-1))
@@ -272,6 +278,21 @@ class ToyTask:
     def expected_reward(self, theta: torch.Tensor) -> torch.Tensor:
         """``J(theta)``: prompts uniform."""
         return self.prompt_rewards(theta).mean()
+
+    @property
+    def binary_rewards(self) -> bool:
+        """Every response's reward is 0 or 1 (``binary`` and ``first_token`` prompts), so ``J_x`` is a
+        success probability."""
+        return bool(((self.leaf_reward == 0) | (self.leaf_reward == 1)).all())
+
+    def arcsin_objective(self, theta: torch.Tensor) -> torch.Tensor:
+        """``(1/X) sum_x arcsin(sqrt(p_x))`` with ``p_x = J_x`` the success probability of prompt ``x``
+        (binary rewards only): the objective whose gradient the population GRPO update follows,
+        ``grad = (1/X) sum_x grad p_x / (2 sqrt(p_x (1 - p_x)))`` (Davis and Recht 2025,
+        arXiv:2510.13651; claim C25). Differentiable."""
+        if not self.binary_rewards:
+            raise ValueError("arcsin_objective needs binary rewards (every prompt binary or first_token)")
+        return torch.asin(self.prompt_rewards(theta).sqrt()).mean()
 
     def exact_gradient(self, theta: torch.Tensor) -> torch.Tensor:
         """``grad J`` by autograd through :meth:`values`, shape of theta."""
