@@ -1,6 +1,7 @@
 """Claims report: verdict rules on synthetic data with known answers, the not-run path, and one
 claim end to end on the toy task (run by harness.experiments, judged by analysis.claims)."""
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -248,3 +249,70 @@ def test_every_claim_experiment_composes_and_validates(tmp_path, quick):
             except Exception as exc:  # collect all, report together
                 bad.append(f"{name} {' '.join(p.overrides[3:])}: {exc}")
     assert not bad, "\n".join(bad)
+
+
+# ----------------------------------------------------------------------------- isolated points
+
+_TINY_TOY = {"loss_agg": "token_mean", "population": "2", "task.episodes_per_iter": "8", "budget.env_steps": "48"}
+
+
+def _parquet_rows(root):
+    """Every run's metrics (wall-clock columns left out), keyed by the run directory relative to ``root``."""
+    out = {}
+    for f in sorted(root.rglob("metrics.parquet")):
+        out[str(f.parent.relative_to(root))] = pd.read_parquet(f).drop(columns=["wall_time_s"])
+    return out
+
+
+def test_isolated_points_give_the_in_process_results(tmp_path, monkeypatch):
+    """The same tiny toy experiment run in this process and each point in a spawned process of its
+    own: the same run directories, the same metrics, the same progress lines."""
+    results = {}
+    for isolate in (False, True):
+        monkeypatch.setitem(X.EXPERIMENTS, "claim_c18", X.Experiment("claim_c18", "toy", _TINY_TOY, isolate=isolate))
+        root = tmp_path / ("own" if isolate else "shared")
+        lines = []
+        XR.run_claims(root, quick=True, only={"C18"}, progress=lines.append)
+        results[isolate] = (_parquet_rows(root), lines)
+        runs = sorted(p.parent.name for p in root.rglob("summary.json"))
+        assert [r.split("-")[0] for r in runs] == ["seed0", "seed1"]
+        assert all(json.loads(p.read_text())["status"] == "completed" for p in root.rglob("summary.json"))
+        # who trained them: each run's lock names the process that claimed it
+        pids = {json.loads(p.read_text())["pid"] for p in root.rglob(".lock")}
+        assert (os.getpid() in pids) is (not isolate) and len(pids) == 1
+    (shared, lines_shared), (own, lines_own) = results[False], results[True]
+    assert shared.keys() == own.keys() and len(shared) == 2  # population 2: two run directories, same paths
+    for key in shared:
+        pd.testing.assert_frame_equal(shared[key], own[key])
+    assert lines_own[0] == "[claims] experiment claim_c18: 1 config(s), each in its own process"
+    assert lines_own[1].startswith("[claims] claim_c18 (1/1) loss_agg=token_mean population=2")
+    assert "2 completed" in lines_own[1] and "2 completed" in lines_shared[1]
+
+
+def _die(cfg):  # a point whose process ends without an exception (as a kill or the OOM killer would)
+    os._exit(3)
+
+
+def _raise(cfg):
+    raise ValueError("bad point")
+
+
+def test_an_isolated_point_whose_process_dies_is_recorded_failed(tmp_path, monkeypatch):
+    monkeypatch.setitem(X.EXPERIMENTS, "claim_c18", X.Experiment("claim_c18", "toy", _TINY_TOY, isolate=True))
+    (p,) = X.compose_points("claim_c18", tmp_path, quick=True)
+    with pytest.raises(XR.WorkerDied):
+        XR.run_isolated(p.cfg, target=_die)
+    summaries = [json.loads((d / "summary.json").read_text()) for d in p.run_dirs]
+    assert [s["status"] for s in summaries] == ["failed", "failed"]
+    assert all("process died" in s["reason"] for s in summaries)
+    # an exception in the point's process reaches the runner as in-process: type and message
+    with pytest.raises(ValueError, match="bad point"):
+        XR.run_isolated(p.cfg, target=_raise)
+    # run_points records a dead process as that point's error, with its progress line
+    lines = []
+    fresh = X.compose_points("claim_c18", tmp_path / "again", quick=True)
+    monkeypatch.setattr(XR, "run_isolated", lambda cfg: (_ for _ in ()).throw(XR.WorkerDied("it died")))
+    totals = XR.run_points(fresh, lines.append, isolate=True)
+    assert totals == {"error": 1}
+    assert lines == [lines[0]] and lines[0].startswith("[claims] claim_c18 (1/1)")
+    assert "error: WorkerDied: it died" in lines[0]
