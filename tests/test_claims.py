@@ -316,3 +316,59 @@ def test_an_isolated_point_whose_process_dies_is_recorded_failed(tmp_path, monke
     assert totals == {"error": 1}
     assert lines == [lines[0]] and lines[0].startswith("[claims] claim_c18 (1/1)")
     assert "error: WorkerDied: it died" in lines[0]
+
+
+# ----------------------------------------------------------------------------- experiment designs
+
+def _flat(cfg) -> dict:
+    """Every leaf of a composed config as ``dotted.key -> value`` (results paths left out)."""
+    from omegaconf import OmegaConf
+
+    out = {}
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict):
+                walk(v, key + ".")
+            else:
+                out[key] = v
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return {k: v for k, v in out.items() if k not in ("results_dir", "lm.cache_dir")}
+
+
+def _differences(a, b) -> dict:
+    fa, fb = _flat(a), _flat(b)
+    return {k: (fa.get(k), fb.get(k)) for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)}
+
+
+def test_c9_compares_epochs_and_nothing_else(tmp_path):
+    for quick in (False, True):
+        one, ten = X.compose_points("claim_c9", tmp_path, quick)
+        assert _differences(one.cfg, ten.cfg) == {"epochs": (1, 10)}
+        assert (one.cfg.estimator, one.cfg.minibatches, one.cfg.population) == ("ppo_gae", 1, 10 if not quick else 3)
+    assert one.cfg.budget.env_steps <= 30000 or quick
+
+
+@pytest.mark.skipif(X.lm_unavailable() is not None, reason="no LM task")
+def test_c19_clipping_can_act_in_every_setting_and_pairs_by_seed(tmp_path):
+    points = {(p.cfg.epochs, p.cfg.clip_eps): p for p in X.compose_points("claim_c19", tmp_path, False)}
+    assert sorted(points, key=str) == sorted([(1, 0.2), (1, None), (2, 0.2), (2, None)], key=str)
+    for epochs in (1, 2):
+        clipped, free = points[(epochs, 0.2)], points[(epochs, None)]
+        assert clipped.cfg.minibatches > 1  # the ratio leaves 1 after the first minibatch step
+        assert _differences(clipped.cfg, free.cfg) == {"clip_eps": (0.2, None)}
+        assert [d.name.split("-")[0] for d in clipped.run_dirs] == [d.name.split("-")[0] for d in free.run_dirs]
+    assert all(p.cfg.budget.tokens <= 8000 for p in points.values())
+
+
+@pytest.mark.skipif(X.lm_unavailable() is not None, reason="no LM task")
+def test_c15_measures_each_run_alone_in_its_process(tmp_path):
+    assert X.EXPERIMENTS["claim_c15"].isolate
+    points = X.compose_points("claim_c15", tmp_path, False)
+    assert all(len(p.run_dirs) == 1 for p in points)  # one run per point, so one per process
+    seeds = {p.cfg.estimator: set() for p in points}
+    for p in points:
+        seeds[p.cfg.estimator].add(p.cfg.seed)
+    assert seeds == {"ppo_gae": {0, 1}, "rloo": {0, 1}, "remax": {0, 1}}
+    assert all(p.cfg.budget.tokens <= 8000 for p in points)
