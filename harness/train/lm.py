@@ -47,10 +47,36 @@ from .loop import Diverged, Source, train_one_by_one
 from .update import UpdateBatch, clip_grad_groups
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _mallinfo2():
+    """glibc's ``mallinfo2`` (2.33+), or None where there is none."""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
 def memory_mb(device: torch.device) -> float:
-    """Memory in use now: allocated tensor memory on CUDA, the process's resident set on CPU."""
+    """Memory in use now, MiB. CUDA: allocated tensor memory. CPU with glibc: the bytes malloc
+    holds for live allocations (``mallinfo2``: heap chunks in use + mmapped chunks), which, unlike
+    the resident set, does not depend on what the allocator keeps cached or the OS has paged in
+    (the resident-set peak of identical, deterministic runs spread over +-10% here). Else the
+    process's resident set."""
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device) / 2**20
+    if _MALLINFO2 is not None:
+        m = _MALLINFO2()
+        return (m.uordblks + m.hblkhd) / 2**20
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * resource.getpagesize() / 2**20
@@ -79,12 +105,12 @@ class PeakMemory:
     policy, reference and critic are loaded, after :func:`release_memory`): the interpreter,
     the libraries and the shared SFT/RM pipeline, which every estimator pays alike. The peak is
     CUDA's own peak counter (``max_memory_allocated``, reset at :meth:`start`) on CUDA, else
-    the largest resident set sampled (:meth:`sample`: after sampling, after each minibatch's
-    forward pass). So the column is what the run itself needed (its models, optimizer state,
-    activations), not where the process happened to be: on CPU a resident set never shrinks
-    below what earlier runs in the same process left behind, hence ``peak_mem_base_mb`` (the
-    baseline) is logged too, and memory claims run each point in its own process
-    (:attr:`harness.experiments.Experiment.isolate`)."""
+    the largest :func:`memory_mb` sampled (:meth:`sample`: after sampling, after each
+    minibatch's forward pass; on CPU with glibc the bytes malloc holds for live allocations, else
+    the resident set). So the column is what the run itself needed (its models, optimizer state,
+    activations), not where the process happened to be. What earlier runs in the same process
+    left allocated or cached still moves the baseline (``peak_mem_base_mb``, logged too), so
+    memory claims run each point in its own process (:attr:`harness.experiments.Experiment.isolate`)."""
 
     def __init__(self, device: torch.device, read=memory_mb):
         self.device, self.read = device, read
