@@ -163,3 +163,22 @@ def test_peak_memory_is_the_peak_above_the_members_baseline():
     m.sample()
     m.sample()
     assert (m.base, m.above_base_mb) == (3000.0, 100.0)
+
+
+def test_cpu_memory_counts_allocated_bytes_not_touched_pages():
+    """``memory_mb`` on CPU rises by a tensor's size when it is allocated, even untouched (the
+    resident set would not move), and falls back when it is freed."""
+    import torch
+
+    from harness.train.lm import _MALLINFO2, memory_mb
+
+    if _MALLINFO2 is None:
+        pytest.skip("no glibc mallinfo2 here: the resident set is used")
+    cpu = torch.device("cpu")
+    before = memory_mb(cpu)
+    x = torch.empty(16 * 2**20, dtype=torch.float32)  # 64 MiB, never written
+    during = memory_mb(cpu)
+    del x
+    after = memory_mb(cpu)
+    assert abs((during - before) - 64.0) < 0.5
+    assert abs(after - before) < 0.5
