@@ -2,6 +2,7 @@
 the wrong verdict, the claims-as-data table, seed offsets and stability, the exact claims'
 pytest marker, and one claim end to end on the toy task."""
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -419,3 +420,125 @@ def test_an_extension_keeps_stage_one_runs_and_adds_seeds(tmp_path):
         assert b.run_dirs[:5] == a.run_dirs  # the first 5 members are the stage-one runs
     probes = X.compose_points("claim_c4", tmp_path, quick=True, extend={"batches": 5000, "population": 9})
     assert {int(p.cfg.probe.batches) for p in probes} == {5000} and {p.cfg.population for p in probes} == {1}
+
+# ----------------------------------------------------------------------------- isolated points
+
+_TINY_TOY = {"loss_agg": "token_mean", "population": "2", "task.episodes_per_iter": "8", "budget.env_steps": "48"}
+
+
+def _parquet_rows(root):
+    """Every run's metrics (wall-clock columns left out), keyed by the run directory relative to ``root``."""
+    out = {}
+    for f in sorted(root.rglob("metrics.parquet")):
+        out[str(f.parent.relative_to(root))] = pd.read_parquet(f).drop(columns=["wall_time_s"])
+    return out
+
+
+def test_isolated_points_give_the_in_process_results(tmp_path, monkeypatch):
+    """The same tiny toy experiment run in this process and each point in a spawned process of its
+    own: the same run directories, the same metrics, the same progress lines."""
+    results = {}
+    for isolate in (False, True):
+        monkeypatch.setitem(X.EXPERIMENTS, "claim_c18", X.Experiment("claim_c18", "toy", _TINY_TOY, isolate=isolate))
+        root = tmp_path / ("own" if isolate else "shared")
+        lines = []
+        XR.run_claims(root, quick=True, only={"C18"}, progress=lines.append)
+        results[isolate] = (_parquet_rows(root), lines)
+        runs = sorted(p.parent.name for p in root.rglob("summary.json"))
+        assert [r.split("-")[0] for r in runs] == ["seed0", "seed1"]
+        assert all(json.loads(p.read_text())["status"] == "completed" for p in root.rglob("summary.json"))
+        # who trained them: each run's lock names the process that claimed it
+        pids = {json.loads(p.read_text())["pid"] for p in root.rglob(".lock")}
+        assert (os.getpid() in pids) is (not isolate) and len(pids) == 1
+    (shared, lines_shared), (own, lines_own) = results[False], results[True]
+    assert shared.keys() == own.keys() and len(shared) == 2  # population 2: two run directories, same paths
+    for key in shared:
+        pd.testing.assert_frame_equal(shared[key], own[key])
+    assert lines_own[0] == "[claims] experiment claim_c18: 1 config(s), each in its own process"
+    assert lines_own[1].startswith("[claims] claim_c18 (1/1) loss_agg=token_mean population=2")
+    assert "2 completed" in lines_own[1] and "2 completed" in lines_shared[1]
+
+
+def _die(cfg):  # a point whose process ends without an exception (as a kill or the OOM killer would)
+    os._exit(3)
+
+
+def _raise(cfg):
+    raise ValueError("bad point")
+
+
+def test_an_isolated_point_whose_process_dies_is_recorded_failed(tmp_path, monkeypatch):
+    monkeypatch.setitem(X.EXPERIMENTS, "claim_c18", X.Experiment("claim_c18", "toy", _TINY_TOY, isolate=True))
+    (p,) = X.compose_points("claim_c18", tmp_path, quick=True)
+    with pytest.raises(XR.WorkerDied):
+        XR.run_isolated(p.cfg, target=_die)
+    summaries = [json.loads((d / "summary.json").read_text()) for d in p.run_dirs]
+    assert [s["status"] for s in summaries] == ["failed", "failed"]
+    assert all("process died" in s["reason"] for s in summaries)
+    # an exception in the point's process reaches the runner as in-process: type and message
+    with pytest.raises(ValueError, match="bad point"):
+        XR.run_isolated(p.cfg, target=_raise)
+    # run_points records a dead process as that point's error, with its progress line
+    lines = []
+    fresh = X.compose_points("claim_c18", tmp_path / "again", quick=True)
+    monkeypatch.setattr(XR, "run_isolated", lambda cfg: (_ for _ in ()).throw(XR.WorkerDied("it died")))
+    totals = XR.run_points(fresh, lines.append, isolate=True)
+    assert totals == {"error": 1}
+    assert lines == [lines[0]] and lines[0].startswith("[claims] claim_c18 (1/1)")
+    assert "error: WorkerDied: it died" in lines[0]
+
+
+# ----------------------------------------------------------------------------- experiment designs
+
+def _flat(cfg) -> dict:
+    """Every leaf of a composed config as ``dotted.key -> value`` (results paths left out)."""
+    from omegaconf import OmegaConf
+
+    out = {}
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict):
+                walk(v, key + ".")
+            else:
+                out[key] = v
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return {k: v for k, v in out.items() if k not in ("results_dir", "lm.cache_dir")}
+
+
+def _differences(a, b) -> dict:
+    fa, fb = _flat(a), _flat(b)
+    return {k: (fa.get(k), fb.get(k)) for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)}
+
+
+def test_c9_compares_epochs_and_nothing_else(tmp_path):
+    for quick in (False, True):
+        one, ten = X.compose_points("claim_c9", tmp_path, quick)
+        assert _differences(one.cfg, ten.cfg) == {"epochs": (1, 10)}
+        assert (one.cfg.estimator, one.cfg.minibatches, one.cfg.population) == ("ppo_gae", 1, 10 if not quick else 3)
+    assert one.cfg.budget.env_steps <= 30000 or quick
+
+
+@pytest.mark.skipif(X.lm_unavailable() is not None, reason="no LM task")
+def test_c19_clipping_can_act_in_every_setting_and_pairs_by_seed(tmp_path):
+    points = {(p.cfg.epochs, p.cfg.clip_eps): p for p in X.compose_points("claim_c19", tmp_path, False)}
+    assert sorted(points, key=str) == sorted([(1, 0.2), (1, None), (2, 0.2), (2, None)], key=str)
+    for epochs in (1, 2):
+        clipped, free = points[(epochs, 0.2)], points[(epochs, None)]
+        assert clipped.cfg.minibatches > 1  # the ratio leaves 1 after the first minibatch step
+        assert _differences(clipped.cfg, free.cfg) == {"clip_eps": (0.2, None)}
+        assert [d.name.split("-")[0] for d in clipped.run_dirs] == [d.name.split("-")[0] for d in free.run_dirs]
+    assert all(p.cfg.budget.tokens <= 8000 for p in points.values())
+
+
+@pytest.mark.skipif(X.lm_unavailable() is not None, reason="no LM task")
+def test_c15_measures_each_run_alone_in_its_process(tmp_path):
+    assert X.EXPERIMENTS["claim_c15"].isolate
+    points = X.compose_points("claim_c15", tmp_path, False)
+    assert all(len(p.run_dirs) == 1 for p in points)  # one run per point, so one per process
+    seeds = {p.cfg.estimator: set() for p in points}
+    for p in points:
+        seeds[p.cfg.estimator].add(p.cfg.seed)
+    assert seeds == {"ppo_gae": {0, 1, 2, 3}, "rloo": {0, 1, 2, 3}, "remax": {0, 1, 2, 3}}
+    assert all(p.cfg.budget.tokens <= 8000 for p in points)

@@ -22,7 +22,7 @@ from harness.train.loop import Loop
 
 from .test_lm_common import compose, one_thread  # noqa: F401  (autouse fixture)
 
-WALL_CLOCK = ["wall_time_s", "iter_time_s", "tokens_per_s", "peak_mem_mb"]
+WALL_CLOCK = ["wall_time_s", "iter_time_s", "tokens_per_s", "peak_mem_mb", "peak_mem_base_mb"]
 SUMMARY_KEYS = ["status", "reason", "iterations", "tokens", "prompts_truncated", "eval_return_init",
                 "eval_gold_greedy_init"]
 

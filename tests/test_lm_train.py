@@ -10,7 +10,7 @@ from harness.io.rundir import METRIC_COLUMNS
 from .test_lm_common import compose, one_thread  # noqa: F401  (autouse fixture)
 
 LM_COLUMNS = ["reward", "gold_reward", "kl_ref", "response_len", "tokens", "entropy", "approx_kl", "clip_frac",
-              "tokens_per_s", "peak_mem_mb", "prompts_truncated"]
+              "tokens_per_s", "peak_mem_mb", "peak_mem_base_mb", "prompts_truncated"]
 PROMPTS, GROUP, MAX_LEN = 2, 2, 10  # lm.prompts_per_iter, group_size, lm.max_response_len in TINY
 
 
@@ -144,3 +144,41 @@ def test_sampler_logprobs_stand_in_for_the_old_policy_pass_in_fp32(tmp_path, mon
     assert list(fast.tokens) == list(slow.tokens)
     for col in ("reward", "gold_reward", "kl_ref", "policy_loss", "entropy", "approx_kl"):
         assert fast[col].to_numpy() == pytest.approx(slow[col].to_numpy(), abs=1e-5), col
+
+
+def test_peak_memory_is_the_peak_above_the_members_baseline():
+    """``peak_mem_mb`` = largest reading after :meth:`start` minus the reading at start, whatever
+    the process held before (readings in MiB from a stand-in for the resident set)."""
+    import torch
+
+    from harness.train.lm import PeakMemory
+
+    readings = iter([1000.0, 1200.0, 1500.0, 1100.0, 3000.0, 3100.0, 3050.0])
+    m = PeakMemory(torch.device("cpu"), read=lambda device: next(readings))
+    m.start()
+    for _ in range(3):
+        m.sample()
+    assert (m.base, m.above_base_mb) == (1000.0, 500.0)
+    m.start()  # a later member in the same process, starting where the process now stands
+    m.sample()
+    m.sample()
+    assert (m.base, m.above_base_mb) == (3000.0, 100.0)
+
+
+def test_cpu_memory_counts_allocated_bytes_not_touched_pages():
+    """``memory_mb`` on CPU rises by a tensor's size when it is allocated, even untouched (the
+    resident set would not move), and falls back when it is freed."""
+    import torch
+
+    from harness.train.lm import _MALLINFO2, memory_mb
+
+    if _MALLINFO2 is None:
+        pytest.skip("no glibc mallinfo2 here: the resident set is used")
+    cpu = torch.device("cpu")
+    before = memory_mb(cpu)
+    x = torch.empty(16 * 2**20, dtype=torch.float32)  # 64 MiB, never written
+    during = memory_mb(cpu)
+    del x
+    after = memory_mb(cpu)
+    assert abs((during - before) - 64.0) < 0.5
+    assert abs(after - before) < 0.5

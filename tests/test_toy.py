@@ -150,3 +150,26 @@ def test_toy_config_errors_name_the_field(tmp_path):
         validate_toy(make_cfg(["task=toy", "estimator=rloo", "task.env_id=nope"]))
     with pytest.raises(ValueError, match="toy.length"):
         validate_toy(make_cfg(["task=toy", "estimator=rloo", "++toy.length=9"]))
+
+
+def test_members_trained_one_by_one_never_overlap(tmp_path, monkeypatch):
+    """The next member's source (and the memory baseline it takes) is built only after the previous
+    member's trainer is gone: with population 3 no earlier source is alive at any later start."""
+    import gc
+    import weakref
+
+    from harness.train import toy as toy_train
+
+    built, alive_at_start = [], []
+
+    class Tracked(toy_train.ToySource):
+        def __init__(self, *args, **kwargs):
+            gc.collect()
+            alive_at_start.append(sum(ref() is not None for ref in built))
+            super().__init__(*args, **kwargs)
+            built.append(weakref.ref(self))
+
+    monkeypatch.setattr(toy_train, "ToySource", Tracked)
+    counts = run(make_cfg(TOY_TINY + ["estimator=rloo", "population=3", f"results_dir={tmp_path}"]))
+    assert counts.get("completed") == 3
+    assert alive_at_start == [0, 0, 0]

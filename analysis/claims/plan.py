@@ -86,6 +86,12 @@ def make_plan(verdicts, data: dict[str, ExpData], budget_left_s: float, previous
         entry["cost_s"] = round(cost, 1)
         if not (entry.get("population") or entry.get("batches")):
             continue
+        if entry.get("population") and any(o.partition("=")[0].lstrip("+") == "seed" for pt in data[name].points
+                                           for o in pt.sweep):
+            entry.update(status="declined", why="its seeds are swept, one run per config (to measure each alone): "
+                                                "more seeds means more values in its sweep")
+            out[name] = entry
+            continue
         if entry["factor"] > MAX_FACTOR:
             entry.update(status="declined", why=f"needs {entry['factor']:g}x the stated n (more than {MAX_FACTOR:g}x)")
             out[name] = entry

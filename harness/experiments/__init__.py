@@ -9,7 +9,8 @@ claim_*.yaml``: a Hydra sweep over ``hydra.sweeper.params``. This module expands
 Hydra's own machinery (its override parser and the basic sweeper's cartesian product), composes
 every config with ``results_dir=DIR/<experiment>``, and runs what is not finished yet through
 :func:`harness.app.run` (train or ``mode=probe``, as the experiment says; finished run
-directories are skipped). The exact claims' unit tests run once with pytest and their outcomes go
+directories are skipped), in the runner's process or, for an experiment that measures memory
+(:attr:`Experiment.isolate`), each point in a fresh process of its own. The exact claims' unit tests run once with pytest and their outcomes go
 to ``DIR/exact_tests.json``. Nothing here judges a claim: ``python -m analysis claims DIR`` reads
 what this wrote and gives the verdicts.
 
@@ -60,6 +61,10 @@ class Experiment:
     family: str  # toy | control | lm
     quick: dict[str, str] = field(default_factory=dict)  # sweep params replaced/added under --quick
     quick_skip: str | None = None  # not run under --quick, and why
+    # each point in a fresh process of its own (harness.experiments.run): for experiments that
+    # measure a process-wide quantity (peak memory), which earlier points in the same process
+    # would otherwise leave their mark on
+    isolate: bool = False
 
 
 _TOY_QUICK = {"++probe.batches": "2000"}
@@ -87,7 +92,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                                         "eval_every_steps": "3000"}),
     Experiment("claim_c10", "lm", quick_skip="--quick skips the LM task (its SFT/reward-model pipeline alone "
                                              "takes minutes on CPU)"),
-    Experiment("claim_c15", "lm", quick_skip="--quick skips the LM task"),
+    Experiment("claim_c15", "lm", quick_skip="--quick skips the LM task", isolate=True),  # peak memory
     Experiment("claim_c19", "lm", quick_skip="--quick skips the LM task"),
 ]}
 

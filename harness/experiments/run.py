@@ -4,13 +4,16 @@ For the claims selected (all of ``conf/claims.yaml`` by default): the exact clai
 tests (marked ``@pytest.mark.claim``), once, with pytest (outcomes per claim into
 ``DIR/exact_tests.json``), then every experiment the claims need, toy first, then control, then
 LM: each config of its sweep (expanded by Hydra, see :mod:`harness.experiments`) through
-:func:`harness.app.run`, finished run directories skipped. ``--quick``: the experiments' quick
-variants, LM skipped; ``--seed-offset K``: on seeds shifted by K. ``python -m analysis claims DIR
---run`` does this and then judges (with a second stage for undecided claims).
+:func:`harness.app.run`, finished run directories skipped; an experiment that measures memory
+(:attr:`harness.experiments.Experiment.isolate`) runs each point in a fresh process of its own.
+``--quick``: the experiments' quick variants, LM skipped; ``--seed-offset K``: on seeds shifted
+by K. ``python -m analysis claims DIR --run`` does this and then judges (with a second stage for
+undecided claims).
 """
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import re
 import subprocess
@@ -19,22 +22,56 @@ import time
 import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 from ..app import describe, run
-from ..io import atomic_write_json
+from ..config import member_configs
+from ..io import RunDir, atomic_write_json
 from . import (
     CLAIM_IDS, EXACT_CLAIMS, EXPERIMENTS, REPO, Point, compose_points, experiments_for, lm_unavailable,
     point_done,
 )
 
-__all__ = ["describe", "main", "run_claims", "run_exact_tests", "run_points"]
+__all__ = ["WorkerDied", "describe", "main", "run_claims", "run_exact_tests", "run_isolated", "run_points"]
 
 
-def run_points(points: list[Point], progress: Callable[[str], None] = print) -> dict[str, int]:
-    """Run what is missing (finished run directories are skipped by the harness itself)."""
+def run_isolated(cfg: Any, target: Callable[[Any], dict[str, int]] = run) -> dict[str, int]:
+    """:func:`harness.app.run` on ``cfg`` in a fresh (spawned) process: nothing an earlier point
+    left in this process (resident memory, allocator caches, CUDA state) reaches it. Returns its
+    counts; an exception there is raised here with its type and message (as in-process). A
+    process that dies without one (killed, out of memory) raises :class:`WorkerDied` after its
+    unfinished runs are recorded as failed. ``target``: what runs there (tests)."""
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        future = pool.submit(target, cfg)
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            reason = "the run's process died without an exception (killed, or out of memory)"
+    t0 = time.time()
+    for m in member_configs(cfg):
+        r = RunDir(m)
+        if r.status() is None and r.blocker() is None and r.claim():
+            try:
+                r.finish("failed", reason, time.time() - t0)
+            finally:
+                r.release()
+    raise WorkerDied(reason)
+
+
+class WorkerDied(RuntimeError):
+    """The process of an isolated point ended without reporting back."""
+
+
+def run_points(points: list[Point], progress: Callable[[str], None] = print,
+               isolate: bool = False) -> dict[str, int]:
+    """Run what is missing (finished run directories are skipped by the harness itself);
+    ``isolate``: each point in a fresh process of its own (:func:`run_isolated`)."""
     totals: dict[str, int] = {}
+    runner = (lambda cfg: run_isolated(cfg)) if isolate else run  # looked up at call time (tests)
     for i, p in enumerate(points, 1):
         head = f"[claims] {p.experiment} ({i}/{len(points)}) {p.tag}"
         if p.error:
@@ -47,7 +84,7 @@ def run_points(points: list[Point], progress: Callable[[str], None] = print) -> 
             continue
         t0 = time.time()
         try:
-            counts = run(p.cfg)
+            counts = runner(p.cfg)
             desc = describe(counts)
             for k, v in counts.items():
                 totals[k] = totals.get(k, 0) + v
@@ -130,8 +167,9 @@ def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None =
             totals["error"] = totals.get("error", 0) + 1
             continue
         t0 = time.time()
-        progress(f"[claims] experiment {name}: {len(points)} config(s)")
-        for k, v in run_points(points, progress).items():
+        progress(f"[claims] experiment {name}: {len(points)} config(s)"
+                 f"{', each in its own process' if ex.isolate else ''}")
+        for k, v in run_points(points, progress, isolate=ex.isolate).items():
             totals[k] = totals.get(k, 0) + v
         progress(f"[claims] experiment {name} done in {time.time() - t0:.1f} s")
     return totals

@@ -22,9 +22,13 @@ Budgets are sampled tokens (response tokens incl. EOS, greedy and group samples 
 counted the same way for every estimator. Population members (``population > 1``) are trained
 one after another, each with its own seed; they share the cached SFT policy and RM.
 Checkpoints are the loop's; this source adds its counters, the prompt RNG and the memory peak.
+Column ``peak_mem_mb``: the member's peak memory above the memory in use at its start
+(:class:`PeakMemory`); ``peak_mem_base_mb``: that baseline.
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import random
 import resource
 import time
@@ -43,15 +47,93 @@ from .loop import Diverged, Source, train_one_by_one
 from .update import UpdateBatch, clip_grad_groups
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _mallinfo2():
+    """glibc's ``mallinfo2`` (2.33+), or None where there is none."""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
 def memory_mb(device: torch.device) -> float:
-    """Memory in use now: allocated tensor memory on CUDA, the process's resident set on CPU."""
+    """Memory in use now, MiB. CUDA: allocated tensor memory. CPU with glibc: the bytes malloc
+    holds for live allocations (``mallinfo2``: heap chunks in use + mmapped chunks), which, unlike
+    the resident set, does not depend on what the allocator keeps cached or the OS has paged in
+    (the resident-set peak of identical, deterministic runs spread over +-10% here). Else the
+    process's resident set."""
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device) / 2**20
+    if _MALLINFO2 is not None:
+        m = _MALLINFO2()
+        return (m.uordblks + m.hblkhd) / 2**20
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * resource.getpagesize() / 2**20
     except OSError:  # not Linux: the process's lifetime peak is the best there is
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def release_memory(device: torch.device) -> None:
+    """Give back what earlier work freed, so a baseline taken now is the memory still held:
+    collect garbage (a previous member's trainer, reference cycles), then on CUDA empty the
+    caching allocator, on CPU (glibc) return the heap's free pages to the OS (``malloc_trim``)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the baseline keeps the allocator's free pages
+        pass
+
+
+class PeakMemory:
+    """``peak_mem_mb``: the peak memory of one member's run *above its baseline*, in MiB.
+
+    The baseline is the memory in use when the member starts (:meth:`start`, called before its
+    policy, reference and critic are loaded, after :func:`release_memory`): the interpreter,
+    the libraries and the shared SFT/RM pipeline, which every estimator pays alike. The peak is
+    CUDA's own peak counter (``max_memory_allocated``, reset at :meth:`start`) on CUDA, else
+    the largest :func:`memory_mb` sampled (:meth:`sample`: after sampling, after each
+    minibatch's forward pass; on CPU with glibc the bytes malloc holds for live allocations, else
+    the resident set). So the column is what the run itself needed (its models, optimizer state,
+    activations), not where the process happened to be. What earlier runs in the same process
+    left allocated or cached still moves the baseline (``peak_mem_base_mb``, logged too), so
+    memory claims run each point in its own process (:attr:`harness.experiments.Experiment.isolate`)."""
+
+    def __init__(self, device: torch.device, read=memory_mb):
+        self.device, self.read = device, read
+        self.base = self.peak = 0.0
+
+    def start(self) -> None:
+        release_memory(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.base = self.peak = float(self.read(self.device))
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, float(self.read(self.device)))
+
+    def peak_now(self) -> float:
+        if self.device.type == "cuda":
+            self.peak = max(self.peak, torch.cuda.max_memory_allocated(self.device) / 2**20)
+        return self.peak
+
+    @property
+    def above_base_mb(self) -> float:
+        """The column ``peak_mem_mb``: peak minus baseline (>= 0)."""
+        return max(0.0, self.peak_now() - self.base)
 
 
 @dataclass
@@ -131,6 +213,8 @@ class LMSource(Source):
         self.seeds = [self.seed]
         self.spec = get_estimator(cfg.estimator)
         self.device = task.device
+        self.memory = PeakMemory(self.device)
+        self.memory.start()  # the baseline: before this member's policy, reference and critic exist
         torch.manual_seed(self.seed)
         self.gen = torch.Generator(device=self.device).manual_seed(self.seed)
         self.cpu_gen = torch.Generator().manual_seed(self.seed)
@@ -155,11 +239,7 @@ class LMSource(Source):
         self.tok = task.tokenizer
         self.tokens = 0
         self.truncated_total = 0
-        # peak memory of this run: CUDA's own peak counter, else the resident set sampled where
-        # it is largest (after sampling, and after each minibatch's forward pass)
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        self.mem_peak = memory_mb(self.device)
+        self.memory.sample()
 
     @property
     def beta(self) -> float:
@@ -167,7 +247,7 @@ class LMSource(Source):
         return float(self.kl_beta_now[0])
 
     def sample_memory(self) -> None:
-        self.mem_peak = max(self.mem_peak, memory_mb(self.device))
+        self.memory.sample()
 
     def generators(self):
         return [self.gen, self.cpu_gen]
@@ -344,8 +424,8 @@ class LMSource(Source):
             "prompts_truncated": int(ro.prompts_truncated),
             "tokens_per_s": float(self.tokens / max(row["wall_time_s"], 1e-9)),
             "iter_time_s": float(time.time() - self.t_iteration),
-            "peak_mem_mb": float(torch.cuda.max_memory_allocated(self.device) / 2**20
-                                 if self.device.type == "cuda" else self.mem_peak),
+            # peak memory above the member's baseline (PeakMemory), and that baseline
+            "peak_mem_mb": float(self.memory.above_base_mb), "peak_mem_base_mb": float(self.memory.base),
         }
 
     def summary_extra(self, p) -> dict:
@@ -359,7 +439,8 @@ class LMSource(Source):
     # ------------------------------------------------------------------ checkpoints
     def state(self):
         return {}, {"prompt_rng": ckpt.random_state(self.rng), "tokens": int(self.tokens),
-                    "prompts_truncated": int(self.truncated_total), "mem_peak": float(self.mem_peak)}
+                    "prompts_truncated": int(self.truncated_total),
+                    "mem_peak": float(self.memory.peak_now() - self.memory.base)}
 
     def load_state(self, tensors, meta):
         try:
@@ -371,7 +452,8 @@ class LMSource(Source):
             raise ckpt.CheckpointError(f"LM source state: tokens {tokens!r}, prompts_truncated {truncated!r}")
         ckpt.set_random_state(self.rng, state)
         self.tokens, self.truncated_total = tokens, truncated
-        self.mem_peak = max(self.mem_peak, float(peak))
+        # the peak above baseline before the interruption, carried over onto this process's baseline
+        self.memory.peak = max(self.memory.peak, self.memory.base + float(peak))
 
 
 def train(cfg: DictConfig, runs: list[RunDir]) -> None:

@@ -549,10 +549,13 @@ def train_one_by_one(cfg: DictConfig, runs: list[RunDir], make_source, family: s
     member that raises is recorded as failed and the next one goes on."""
     for r in runs:
         t0 = time.time()
+        loop = None  # the previous member's trainer is freed before this one is built (and measured)
         try:
             loop, resume = start(r.cfg, lambda: Loop(r.cfg, make_source(r.cfg, [r]), [r], family), [r])
             loop.run(resume)
+            loop = None
         except Exception as exc:  # record this member as failed, go on with the next
+            loop = None
             log.exception("%s run %s failed", family, r.run_id)
             if r.status() is None:
                 r.finish("failed", f"{type(exc).__name__}: {exc}", time.time() - t0)
