@@ -416,8 +416,8 @@ def test_an_extension_keeps_stage_one_runs_and_adds_seeds(tmp_path):
     one = X.compose_points("claim_c18", tmp_path, quick=True)
     ext = X.compose_points("claim_c18", tmp_path, quick=True, extend={"population": 8})
     for a, b in zip(one, ext):
-        assert a.cfg.population == 5 and b.cfg.population == 8
-        assert b.run_dirs[:5] == a.run_dirs  # the first 5 members are the stage-one runs
+        assert a.cfg.population == 4 and b.cfg.population == 8
+        assert b.run_dirs[:4] == a.run_dirs  # the first 4 members are the stage-one runs
     probes = X.compose_points("claim_c4", tmp_path, quick=True, extend={"batches": 5000, "population": 9})
     assert {int(p.cfg.probe.batches) for p in probes} == {5000} and {p.cfg.population for p in probes} == {1}
 
@@ -516,7 +516,7 @@ def test_c9_compares_epochs_and_nothing_else(tmp_path):
     for quick in (False, True):
         one, ten = X.compose_points("claim_c9", tmp_path, quick)
         assert _differences(one.cfg, ten.cfg) == {"epochs": (1, 10)}
-        assert (one.cfg.estimator, one.cfg.minibatches, one.cfg.population) == ("ppo_gae", 1, 10 if not quick else 3)
+        assert (one.cfg.estimator, one.cfg.minibatches, one.cfg.population) == ("ppo_gae", 1, 10 if not quick else 2)
     assert one.cfg.budget.env_steps <= 30000 or quick
 
 

@@ -67,29 +67,28 @@ class Experiment:
     isolate: bool = False
 
 
-_TOY_QUICK = {"++probe.batches": "2000"}
+# --quick: every experiment in seconds (under 2 minutes in all on 2 cores): fewer batches, seeds and steps
+_TOY_QUICK = {"++probe.batches": "1000", "++probe.reps": "500"}
 _NEW_QUICK = {"++probe.batches": "200", "++probe.reps": "200"}  # C23-C27: seconds in all
+_CONTROL_QUICK = {"population": "2", "budget.env_steps": "4000", "eval_every_steps": "2000", "eval_episodes": "3"}
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("claim_c3", "toy", _TOY_QUICK),
-    Experiment("claim_c3_control", "control", {"++probe.batches": "100"}),
+    Experiment("claim_c3_control", "control", {"++probe.batches": "40"}),
     Experiment("claim_c4", "toy", _TOY_QUICK),
     Experiment("claim_c5", "toy", {**_TOY_QUICK, "gae_lambda": "0.0,1.0", "++probe.critic_noise": "0.3"}),
     Experiment("claim_c13", "toy", _TOY_QUICK),
     Experiment("claim_c14", "toy", {"++probe.batches": "200"}),
     Experiment("claim_c17", "toy", _TOY_QUICK),
-    Experiment("claim_c18", "toy", {"population": "5", "loss_agg": "seq_mean_token_mean,seq_mean_token_sum_norm"}),
-    Experiment("claim_c20", "toy", {"population": "3", "++probe.batches": "1000", "group_size": "2,8"}),
+    Experiment("claim_c18", "toy", {"population": "4", "loss_agg": "seq_mean_token_mean,seq_mean_token_sum_norm"}),
+    Experiment("claim_c20", "toy", {"population": "2", "++probe.batches": "500", "group_size": "2,8"}),
     Experiment("claim_c22", "toy", _TOY_QUICK),
     Experiment("claim_c23", "toy", _NEW_QUICK),
     Experiment("claim_c24", "toy", {**_NEW_QUICK, "task.episodes_per_iter": "4,256"}),
     Experiment("claim_c25", "toy", {**_NEW_QUICK, "group_size": "4,64"}),
     Experiment("claim_c27", "toy", _NEW_QUICK),
-    Experiment("claim_c8", "control", {"population": "3", "budget.env_steps": "12000", "clip_eps": "0.2,null",
-                                       "epochs": "10", "eval_every_steps": "3000"}),
-    Experiment("claim_c9", "control", {"population": "3", "budget.env_steps": "12000",
-                                       "eval_every_steps": "3000"}),
-    Experiment("claim_c11", "control", {"population": "3", "budget.env_steps": "12000", "ent_coef": "0.0,0.05",
-                                        "eval_every_steps": "3000"}),
+    Experiment("claim_c8", "control", {**_CONTROL_QUICK, "clip_eps": "0.2,null", "epochs": "10"}),
+    Experiment("claim_c9", "control", _CONTROL_QUICK),
+    Experiment("claim_c11", "control", {**_CONTROL_QUICK, "ent_coef": "0.0,0.05"}),
     Experiment("claim_c10", "lm", quick_skip="--quick skips the LM task (its SFT/reward-model pipeline alone "
                                              "takes minutes on CPU)"),
     Experiment("claim_c15", "lm", quick_skip="--quick skips the LM task", isolate=True),  # peak memory
