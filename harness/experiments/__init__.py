@@ -73,6 +73,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("claim_c18", "toy", {"population": "5", "loss_agg": "seq_mean_token_mean,seq_mean_token_sum_norm"}),
     Experiment("claim_c20", "toy", {"population": "3", "++probe.batches": "1000", "group_size": "2,8"}),
     Experiment("claim_c22", "toy", _TOY_QUICK),
+    Experiment("claim_c26", "toy", {"population": "3", "budget.env_steps": "1280", "clip_eps": "0.2"}),
+    Experiment("claim_c28", "toy", {"population": "3", "budget.env_steps": "1920"}),
     Experiment("claim_c8", "control", {"population": "3", "budget.env_steps": "12000", "clip_eps": "0.2,null",
                                        "epochs": "10", "eval_every_steps": "3000"}),
     Experiment("claim_c9", "control", {"population": "3", "budget.env_steps": "12000",
@@ -92,6 +94,7 @@ CLAIM_EXPERIMENTS: dict[str, tuple[str, ...]] = {
     "C13": ("claim_c13",), "C14": ("claim_c14",), "C15": ("claim_c15",), "C17": ("claim_c17",),
     "C18": ("claim_c18",), "C19": ("claim_c19",), "C20": ("claim_c20",), "C21": ("claim_c10",),
     "C22": ("claim_c22",),
+    "C26": ("claim_c26",), "C28": ("claim_c28",),
 }
 
 #: Exact claims -> (pytest -k name prefixes, test file globs under tests/).
@@ -103,7 +106,7 @@ EXACT_TESTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "C16": (("test_c16_",), ("test_group_kl.py",)),
 }
 
-CLAIM_IDS = [f"C{i}" for i in range(1, 23)]
+CLAIM_IDS = [f"C{i}" for i in range(1, 29)]
 FAMILY_ORDER = {"toy": 0, "control": 1, "lm": 2}
 
 
