@@ -329,7 +329,8 @@ class ToyTask:
         prompts, which have no correct responses)."""
         p = self.leaf_log_probs(theta).exp()
         has = torch.isfinite(self.leaf_correct)
-        ok = torch.zeros(self.n_prompts, dtype=p.dtype).index_add(0, self.leaf_prompt, p * torch.nan_to_num(self.leaf_correct))
+        right = p * torch.nan_to_num(self.leaf_correct)
+        ok = torch.zeros(self.n_prompts, dtype=p.dtype).index_add(0, self.leaf_prompt, right)
         graded = torch.zeros(self.n_prompts, dtype=torch.long).index_add(0, self.leaf_prompt, has.long())
         return [float(ok[x]) if int(graded[x]) else None for x in range(self.n_prompts)]
 

@@ -24,7 +24,8 @@ from the run's generator after the responses; ``reward`` and ``episode_return`` 
 ``eval_return`` and the other exact columns stay those of the reward table); ``toy.log_prompts``
 adds ``success_prompt<x>`` (before the update) and ``update_prompt<x>``
 (:meth:`~harness.tasks.toy.ToyTask.prompt_update_norms` of the iteration's update) for every
-prompt. Population members train one after another. With ``mode=probe`` the app calls :func:`harness.probes.run_probe` instead.
+prompt. Population members train one after another. With ``mode=probe`` the app calls
+:func:`harness.probes.run_probe` instead.
 """
 from __future__ import annotations
 
