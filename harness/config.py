@@ -149,7 +149,13 @@ _KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "st
 
 def check_probe_type(name: str, value: Any) -> None:
     """``++probe.<name>=<value>`` bypasses the schema: its type is checked here, by name."""
-    declared = {f.name: str(f.type) for f in fields(ProbeSettings)}[name]
+    check_node_type("probe", ProbeSettings, name, value)
+
+
+def check_node_type(node: str, schema: type, name: str, value: Any) -> None:
+    """``++<node>.<name>=<value>`` bypasses the schema: its type is checked against the field
+    ``name`` of the dataclass ``schema`` here, by name."""
+    declared = {f.name: str(f.type) for f in fields(schema)}[name]
     optional = declared.startswith("Optional[")
     base = declared[len("Optional["):-1] if optional else declared
     if value is None:
@@ -163,7 +169,7 @@ def check_probe_type(name: str, value: Any) -> None:
     else:
         ok = isinstance(value, str)
     if not ok:
-        raise ValueError(f"probe.{name} must be {_KINDS[base]}{' or null' if optional else ''}, got {value!r}")
+        raise ValueError(f"{node}.{name} must be {_KINDS[base]}{' or null' if optional else ''}, got {value!r}")
 
 
 def check_probe_settings(s: ProbeSettings) -> None:
@@ -206,6 +212,33 @@ def check_probe_settings(s: ProbeSettings) -> None:
         bad("checkpoint", "a path without NUL characters", s.checkpoint)
 
 
+@dataclass
+class ToySettings:
+    """``toy.*`` training settings of the toy task (its shape - vocab, length, prompts, task_seed -
+    is :class:`harness.tasks.toy.ToySpec`; the ``toy`` node holds the fields of both)."""
+
+    reward: str = "table"  # table: R(x, y) of the task | random: Bernoulli(1/2) per sequence, independent of y (C26)
+    log_prompts: bool = False  # per-prompt columns success_prompt<x>, update_prompt<x> (C28)
+
+
+TOY_REWARDS = ("table", "random")
+TOY_LOG_PROMPTS_MAX = 8  # toy.log_prompts: two columns per prompt, for presets of at most this many prompts
+
+
+def toy_settings_from_config(cfg) -> ToySettings:
+    """``ToySettings`` from the optional ``toy`` node (other keys are the task shape's; the toy
+    task refuses keys neither knows), each field's type and value checked by name."""
+    node = cfg.get("toy") if "toy" in cfg else None
+    known = {f.name for f in fields(ToySettings)}
+    given = {str(k): node[k] for k in node.keys() if k in known} if isinstance(node, DictConfig) else {}
+    for k, v in given.items():
+        check_node_type("toy", ToySettings, k, v)
+    s = ToySettings(**given)
+    if s.reward not in TOY_REWARDS:
+        bad_field("toy.reward", f"one of {list(TOY_REWARDS)}", s.reward)
+    return s
+
+
 def member_configs(cfg: DictConfig) -> list[DictConfig]:
     """Population member i is the lone run with seed ``seed + i`` (same config otherwise)."""
     out = []
@@ -230,12 +263,12 @@ MODES = ("train", "probe")
 DEVICES = ("auto", "cpu", "cuda")
 
 
-def refuse_unknown_keys(cfg: DictConfig, name: str, schema: type) -> None:
-    """Refuse keys of node ``name`` (``""``: the root) that the dataclass ``schema`` lacks."""
+def refuse_unknown_keys(cfg: DictConfig, name: str, *schemas: type) -> None:
+    """Refuse keys of node ``name`` (``""``: the root) that every dataclass of ``schemas`` lacks."""
     node = cfg if not name else cfg.get(name)
     if not isinstance(node, DictConfig):
         return
-    known = {f.name for f in fields(schema)}
+    known = {f.name for schema in schemas for f in fields(schema)}
     extra = sorted(str(k) for k in node.keys() if k not in known and not (k == "hydra" and not name))
     if extra:
         where = f"{name}." if name else ""

@@ -142,6 +142,11 @@ CASES: list[tuple[list[str], str, str]] = [
     ([*TOY, "budget.env_steps=-5"], "budget.env_steps", V),
     ([*TOY, "task.episodes_per_iter=7"], "task.episodes_per_iter", V),
     ([*TOY, "kl.target=foo"], "kl.target", V),
+    ([*TOY, "++toy.reward=bogus"], "toy.reward", V),
+    ([*TOY, "++toy.reward=1"], "toy.reward", V),
+    ([*TOY, "++toy.log_prompts=3"], "toy.log_prompts", V),
+    ([*TOY, "++toy.log_prompts=true", "++toy.prompts=[dense,dense,dense,dense,dense,dense,dense,dense,dense]"],
+     "toy.log_prompts", V),
     # ---- the LM task
     ([*LM, "lm.reward=human"], "lm.reward", V),
     ([*LM, "lm.critic=none"], "lm.critic", V),
@@ -329,6 +334,7 @@ CLI_CASES: list[tuple[list[str], str, int]] = [
     (["results_dir=/dev/null"], "results_dir", 2),  # before Hydra's job folder: a traceback before
     (["results_dir=/proc/harness-res"], "results_dir", 2),
     (["task.env_id=no_such_pkg.envs:MyEnv-v0"], "task.env_id", 2),
+    (["task=toy", "estimator=rloo", "++toy.reward=bogus"], "toy.reward", 2),
 ]
 
 

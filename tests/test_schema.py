@@ -38,3 +38,20 @@ def test_writer_writes_every_schema_column_with_its_type(tmp_path):
     assert got["extra_count"] == pa.int64() and got["extra_name"] == pa.string()
     row = table.to_pylist()[0]
     assert row["update"] == "pg" and row["loss_agg"] == "token_mean" and row["gamma"] is None
+
+
+def test_per_prompt_columns_are_registered_with_their_type(tmp_path):
+    assert schema.column_type("update_prompt3") == pa.float64()
+    assert schema.column_type("success_prompt12") == pa.float64()
+    assert schema.column_type("update_promptx") is None and schema.column_type("J_prompt0") is None
+    assert schema.prompt_column("update_prompt", 2) == "update_prompt2"
+    assert schema.METRIC_COLUMNS["exact_entropy"] == pa.float64()
+    cfg = OmegaConf.create({"results_dir": str(tmp_path), "seed": 0, "task": {"name": "t"}, "estimator": "grpo"})
+    run = RunDir(cfg)
+    run.path.mkdir(parents=True, exist_ok=True)
+    # an integer-valued update size (0: the prompt's rows did not move) is still a float column
+    run.log({"run_id": "r", "task": "t", "estimator": "grpo", "seed": 0, "iteration": 1, "update": "pg",
+             "loss_agg": "token_mean", "update_prompt0": 0, "success_prompt0": None})
+    run.flush()
+    got = dict(zip(*(lambda s: (s.names, s.types))(pq.read_table(run.path / "metrics.parquet").schema)))
+    assert got["update_prompt0"] == pa.float64() and got["success_prompt0"] == pa.float64()

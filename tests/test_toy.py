@@ -173,3 +173,159 @@ def test_members_trained_one_by_one_never_overlap(tmp_path, monkeypatch):
     counts = run(make_cfg(TOY_TINY + ["estimator=rloo", "population=3", f"results_dir={tmp_path}"]))
     assert counts.get("completed") == 3
     assert alive_at_start == [0, 0, 0]
+
+
+# ----------------------------------------------------------------- C26: random rewards, exact entropy
+def test_exact_entropy_hand_worked_two_step_case():
+    # V=2, L=2, one prompt: pi(root) = (1/4, 3/4), both second steps uniform. By the chain rule
+    # H = H(1/4, 3/4) + log 2; by enumeration the four responses have probabilities
+    # 1/8, 1/8, 3/8, 3/8: -(2/8 log 1/8 + 6/8 log 3/8) = the same number.
+    task = ToyTask(ToySpec(vocab=2, length=2, prompts=(PromptSpec("dense"),)))
+    theta = torch.zeros(3, 2, dtype=DTYPE)
+    theta[0, 1] = math.log(3.0)
+    by_hand = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75)) + math.log(2.0)
+    assert float(task.prompt_entropy(theta)[0]) == pytest.approx(by_hand, abs=1e-12)
+    assert by_hand == pytest.approx(-(2 / 8 * math.log(1 / 8) + 6 / 8 * math.log(3 / 8)))
+    # the uniform policy of the mixed preset: 64 responses per prompt, log 64 each
+    mixed = ToyTask(PRESETS["mixed"])
+    assert mixed.exact_stats(mixed.init_logits())["entropy"] == pytest.approx(math.log(64.0), abs=1e-12)
+
+
+def _source(overrides):
+    from harness.train.toy import ToySource
+    from harness.tasks.toy import build_task
+
+    cfg = make_cfg(["task=toy", "estimator=rloo", "task.episodes_per_iter=64", "group_size=8"] + overrides)
+    return ToySource(cfg, build_task(cfg))
+
+
+def test_random_rewards_are_the_same_stream_whatever_the_policy():
+    """toy.reward=random: the same seed gives the same rewards under a uniform and a peaked
+    policy, although the responses differ; under the reward table the rewards follow the
+    responses."""
+    uniform, peaked = _source(["++toy.reward=random"]), _source(["++toy.reward=random"])
+    with torch.no_grad():
+        peaked.theta[:, 0] = 5.0  # almost always token 0: other responses than the uniform policy's
+    for _ in range(3):
+        a, b = uniform.collect(), peaked.collect()
+        assert not torch.equal(a.leaf, b.leaf)
+        assert torch.equal(a.reward, b.reward)
+        assert set(a.reward.tolist()) == {0.0, 1.0}
+    table = _source([])
+    t = table.collect()
+    assert torch.equal(t.reward, table.task.leaf_reward[t.leaf])
+    # Bernoulli(1/2): over 200 batches of 64 the share of ones is 1/2 within 4 standard errors
+    many = torch.cat([uniform.collect().reward for _ in range(200)])
+    assert abs(float(many.mean()) - 0.5) < 4 * 0.5 / math.sqrt(len(many))
+    # and it does not follow the reward table: the rewarded share of the 61/64 prompt is 1/2 too
+    src = _source(["++toy.reward=random"])
+    ok = []
+    for _ in range(200):
+        bt = src.collect()
+        ok.append(bt.reward[bt.prompts == 2])
+    ok = torch.cat(ok)
+    assert abs(float(ok.mean()) - 0.5) < 4 * 0.5 / math.sqrt(len(ok))
+
+
+def test_random_reward_runs_log_the_true_j_and_the_exact_entropy(tmp_path):
+    """Two learning rates: the same training rewards (they ignore the responses), different
+    policies; eval_return is the reward TABLE's exact J of the final policy, exact_entropy its
+    exact response entropy."""
+    from harness.io import checkpoint as ckpt
+    from harness.tasks.toy import build_task
+
+    frames = {}
+    for lr in ("0.05", "0.2"):
+        cfg = make_cfg(TOY_TINY + ["estimator=rloo", "++toy.reward=random", f"lr={lr}",
+                                   f"results_dir={tmp_path}/{lr}"])
+        run(cfg)
+        (p,) = (tmp_path / lr).rglob("metrics.parquet")
+        frames[lr] = pd.read_parquet(p)
+        tensors, _ = ckpt.load(p.parent / "policy.safetensors")
+        task = build_task(cfg)
+        last = frames[lr].iloc[-1]
+        assert last["eval_return"] == pytest.approx(float(task.expected_reward(tensors["theta"])), abs=1e-12)
+        H = -(task.leaf_log_probs(tensors["theta"]).exp() * task.leaf_log_probs(tensors["theta"])).sum()
+        assert last["exact_entropy"] == pytest.approx(float(H) / task.n_prompts, abs=1e-12)
+    a, b = frames["0.05"], frames["0.2"]
+    assert a["reward"].tolist() == b["reward"].tolist()
+    assert a["exact_entropy"].tolist() != b["exact_entropy"].tolist()
+
+
+# ----------------------------------------------------------------- C28: per-prompt update sizes
+def test_prompt_update_norms_hand_computed():
+    # two prompts of V=2, L=2: states 0-2 belong to prompt 0, states 3-5 to prompt 1
+    task = ToyTask(ToySpec(vocab=2, length=2, prompts=(PromptSpec("dense"), PromptSpec("binary", 0.5))))
+    assert task.prompt_rows(0).tolist() == [0, 1, 2] and task.prompt_rows(1).tolist() == [3, 4, 5]
+    before = torch.zeros(6, 2, dtype=DTYPE)
+    after = before.clone()
+    after[0] = torch.tensor([3.0, 0.0])
+    after[2] = torch.tensor([0.0, -4.0])  # prompt 0: sqrt(9 + 16) = 5
+    after[4] = torch.tensor([1.0, 2.0])  # prompt 1: sqrt(1 + 4 + 4) = 3
+    after[5] = torch.tensor([2.0, 0.0])
+    assert task.prompt_update_norms(before, after).tolist() == pytest.approx([5.0, 3.0])
+    # success: None for the dense prompt, 1/2 for the binary one at the uniform policy
+    assert task.prompt_success(before) == [None, pytest.approx(0.5)]
+
+
+def test_log_prompts_columns_match_the_policy_by_hand(tmp_path):
+    """One iteration from theta = 0: success_prompt<x> is the uniform policy's 3/64, 1/2, 61/64
+    (None for the dense prompt) and update_prompt<x> the norm of x's rows of the saved policy."""
+    from harness.io import checkpoint as ckpt
+    from harness.tasks.toy import build_task
+
+    cfg = make_cfg(["task=toy", "estimator=grpo", "budget.iterations=2", "progress=false", "lr=0.05",
+                    "++toy.log_prompts=true", f"results_dir={tmp_path}/a"])
+    run(cfg)
+    (p,) = (tmp_path / "a").rglob("metrics.parquet")
+    df = pd.read_parquet(p)
+    first = df.iloc[0]
+    assert [first[f"success_prompt{x}"] for x in range(3)] == pytest.approx([3 / 64, 1 / 2, 61 / 64])
+    assert pd.isna(first["success_prompt3"])
+    for x in range(3):  # before iteration 2's update: the policy iteration 1 left, its exact J_x
+        assert df.iloc[1][f"success_prompt{x}"] == pytest.approx(first[f"J_prompt{x}"], abs=1e-12)
+    # run 1 iteration only: its update moved theta from 0 to the saved policy
+    cfg1 = make_cfg(["task=toy", "estimator=grpo", "budget.iterations=1", "progress=false", "lr=0.05",
+                     "++toy.log_prompts=true", f"results_dir={tmp_path}/b"])
+    run(cfg1)
+    (p1,) = (tmp_path / "b").rglob("metrics.parquet")
+    row = pd.read_parquet(p1).iloc[0]
+    tensors, _ = ckpt.load(p1.parent / "policy.safetensors")
+    task = build_task(cfg1)
+    for x in range(task.n_prompts):
+        rows = task.prompt_rows(x)
+        by_hand = math.sqrt(sum(float(v) ** 2 for v in tensors["theta"][rows].flatten()))
+        assert row[f"update_prompt{x}"] == pytest.approx(by_hand, abs=1e-12)
+    assert sum(row[f"update_prompt{x}"] for x in range(4)) > 0
+    # off by default: no per-prompt columns
+    run(make_cfg(["task=toy", "estimator=grpo", "budget.iterations=1", "progress=false",
+                  f"results_dir={tmp_path}/c"]))
+    (p2,) = (tmp_path / "c").rglob("metrics.parquet")
+    assert not [c for c in pd.read_parquet(p2).columns if c.startswith(("success_prompt", "update_prompt"))]
+
+
+def test_toy_settings_errors_name_the_field():
+    from harness.tasks.toy import validate_toy
+
+    base = ["task=toy", "estimator=rloo"]
+    for extra, message in ((["++toy.reward=bogus"], "toy.reward must be one of"),
+                           (["++toy.reward=1"], "toy.reward must be a string"),
+                           (["++toy.log_prompts=3"], "toy.log_prompts must be true or false"),
+                           (["++toy.log_prompts=true", "++toy.prompts=[" + ",".join(["dense"] * 9) + "]"],
+                            "toy.log_prompts must be false for tasks of more than 8 prompts")):
+        with pytest.raises(ValueError, match=message):
+            validate_toy(make_cfg(base + extra))
+    validate_toy(make_cfg(base + ["++toy.log_prompts=true", "++toy.prompts=[" + ",".join(["dense"] * 8) + "]"]))
+
+
+def test_toy_population_with_random_rewards_and_prompt_columns_equals_lone_runs(tmp_path):
+    common = TOY_TINY + ["estimator=grpo", "++toy.reward=random", "++toy.log_prompts=true", "epochs=2",
+                         "minibatches=2"]
+    run(make_cfg(common + ["seed=0", "population=3", f"results_dir={tmp_path}/pop"]))
+    for seed in range(3):
+        run(make_cfg(common + [f"seed={seed}", f"results_dir={tmp_path}/lone"]))
+        (a,) = (tmp_path / "pop").rglob(f"seed{seed}-*/metrics.parquet")
+        (b,) = (tmp_path / "lone").rglob(f"seed{seed}-*/metrics.parquet")
+        assert a.parent.name == b.parent.name
+        pd.testing.assert_frame_equal(pd.read_parquet(a).drop(columns=["wall_time_s"]),
+                                      pd.read_parquet(b).drop(columns=["wall_time_s"]))

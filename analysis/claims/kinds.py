@@ -156,6 +156,25 @@ REDUCERS: dict[str, Callable[[pd.DataFrame, str, dict], float]] = {
 RUN_TABLE = ("score", "auc")  # per-run score (final evaluations) and AUC: analysis.stats.run_table
 
 
+def extreme_vs_middle(g: pd.DataFrame, prefix: str, s: dict) -> float:
+    """C28, per run: the mean per-prompt update size (``<prefix><x>``, e.g. ``update_prompt2``) of
+    the prompts whose success probability before the update (``success_prompt<x>``) is below
+    ``lo`` or above ``hi``, over that of the prompts in between, pooled over the iterations where
+    both groups have a prompt (toy task with ``toy.log_prompts``)."""
+    lo, hi = float(s.get("lo", 0.1)), float(s.get("hi", 0.9))
+    ids = sorted(c[len("success_prompt"):] for c in g.columns if c.startswith("success_prompt"))
+    p = g[[f"success_prompt{i}" for i in ids]].to_numpy(dtype=float)
+    u = g[[f"{prefix}{i}" for i in ids]].to_numpy(dtype=float)
+    ext, mid = (p < lo) | (p > hi), (p >= lo) & (p <= hi)  # NaN (a dense prompt) is in neither
+    both = ext.any(axis=1) & mid.any(axis=1)
+    if not both.any():
+        return float("nan")
+    return float(u[both][ext[both]].mean() / u[both][mid[both]].mean())
+
+
+MULTI_COLUMN = {"extreme_vs_middle": extreme_vs_middle}  # reducers reading several columns
+
+
 def run_values(e: ExpData, where: dict | None, metric: dict) -> pd.DataFrame:
     """One row per training run (run_dir, seed, value) of the runs selected by ``where``."""
     m = e.select(e.metrics, where, "training metrics")
@@ -163,8 +182,11 @@ def run_values(e: ExpData, where: dict | None, metric: dict) -> pd.DataFrame:
     if red in RUN_TABLE:
         t = run_table(m, last_n=int(metric.get("k", 5)))
         return t[["run_dir", "seed", col if col in t else red]].rename(columns={col if col in t else red: "value"})
+    if red in MULTI_COLUMN:
+        return pd.DataFrame([{"run_dir": rd, "seed": seed, "value": MULTI_COLUMN[red](g, col, metric)}
+                             for (rd, seed), g in m.groupby(["run_dir", "seed"])])
     if red not in REDUCERS:
-        raise ValueError(f"reduce must be one of {sorted([*REDUCERS, *RUN_TABLE])}, got {red!r}")
+        raise ValueError(f"reduce must be one of {sorted([*REDUCERS, *RUN_TABLE, *MULTI_COLUMN])}, got {red!r}")
     if col not in m.columns:
         raise NotRun(f"{e.name}: metric column {col} missing")
     rows = []

@@ -86,6 +86,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("claim_c24", "toy", {**_NEW_QUICK, "task.episodes_per_iter": "4,256"}),
     Experiment("claim_c25", "toy", {**_NEW_QUICK, "group_size": "4,64"}),
     Experiment("claim_c27", "toy", _NEW_QUICK),
+    Experiment("claim_c26", "toy", {"population": "3", "budget.env_steps": "1280", "clip_eps": "0.2"}),
+    Experiment("claim_c28", "toy", {"population": "3", "budget.env_steps": "1920"}),
     Experiment("claim_c8", "control", {**_CONTROL_QUICK, "clip_eps": "0.2,null", "epochs": "10"}),
     Experiment("claim_c9", "control", _CONTROL_QUICK),
     Experiment("claim_c11", "control", {**_CONTROL_QUICK, "ent_coef": "0.0,0.05"}),

@@ -15,7 +15,13 @@ Groups (the order is the column order of the written file):
 * :data:`HYPERPARAMETERS`: the numeric knobs that vary in sweeps;
 * :data:`DIAGNOSTICS`: per-update statistics (critics add ``value_loss``,
   ``explained_variance``);
-* :data:`LM_COLUMNS`: language-model runs.
+* :data:`LM_COLUMNS`: language-model runs;
+* :data:`TOY_COLUMNS`: exact quantities of the toy task (``exact_entropy``: the response
+  entropy by enumeration, :meth:`harness.tasks.toy.ToyTask.prompt_entropy`, averaged over prompts).
+
+Opt-in per-prompt columns (:data:`PER_PROMPT_COLUMNS`, the toy task's ``toy.log_prompts``) are
+``<prefix><x>`` for prompt ``x`` (``success_prompt0``, ``update_prompt0``, ...); they are written
+only by runs that ask for them, with the type registered here (:func:`column_type`).
 
 :data:`REQUIRED` are the columns every training row must fill (non-null); the rest may be
 null. A trainer builds each row with ``row["update"] = cfg.update`` and
@@ -45,10 +51,15 @@ DIAGNOSTICS: dict[str, pa.DataType] = {
 LM_COLUMNS: dict[str, pa.DataType] = {
     "reward": _F, "gold_reward": _F, "kl_ref": _F, "response_len": _F, "tokens": _I,
 }
+TOY_COLUMNS: dict[str, pa.DataType] = {"exact_entropy": _F}
+#: Per-prompt column prefixes (``<prefix><x>``): the exact success probability of prompt x under
+#: the policy that sampled the batch (before the update; null for prompts without correct
+#: answers), and the norm of the change of prompt x's logits rows over the iteration's update.
+PER_PROMPT_COLUMNS: dict[str, pa.DataType] = {"success_prompt": _F, "update_prompt": _F}
 
 #: Every column of the output contract, name -> Arrow type, in file order.
 METRIC_COLUMNS: dict[str, pa.DataType] = {
-    **IDENTITY, **VARIANTS, **PROGRESS, **HYPERPARAMETERS, **DIAGNOSTICS, **LM_COLUMNS,
+    **IDENTITY, **VARIANTS, **PROGRESS, **HYPERPARAMETERS, **DIAGNOSTICS, **LM_COLUMNS, **TOY_COLUMNS,
 }
 #: Columns every training row fills (non-null): identity, the algorithm variant, progress.
 REQUIRED: tuple[str, ...] = (*IDENTITY, *VARIANTS, "iteration", "env_steps", "wall_time_s")
@@ -66,6 +77,23 @@ def missing_required(row: Mapping) -> list[str]:
     return [k for k in REQUIRED if row.get(k) is None]
 
 
+def prompt_column(prefix: str, x: int) -> str:
+    """The name of per-prompt column ``prefix`` (a key of :data:`PER_PROMPT_COLUMNS`) for prompt ``x``."""
+    if prefix not in PER_PROMPT_COLUMNS:
+        raise KeyError(f"{prefix!r} is not a per-prompt column; known: {sorted(PER_PROMPT_COLUMNS)}")
+    return f"{prefix}{int(x)}"
+
+
+def column_type(key: str) -> pa.DataType | None:
+    """The registered type of ``key``: a schema column or a per-prompt one; None if neither."""
+    if key in METRIC_COLUMNS:
+        return METRIC_COLUMNS[key]
+    for prefix, typ in PER_PROMPT_COLUMNS.items():
+        if key.startswith(prefix) and key[len(prefix):].isdigit():
+            return typ
+    return None
+
+
 def infer_type(value) -> pa.DataType:
     """Arrow type of an extra (non-schema) column from one of its values."""
     if isinstance(value, str):
@@ -81,5 +109,5 @@ def columns_for(rows: Iterable[Mapping]) -> dict[str, pa.DataType]:
     for row in rows:
         for key, value in row.items():
             if key not in columns:
-                columns[key] = infer_type(value)
+                columns[key] = column_type(key) or infer_type(value)
     return columns

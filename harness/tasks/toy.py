@@ -30,6 +30,15 @@ Prompt kinds:
 * ``dense``: R uniform in [0, 1] per response.
 * ``first_token``: correct (R = 1) iff the first token is the prompt's answer token; length
   is irrelevant to the reward (the variable-length task of C18).
+
+Training settings (``toy.*`` fields of :class:`harness.config.ToySettings`):
+
+* ``reward: random`` trains on :func:`random_rewards` (Bernoulli(1/2) per sequence, independent
+  of the response: C26) while every exact quantity (``J``, ``eval_return``, per-prompt
+  success) stays that of the reward table, so the drift of the true J is measured;
+* ``log_prompts: true`` adds per-prompt columns (success before the update and
+  :meth:`ToyTask.prompt_update_norms`: C28), for presets of at most
+  :data:`~harness.config.TOY_LOG_PROMPTS_MAX` prompts.
 """
 from __future__ import annotations
 
@@ -38,7 +47,7 @@ from typing import Any
 
 import torch
 
-from ..config import refuse_unknown_keys
+from ..config import TOY_LOG_PROMPTS_MAX, ToySettings, bad_field, refuse_unknown_keys, toy_settings_from_config
 from ..estimators import AdvantageBatch
 
 DTYPE = torch.float64  # exact quantities and estimates: float64 keeps rounding far below any bias measured
@@ -128,8 +137,12 @@ def check_spec(spec: ToySpec) -> None:
 
 def validate_toy(cfg) -> None:
     """Checks for ``task.family=toy`` that can fail before any work starts."""
-    refuse_unknown_keys(cfg, "toy", ToySpec)
-    spec_from_config(cfg)
+    refuse_unknown_keys(cfg, "toy", ToySpec, ToySettings)
+    spec = spec_from_config(cfg)
+    settings = toy_settings_from_config(cfg)
+    if settings.log_prompts and len(spec.prompts) > TOY_LOG_PROMPTS_MAX:
+        bad_field("toy.log_prompts", f"false for tasks of more than {TOY_LOG_PROMPTS_MAX} prompts (two columns "
+                  f"per prompt; task.env_id={cfg.task.get('env_id') or 'mixed'} has {len(spec.prompts)})", True)
     b = cfg.budget
     if b.env_steps is None and b.iterations is None:
         raise ValueError("budget.env_steps must be set (sampled sequences) or budget.iterations, got None")
@@ -137,6 +150,16 @@ def validate_toy(cfg) -> None:
     if B < 1 or B % k:
         raise ValueError(f"task.episodes_per_iter must be a positive multiple of group_size={k} "
                          f"(sequences per iteration = prompts x group_size), got {B}")
+
+
+def random_rewards(n: int, generator: torch.Generator | None) -> torch.Tensor:
+    """``toy.reward=random``: ``n`` rewards ``R_i ~ Bernoulli(1/2)``, i.i.d. and drawn from
+    ``generator`` alone, so independent of the responses they are paired with (C26: the random
+    rewards of Oertell et al., "Heuristics considered harmful", and Shao et al. 2025, "Spurious
+    rewards"). Given the responses, every group-relative advantage of them (RLOO's, GRPO's with
+    or without the std) is then symmetric about 0 (``R -> 1 - R`` flips its sign), so any
+    systematic drift comes from how the update uses it, not from the signal."""
+    return torch.bernoulli(torch.full((n,), 0.5, dtype=DTYPE), generator=generator)
 
 
 @dataclass
@@ -311,14 +334,45 @@ class ToyTask:
         per = torch.zeros(self.n_prompts, dtype=lp.dtype).index_add(0, self.leaf_prompt, lp.exp() * (lp - lr))
         return per.mean()
 
+    def prompt_entropy(self, theta: torch.Tensor) -> torch.Tensor:
+        """Exact entropy of the response distribution of every prompt, ``[X]`` (nats):
+
+        .. math:: H_x = -\\sum_y \\pi_\\theta(y \\mid x) \\log \\pi_\\theta(y \\mid x),
+
+        by enumeration of the complete responses (equal to the sum over reachable states of
+        ``P(reach s) H(pi(.|s))``, the chain rule of entropy). The uniform policy of ``n``
+        responses has ``log n``; it falls as the policy concentrates (C26's drift)."""
+        lp = self.leaf_log_probs(theta)
+        return torch.zeros(self.n_prompts, dtype=lp.dtype).index_add(0, self.leaf_prompt, -lp.exp() * lp)
+
+    def prompt_success(self, theta: torch.Tensor) -> list[float | None]:
+        """Exact success probability ``P(correct | x)`` of every prompt (None for ``dense``
+        prompts, which have no correct responses)."""
+        p = self.leaf_log_probs(theta).exp()
+        has = torch.isfinite(self.leaf_correct)
+        right = p * torch.nan_to_num(self.leaf_correct)
+        ok = torch.zeros(self.n_prompts, dtype=p.dtype).index_add(0, self.leaf_prompt, right)
+        graded = torch.zeros(self.n_prompts, dtype=torch.long).index_add(0, self.leaf_prompt, has.long())
+        return [float(ok[x]) if int(graded[x]) else None for x in range(self.n_prompts)]
+
+    def prompt_update_norms(self, theta_before: torch.Tensor, theta_after: torch.Tensor) -> torch.Tensor:
+        """Size of an update per prompt, ``[X]``: the Frobenius norm of the change of the logits
+        rows that belong to prompt ``x`` (:meth:`prompt_rows`),
+        ``|| theta_after[rows(x)] - theta_before[rows(x)] ||_2`` (C28: Dr. GRPO, arXiv 2503.20783,
+        argues the group-std division gives prompts with p near 0 or 1 larger updates)."""
+        sq = (theta_after.detach() - theta_before.detach()).pow(2).sum(-1)  # [S]
+        return torch.zeros(self.n_prompts, dtype=sq.dtype).index_add(0, self.state_prompt, sq).sqrt()
+
     def exact_stats(self, theta: torch.Tensor) -> dict[str, Any]:
-        """Exact diagnostics: J, per-prompt J, expected length (all, right, wrong responses)."""
+        """Exact diagnostics: J, per-prompt J, expected length (all, right, wrong responses), the
+        response entropy averaged over prompts (:meth:`prompt_entropy`)."""
         with torch.no_grad():
             J_x = self.prompt_rewards(theta)
             p = self.leaf_log_probs(theta).exp() / self.n_prompts
             length = self.leaf_len.to(DTYPE)
             out = {"J": float(J_x.mean()), "J_prompt": [float(j) for j in J_x],
-                   "response_len": float((p * length).sum())}
+                   "response_len": float((p * length).sum()),
+                   "entropy": float(self.prompt_entropy(theta).mean())}
             has = torch.isfinite(self.leaf_correct)
             for name, sel in (("right_len", has & (self.leaf_correct == 1)), ("wrong_len", has & (self.leaf_correct == 0))):
                 w = p * sel.to(DTYPE)
@@ -410,4 +464,4 @@ def build_task(cfg) -> ToyTask:
 
 
 __all__ = ["PRESETS", "PromptSpec", "ToySpec", "ToyTask", "ToyBatch", "build_task", "spec_from_config",
-           "time_major", "advantage_batch", "validate_toy", "DTYPE"]
+           "time_major", "advantage_batch", "validate_toy", "random_rewards", "DTYPE"]

@@ -17,8 +17,15 @@ what it needs and never its name), laid out like the LM task:
 Sample budget: ``env_steps`` counts **sampled sequences** (greedy ones included); ``tokens``
 counts sampled tokens (EOS included). ``eval_return`` is the exact ``J(theta)`` (``eval_every``,
 every iteration in ``conf/task/toy.yaml``); ``grad_cos`` is the cosine between the batch's
-policy-gradient estimate (before the update) and the exact gradient. Population members train
-one after another. With ``mode=probe`` the app calls :func:`harness.probes.run_probe` instead.
+policy-gradient estimate (before the update) and the exact gradient; ``exact_entropy`` the exact
+response entropy of the updated policy (``entropy`` is the update's mean token entropy over the
+sampled tokens). ``toy.reward=random`` trains on :func:`harness.tasks.toy.random_rewards` (drawn
+from the run's generator after the responses; ``reward`` and ``episode_return`` log them, while
+``eval_return`` and the other exact columns stay those of the reward table); ``toy.log_prompts``
+adds ``success_prompt<x>`` (before the update) and ``update_prompt<x>``
+(:meth:`~harness.tasks.toy.ToyTask.prompt_update_norms` of the iteration's update) for every
+prompt. Population members train one after another. With ``mode=probe`` the app calls
+:func:`harness.probes.run_probe` instead.
 """
 from __future__ import annotations
 
@@ -26,10 +33,12 @@ import torch
 from omegaconf import DictConfig
 
 from ..estimators import AdvantageBatch, get_estimator, kl_estimate
+from ..config import toy_settings_from_config
 from ..io import RunDir
+from ..io.schema import prompt_column
 from ..io import checkpoint as ckpt
 from ..losses import get_policy_loss
-from ..tasks.toy import DTYPE, ToyTask, advantage_batch, build_task, validate_toy
+from ..tasks.toy import DTYPE, ToyTask, advantage_batch, build_task, random_rewards, validate_toy
 from .loop import Source, train_one_by_one
 from .update import UpdateBatch, clip_grad_groups
 
@@ -105,6 +114,8 @@ class ToySource(Source):
         self.clip_eps, self.loss_agg = cfg.clip_eps, str(cfg.loss_agg)
         self.kl_estimator, self.kl_in_reward = str(cfg.kl.estimator), bool(cfg.kl.in_reward)
         self.kl_ref_target = cfg.kl.target == "ref"
+        settings = toy_settings_from_config(cfg)
+        self.random_reward, self.log_prompts = settings.reward == "random", settings.log_prompts
         self.sequences = 0
         self.tokens = 0
         self._exact: tuple[dict, float] | None = None
@@ -122,10 +133,12 @@ class ToySource(Source):
         batch = task.sample(self.theta, prompts.repeat_interleave(self.k), self.gen)
         greedy = None
         n = batch.prompts.shape[0]
+        if self.random_reward:  # drawn after the responses, as many whatever they are
+            batch.reward = random_rewards(n, self.gen)
         self.tokens += int(batch.length.sum())
         if self.spec.needs_greedy:
             leaves = task.greedy(self.theta)[prompts]
-            greedy = task.leaf_reward[leaves]
+            greedy = random_rewards(self.n_groups, self.gen) if self.random_reward else task.leaf_reward[leaves]
             n += self.n_groups
             self.tokens += int(task.leaf_len[leaves].sum())
         self.sequences += n
@@ -154,7 +167,11 @@ class ToySource(Source):
                            kl_target=one(batch.ref_logp if self.kl_ref_target else batch.old_logp))
 
     def before_update(self, batch, ub):
-        """Cosine between this batch's policy-gradient estimate and the exact gradient."""
+        """Cosine between this batch's policy-gradient estimate and the exact gradient; with
+        ``log_prompts`` also the logits before the update and each prompt's exact success."""
+        if self.log_prompts:
+            self._before = self.theta.detach().clone()
+            self._success_before = self.task.prompt_success(self._before)
         th = self.theta.detach().clone().requires_grad_(True)
         logp = gather_logp(th, batch.states, batch.tokens)
         loss, _ = self.policy_loss(logp, batch.old_logp, ub.adv[0], ub.mask[0], clip_eps=self.clip_eps,
@@ -189,10 +206,15 @@ class ToySource(Source):
             "response_len": float(batch.length.double().mean()), "tokens": int(self.tokens),
             # toy extras (exact unless named otherwise)
             "grad_cos": pre["grad_cos"], "exact_response_len": ex["response_len"], "wrong_len": ex["wrong_len"],
-            "right_len": ex["right_len"], "success": ex["success"],
+            "right_len": ex["right_len"], "success": ex["success"], "exact_entropy": ex["entropy"],
         }
         for x, j in enumerate(ex["J_prompt"]):
             out[f"J_prompt{x}"] = j
+        if self.log_prompts:
+            sizes = self.task.prompt_update_norms(self._before, self.theta)
+            for x in range(self.task.n_prompts):
+                out[prompt_column("success_prompt", x)] = self._success_before[x]
+                out[prompt_column("update_prompt", x)] = float(sizes[x])
         return out
 
     def summary_extra(self, p) -> dict:
