@@ -170,6 +170,9 @@ def _add_claims(sub) -> None:
     p.add_argument("--seed-offset", type=_int_at_least(0), default=0, metavar="K",
                    help="run/judge every experiment on seeds shifted by K (1000: disjoint from the default seeds); "
                         "each offset keeps its own report and every report shows all offsets side by side")
+    p.add_argument("--diverged", choices=stats.DIVERGED_RULES, default=stats.DEFAULT_DIVERGED,
+                   help="how a diverged run is scored after it diverged: worst = its task's worst return "
+                        "(default), last = its last evaluation carried forward")
     p.add_argument("--budget-min", type=_int_at_least(0), default=None, metavar="MIN",
                    help="with --run: the time budget in minutes for both stages; an undecided claim's experiment is "
                         "extended only when its estimated time fits what is left (default 45; 2 with --quick)")
@@ -192,7 +195,7 @@ def _run_claims(args) -> int:
         root = Path(args.results).resolve()
         totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print)
         print(f"[claims] stage one: {describe(totals) or 'nothing to run'} ({time.time() - t0:.0f} s)")
-        verdicts, data, meta = claims.evaluate_all(root, args.quick, only, args.seed_offset)
+        verdicts, data, meta = claims.evaluate_all(root, args.quick, only, args.seed_offset, diverged=args.diverged)
         budget_min = args.budget_min if args.budget_min is not None else (2 if args.quick else 45)
         plan = claims.make_plan(verdicts, data, budget_min * 60 - (time.time() - t0), meta["plan"])
         claims.write_plan(root, args.quick, args.seed_offset, plan)
@@ -207,7 +210,8 @@ def _run_claims(args) -> int:
             totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, extensions=fresh,
                                 progress=print)
             print(f"[claims] stage two: {describe(totals) or 'nothing to run'} ({time.time() - t1:.0f} s)")
-    res = claims.build_claims(args.results, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print)
+    res = claims.build_claims(args.results, quick=args.quick, only=only, seed_offset=args.seed_offset,
+                              diverged=args.diverged, progress=print)
     out, verdicts = res.out, res.verdicts
     print(claims.format_table(verdicts))
     counts = {v: sum(x.verdict == v and not x.not_run for x in verdicts) for v in claims.VERDICTS}

@@ -41,7 +41,7 @@ def _cases(tmp: Path):
                                            f"{CLAIMS_FOLDER} (python -m harness.experiments claims DIR)"),
         (["claims", str(f)], f"{claims} DIR: {f} is a file; allowed: {CLAIMS_FOLDER}"),
         (["claims", ok, "--only", "C3,C99,X"], f"{claims} --only: unknown claim id(s) X, C99; allowed: "
-                                               "comma-separated ids among C1-C22"),
+                                               "comma-separated ids among C1-C28"),
         (["claims", ok, "--only", ","], f"{claims} --only: ',' names no claim; allowed: comma-separated ids "
                                         "among C1-C22"),
     ]

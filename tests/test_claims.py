@@ -542,3 +542,24 @@ def test_c15_measures_each_run_alone_in_its_process(tmp_path):
         seeds[p.cfg.estimator].add(p.cfg.seed)
     assert seeds == {"ppo_gae": {0, 1, 2, 3}, "rloo": {0, 1, 2, 3}, "remax": {0, 1, 2, 3}}
     assert all(p.cfg.budget.tokens <= 8000 for p in points)
+
+
+def test_a_diverged_run_scores_the_worst_return_unless_asked_otherwise():
+    """C8's final-return part with one unclipped run diverging after iteration 6 at return 200:
+    by default it scores the task's worst return (0) from there, with --diverged last it keeps 200."""
+    def ret(clip):
+        return lambda s, it: 100.0 if clip else 200.0
+
+    e = _train_data("claim_c8", [({"clip_eps": c, "epochs": 10}, {"eval_return": ret(c), "approx_kl": lambda s, it: 0.01,
+                                                                  "worst_return": lambda s, it: 0.0})
+                                 for c in (0.2, None)], seeds=range(4))
+    m = e.metrics
+    gone = (m.run_dir == "claim_c8/g1/seed0")
+    e.metrics = m[~gone | (m.iteration <= 6)].copy()
+    e.metrics.loc[e.metrics.run_dir == "claim_c8/g1/seed0", "status"] = "diverged"
+    worst = _judge("C8", {"claim_c8": e}).parts[1]
+    # clip 0.2 scores 100 everywhere; no clip: 200, 200, 200 and the diverged run's 0
+    assert worst.point == pytest.approx(100.0 - (3 * 200.0 + 0.0) / 4)
+    e.diverged = "last"
+    last = _judge("C8", {"claim_c8": e}).parts[1]
+    assert last.point == pytest.approx(100.0 - 200.0)

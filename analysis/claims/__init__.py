@@ -28,6 +28,8 @@ import numpy as np
 
 from harness.experiments import EXPERIMENTS, FAMILY_ORDER, Point, lm_unavailable
 
+from ..stats import DEFAULT_DIVERGED
+
 from .evidence import ExpData, NotRun, compose_points, load_points, sweep_key
 from .kinds import KINDS, group_bootstrap, paired_bootstrap
 from .plan import extensions, make_plan, read_plan, write_plan
@@ -148,8 +150,10 @@ def eval_exact(claim: Claim, record: dict | None) -> Verdict:
 
 
 def evaluate_all(root: Path, quick: bool, only: set[str] | None = None, seed_offset: int = 0,
-                 claims: list[Claim] | None = None) -> tuple[list[Verdict], dict[str, ExpData], dict]:
-    """Verdicts from what lies in ``root`` (runs nothing)."""
+                 claims: list[Claim] | None = None, diverged: str = DEFAULT_DIVERGED,
+                 ) -> tuple[list[Verdict], dict[str, ExpData], dict]:
+    """Verdicts from what lies in ``root`` (runs nothing); ``diverged``: how a diverged run's
+    score and AUC count after it diverged (:data:`analysis.stats.DIVERGED_RULES`)."""
     import json
 
     claims = [c for c in (claims or CLAIMS) if only is None or c.id in only]
@@ -175,6 +179,8 @@ def evaluate_all(root: Path, quick: bool, only: set[str] | None = None, seed_off
         except Exception as exc:  # noqa: BLE001 - reported as the claim's reason
             skipped[name] = f"cannot compose {name}: {type(exc).__name__}: {exc}".splitlines()[0]
     data = {name: load_points(name, pts) for name, pts in points.items()}
+    for e in data.values():
+        e.diverged = diverged
     tests_json = root / "exact_tests.json"
     record = json.loads(tests_json.read_text()) if tests_json.is_file() else None
     verdicts = []
@@ -189,7 +195,7 @@ def evaluate_all(root: Path, quick: bool, only: set[str] | None = None, seed_off
         except Exception as exc:  # an analysis error is reported, never turned into a verdict
             traceback.print_exc(file=sys.stderr)
             verdicts.append(Verdict(c.id, "inconclusive", not_run=f"analysis error: {type(exc).__name__}: {exc}"))
-    return verdicts, data, {"skipped": skipped, "tests": record, "plan": plan}
+    return verdicts, data, {"skipped": skipped, "tests": record, "plan": plan, "diverged": diverged}
 
 
 from .report import (  # noqa: E402 - the report needs the names above

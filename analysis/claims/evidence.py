@@ -23,6 +23,7 @@ from harness.experiments import sweep_params as _sweep_params
 from harness.io.finished import FINISHED, MISSING, UNFINISHED, check_run
 
 from ..load import nonfinite_score
+from ..stats import DEFAULT_DIVERGED
 
 
 class NotRun(Exception):
@@ -68,6 +69,7 @@ class ExpData:
     metrics: pd.DataFrame
     sweep: pd.DataFrame = field(default_factory=pd.DataFrame)
     points: list = field(default_factory=list)  # the composed configs (harness.experiments.Point)
+    diverged: str = DEFAULT_DIVERGED  # how a diverged run scores after divergence (analysis.stats)
 
     def finished(self) -> pd.DataFrame:
         return self.runs[self.runs.status.isin(FINISHED)]

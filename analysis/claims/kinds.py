@@ -180,7 +180,7 @@ def run_values(e: ExpData, where: dict | None, metric: dict) -> pd.DataFrame:
     m = e.select(e.metrics, where, "training metrics")
     col, red = metric["column"], metric.get("reduce", "last")
     if red in RUN_TABLE:
-        t = run_table(m, last_n=int(metric.get("k", 5)))
+        t = run_table(m, last_n=int(metric.get("k", 5)), diverged=e.diverged)
         return t[["run_dir", "seed", col if col in t else red]].rename(columns={col if col in t else red: "value"})
     if red in MULTI_COLUMN:
         return pd.DataFrame([{"run_dir": rd, "seed": seed, "value": MULTI_COLUMN[red](g, col, metric)}

@@ -46,8 +46,11 @@ PLAN_TEXT = ("Two-stage design (`analysis/claims/plan.py`): stage one runs every
              "config to that many seeds, every probe config to that many batches) when that is at most 25x the "
              "stated n and its estimated time fits the budget left, cheapest first; verdicts are then judged on the "
              "extended runs.")
-DIVERGED_RULE = ("A run that diverged scores the task's worst return from its divergence to the budget (final score "
-                 "and area under the curve; `analysis.stats`, the conservative default).")
+DIVERGED_RULE = {"worst": "A run that diverged scores the task's worst return from its divergence to the budget (final "
+                           "score and area under the curve; `analysis.stats`, the conservative default; "
+                           "`--diverged last` carries its last evaluation forward instead).",
+                 "last": "A run that diverged keeps its last evaluation from its divergence to the budget (`--diverged "
+                         "last`; the default scores the task's worst return there)."}
 
 
 def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], meta: dict, quick: bool,
@@ -71,7 +74,8 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
              "A claim is supported when all its judged parts are, refuted when any is; a power check that fails "
              "leaves it inconclusive. Undecided parts state about how much data would decide them: the half-width "
              f"h at n shrinks as 1/sqrt(n), so deciding needs n (h/m)^2 x {POWER_FACTOR:.2f} (80% power) where m is "
-             "the distance from the point estimate to the boundary it must clear. " + DIVERGED_RULE, "",
+             "the distance from the point estimate to the boundary it must clear. "
+             + DIVERGED_RULE[meta.get("diverged", "worst")], "",
              "| id | claim | source | statistic | value | 95% interval | n | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v in verdicts:
@@ -270,12 +274,12 @@ class ClaimsResult:
 
 
 def build_claims(root: str | Path, *, quick: bool = False, only: set[str] | None = None, seed_offset: int = 0,
-                 progress: Callable[[str], None] = print) -> ClaimsResult:
+                 diverged: str = "worst", progress: Callable[[str], None] = print) -> ClaimsResult:
     """Judge the claims on what ``root`` holds; write the report, its JSON and figures there."""
     root = Path(root).resolve()  # as harness.experiments wrote it (results_dir=<root>/<experiment>)
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    verdicts, data, meta = evaluate_all(root, quick=quick, only=only, seed_offset=seed_offset)
+    verdicts, data, meta = evaluate_all(root, quick=quick, only=only, seed_offset=seed_offset, diverged=diverged)
     out = write_report(root, verdicts, data, meta, quick, seed_offset, time.time() - t0)
     left_out = [r for name in sorted(data) for r in data[name].left_out()]
     return ClaimsResult(out, verdicts, left_out, sum(e.missing() for e in data.values()))
