@@ -56,11 +56,9 @@ def _out_folder(text: str) -> Path:
 
 
 def _claims_folder(text: str) -> Path:
+    """A folder; a missing one only with --run (checked in :func:`_run_claims`), which creates it."""
     path = Path(text)
-    if not path.exists():
-        raise argparse.ArgumentTypeError(f"{text} does not exist; allowed: an existing folder holding the claim "
-                                         "experiments' runs (python -m harness.experiments claims DIR)")
-    if not path.is_dir():
+    if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file; allowed: an existing folder holding the claim "
                                          "experiments' runs")
     return path
@@ -188,6 +186,10 @@ def _run_claims(args) -> int:
     from . import claims
 
     only = args.only
+    if not args.run and not Path(args.results).exists():
+        print(f"python -m analysis claims: error: argument DIR: {args.results} does not exist; allowed: an existing "
+              "folder holding the claim experiments' runs (or --run, which runs them there)", file=sys.stderr)
+        return 2
     t0 = time.time()
     if args.run:
         from harness.experiments.run import describe, run_claims  # the one named exception (.importlinter)

@@ -38,12 +38,12 @@ def _cases(tmp: Path):
         (["report", ok, "--diverged", "best"], f"{report} --diverged: invalid choice: 'best' (choose from "
                                                "'worst', 'last')"),
         (["claims", str(tmp / "missing")], f"{claims} DIR: {tmp / 'missing'} does not exist; allowed: "
-                                           f"{CLAIMS_FOLDER} (python -m harness.experiments claims DIR)"),
+                                           f"{CLAIMS_FOLDER} (or --run, which runs them there)"),
         (["claims", str(f)], f"{claims} DIR: {f} is a file; allowed: {CLAIMS_FOLDER}"),
         (["claims", ok, "--only", "C3,C99,X"], f"{claims} --only: unknown claim id(s) X, C99; allowed: "
                                                "comma-separated ids among C1-C28"),
         (["claims", ok, "--only", ","], f"{claims} --only: ',' names no claim; allowed: comma-separated ids "
-                                        "among C1-C22"),
+                                        "among C1-C28"),
     ]
 
 

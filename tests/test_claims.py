@@ -563,3 +563,14 @@ def test_a_diverged_run_scores_the_worst_return_unless_asked_otherwise():
     e.diverged = "last"
     last = _judge("C8", {"claim_c8": e}).parts[1]
     assert last.point == pytest.approx(100.0 - 200.0)
+
+
+def test_run_creates_the_folder_a_fresh_clone_lacks(tmp_path, capsys):
+    from analysis.cli import main
+
+    new = tmp_path / "results" / "claims"
+    assert main(["claims", str(new), "--quick", "--only", "C16"]) == 2  # judging needs the folder
+    assert not new.exists()
+    assert main(["claims", str(new), "--run", "--quick", "--only", "C16"]) == 0
+    out = capsys.readouterr().out
+    assert "C16  supported" in out and (new / "claims_quick.md").is_file()
