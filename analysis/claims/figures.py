@@ -98,13 +98,15 @@ def claim_figure(verdict, claim, data: dict[str, ExpData], out: Path) -> str | N
         return None
     n = len(verdict.parts)
     fig = plt.figure(figsize=(10, 0.8 + 0.62 * max(n, 3)))
+    side_kind = any(p.stat in ("run_metric", "batch_ratio") for p in claim.parts)
     grid = fig.add_gridspec(n, 2, width_ratios=[1.3, 1])
     try:
-        for i, p in enumerate(verdict.parts):
-            _interval_axis(fig.add_subplot(grid[i, 0]), p)
-        side = fig.add_subplot(grid[:, 1])
-        if not (_curve_panel(side, claim, data) or _batch_panel(side, claim, data)):
-            side.axis("off")
+        for i, p in enumerate(verdict.parts):  # the intervals take the whole width when there is no side panel
+            _interval_axis(fig.add_subplot(grid[i, 0] if side_kind else grid[i, :]), p)
+        if side_kind:
+            side = fig.add_subplot(grid[:, 1])
+            if not (_curve_panel(side, claim, data) or _batch_panel(side, claim, data)):
+                side.axis("off")
         fig.suptitle(f"{claim.id}: {verdict.label}", fontsize=9)
         fig.tight_layout()
         out.mkdir(parents=True, exist_ok=True)
