@@ -574,3 +574,10 @@ def test_run_creates_the_folder_a_fresh_clone_lacks(tmp_path, capsys):
     assert main(["claims", str(new), "--run", "--quick", "--only", "C16"]) == 0
     out = capsys.readouterr().out
     assert "C16  supported" in out and (new / "claims_quick.md").is_file()
+
+
+def test_a_list_in_a_selection_means_any_of_its_values():
+    e = _train_data("claim_c10", [({"kl.beta": b}, {"kl_ref": lambda s, it, b=b: b}) for b in (0.0, 0.05, 0.5)],
+                    seeds=range(2))
+    rows = e.select(e.metrics, {"kl.beta": [0.05, 0.5]}, "metrics")
+    assert sorted(set(rows.kl_ref)) == [0.05, 0.5]

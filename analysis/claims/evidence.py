@@ -126,6 +126,11 @@ class ExpData:
 
 
 def _matches(vals: pd.Series, want) -> pd.Series:
+    if isinstance(want, (list, tuple)):  # any of these values
+        out = pd.Series(False, index=vals.index)
+        for w in want:
+            out |= _matches(vals, w)
+        return out
     if want is None:
         return vals.isna() | vals.map(lambda v: v is None or (isinstance(v, str) and v.lower() in ("null", "none")))
     if isinstance(want, bool):

@@ -190,7 +190,9 @@ def stability(root: Path, quick: bool) -> dict:
         labels = {o: reports[o].get(cid) for o in offsets}
         decided = {o: v["verdict"] for o, v in labels.items() if v and not v.get("not_run")
                    and v["verdict"] in ("supported", "refuted")}
-        if len(set(decided.values())) > 1:
+        if len(offsets) < 2:
+            status = "one offset only"  # nothing to compare with yet
+        elif len(set(decided.values())) > 1:
             status = "unstable"
         elif len(decided) == len(offsets):
             status = "stable"
@@ -202,7 +204,9 @@ def stability(root: Path, quick: bool) -> dict:
                      "status": status})
     n = {s: sum(r["status"] == s for r in rows) for s in ("stable", "unstable", "undecided")}
     summary = (f"{n['stable']} claims decided the same way at every offset, {n['unstable']} unstable (decided "
-               f"differently), {n['undecided']} undecided at some offset.")
+               f"differently), {n['undecided']} undecided at some offset." if len(offsets) > 1 else
+               f"Judged at seed offset {offsets[0] if offsets else 0} only: no rerun on other seeds to compare with "
+               "(python -m analysis claims DIR --run --seed-offset 1000).")
     return {"offsets": offsets, "rows": rows, "summary": summary}
 
 
@@ -239,7 +243,7 @@ def readme_table(root: Path, quick: bool, command: str) -> str:
                                 f"claims {root} first")
     by_claim = {r["claim"]: r for r in stab["rows"]}
     head = "| id | claim (source) | " + " | ".join(f"seeds +{o}" for o in stab["offsets"]) + " | across offsets |"
-    lines = [f"Written by `{command}` on {time.strftime('%Y-%m-%d')} from the reports in `{root}`; "
+    lines = [f"Written by `{command}` on {time.strftime('%Y-%m-%d')}; "
              f"each cell: verdict, primary statistic [95% interval].", "", head,
              "|" + " --- |" * (len(stab["offsets"]) + 3)]
     for cid, r in by_claim.items():
