@@ -145,7 +145,7 @@ def test_claims_names_runs_it_does_not_use(tmp_path, monkeypatch, capsys):
     never = exp / TASK / "rloo" / "seed9"
     cfg = OmegaConf.create({"mode": "train"})
 
-    def compose(name, r, quick, seed_offset=0):
+    def compose(name, r, quick, seed_offset=0, extend=None):
         if name != "claim_c3":
             raise C.NotRun(f"{name} not in this test")
         return [Point(name, ["experiment=claim_c3", "x", "y", f"seed={i}"], cfg, [d])
