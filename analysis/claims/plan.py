@@ -26,9 +26,15 @@ from .evidence import ExpData, wall_seconds
 MAX_FACTOR = 25.0
 
 
+def variant(quick: bool, seed_offset: int) -> str:
+    """The suffix that tells a report's files apart: ``_quick`` for ``--quick``, ``_seed<K>`` for
+    ``--seed-offset K`` (nothing for the full run at offset 0). The one place it is built: the plan,
+    the report, its JSON and its figures folder all use it."""
+    return ("_quick" if quick else "") + (f"_seed{seed_offset}" if seed_offset else "")
+
+
 def plan_path(root: Path, quick: bool, seed_offset: int) -> Path:
-    return Path(root) / ("plan_claims" + ("_quick" if quick else "") + (f"_seed{seed_offset}" if seed_offset else "")
-                         + ".json")
+    return Path(root) / f"plan_claims{variant(quick, seed_offset)}.json"
 
 
 def read_plan(root: Path, quick: bool, seed_offset: int) -> dict:

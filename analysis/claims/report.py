@@ -15,6 +15,7 @@ from harness.io import atomic_write_json, atomic_write_text
 from . import CLAIMS_BY_ID, Verdict, evaluate_all
 from .evidence import ExpData, NotRun, sweep_params
 from .figures import claim_figure
+from .plan import variant
 from .rules import POWER_FACTOR, VERDICTS, Part, _finite
 
 
@@ -37,8 +38,7 @@ def _ci(v: Verdict | Part) -> str:
 
 def report_name(seed_offset: int, quick: bool, suffix: str) -> str:
     """claims.md / claims.json at offset 0, claims_seed<K>.* otherwise (quick: claims_quick*)."""
-    stem = "claims" + ("_quick" if quick else "") + (f"_seed{seed_offset}" if seed_offset else "")
-    return stem + suffix
+    return f"claims{variant(quick, seed_offset)}{suffix}"
 
 
 PLAN_TEXT = ("Two-stage design (`analysis/claims/plan.py`): stage one runs every experiment at its stated n; an "
@@ -55,7 +55,7 @@ DIVERGED_RULE = {"worst": "A run that diverged scores the task's worst return fr
 
 def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], meta: dict, quick: bool,
                  seed_offset: int, wall_s: float) -> Path:
-    fig_dir = root / ("claims_figures" + ("_quick" if quick else "") + (f"_seed{seed_offset}" if seed_offset else ""))
+    fig_dir = root / f"claims_figures{variant(quick, seed_offset)}"
     for v in verdicts:
         if not v.not_run and v.parts:
             v.figure = claim_figure(v, CLAIMS_BY_ID[v.claim], data, fig_dir)
