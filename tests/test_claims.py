@@ -277,17 +277,27 @@ def _report(root, offset, verdicts):
 
 
 def test_stability_flags_a_verdict_that_flips(tmp_path):
-    _report(tmp_path, 0, {"C3": "supported", "C18": "supported", "C8": "inconclusive"})
-    _report(tmp_path, 1000, {"C3": "supported", "C18": "refuted", "C8": "supported"})
+    _report(tmp_path, 0, {"C3": "supported", "C18": "supported", "C8": "inconclusive", "C15": "inconclusive"})
+    _report(tmp_path, 1000, {"C3": "supported", "C18": "refuted", "C8": "supported", "C15": "inconclusive"})
     st = C.stability(tmp_path, quick=False)
     status = {r["claim"]: r["status"] for r in st["rows"]}
-    assert st["offsets"] == [0, 1000] and status == {"C3": "stable", "C8": "undecided", "C18": "unstable"}
+    assert st["offsets"] == [0, 1000] and status == {"C3": "stable", "C8": "not reproduced", "C18": "unstable",
+                                                     "C15": "undecided"}
+    assert "1 not reproduced" in st["summary"] and "1 undecided at every offset" in st["summary"]
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{README_START}\nold\n{README_END}\noutro\n")
     update_readme(readme, readme_table(tmp_path, False, "cmd"))
     text = readme.read_text()
     assert "old" not in text and text.startswith("intro\n") and text.endswith("outro\n")
-    assert "| C18 |" in text and "**unstable**" in text and "seeds +1000" in text
+    assert "| C18 |" in text and "**unstable**" in text and "**not reproduced**" in text and "seeds +1000" in text
+
+
+def test_a_report_compares_its_own_offset_with_the_others(tmp_path):
+    """The report of offset K shows the stability section with K in it (its JSON is written first)."""
+    _report(tmp_path, 0, {"C1": "supported"})
+    out, _ = C.build_claims_report(tmp_path, quick=False, only={"C1"}, seed_offset=1000, progress=lambda s: None)
+    text = out.read_text()
+    assert "## Stability across seed offsets" in text and "| offset 0 | offset 1000 |" in text
 
 
 def test_missing_runs_are_inconclusive_not_run(tmp_path):

@@ -84,6 +84,18 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
         value = "—" if v.not_run else (f"{int(v.point)} passed" if c.exact else _fmt(v.point))
         lines.append(f"| {c.id} | {_cell(c.text)} | {c.source} | {_cell(v.statistic or '—')} | {value} | "
                      f"{'—' if c.exact else _ci(v)} | {v.n or '—'} | {_cell(verdict)} |")
+    left_out = [r for name in sorted(data) for r in data[name].left_out()]
+    missing = sum(e.missing() for e in data.values())
+    # the JSON first: the stability section below reads every offset's JSON, this one's included
+    atomic_write_json(root / report_name(seed_offset, quick, ".json"), {
+        "mode": "quick" if quick else "full", "seed_offset": seed_offset, "wall_s": wall_s,
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "verdicts": [
+            {"claim": v.claim, "verdict": v.verdict, "label": v.label, "statistic": v.statistic, "point": v.point,
+             "low": v.low, "high": v.high, "n": v.n, "not_run": v.not_run, "needs": v.needs,
+             "parts": [{k: val for k, val in p.__dict__.items() if k != "spec"} for p in v.parts],
+             "reported": [{k: val for k, val in p.__dict__.items() if k != "spec"} for p in v.reported],
+             "note": v.note} for v in verdicts],
+        "left_out": left_out, "not_run_yet": missing})
     stab = stability(root, quick)
     if len(stab["offsets"]) > 1:
         lines += ["", "## Stability across seed offsets", "", stability_table(stab), "",
@@ -100,8 +112,6 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
             status = e.get("status", "") + (f" ({e['why']})" if e.get("why") else "")
             lines.append(f"| `{name}` | {to} | {e.get('factor', '')} | {e.get('cost_s', 0) / 60:.1f} min | "
                          f"{_cell(status)} | {_cell('; '.join(e.get('parts', [])))} |")
-    left_out = [r for name in sorted(data) for r in data[name].left_out()]
-    missing = sum(e.missing() for e in data.values())
     lines += ["", "## Runs left out", ""]
     if left_out:
         lines += [f"{len(left_out)} run director{'y' if len(left_out) == 1 else 'ies'} of the experiments are not "
@@ -157,15 +167,6 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
             lines.append(f"| `{name}` | — | — | not run: {meta['skipped'][name]} |")
     out = root / report_name(seed_offset, quick, ".md")
     atomic_write_text(out, "\n".join(lines) + "\n")
-    atomic_write_json(root / report_name(seed_offset, quick, ".json"), {
-        "mode": "quick" if quick else "full", "seed_offset": seed_offset, "wall_s": wall_s,
-        "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "verdicts": [
-            {"claim": v.claim, "verdict": v.verdict, "label": v.label, "statistic": v.statistic, "point": v.point,
-             "low": v.low, "high": v.high, "n": v.n, "not_run": v.not_run, "needs": v.needs,
-             "parts": [{k: val for k, val in p.__dict__.items() if k != "spec"} for p in v.parts],
-             "reported": [{k: val for k, val in p.__dict__.items() if k != "spec"} for p in v.reported],
-             "note": v.note} for v in verdicts],
-        "left_out": left_out, "not_run_yet": missing})
     return out
 
 
@@ -174,7 +175,9 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
 def stability(root: Path, quick: bool) -> dict:
     """Every offset judged in ``root`` (its claims*.json of the same mode): per claim the verdict
     at each offset and ``stable`` (the same decided verdict at every offset), ``unstable``
-    (decided at two offsets, differently), ``undecided`` (not decided at every offset)."""
+    (decided at two offsets, differently), ``not reproduced`` (decided at some offset,
+    inconclusive at another: the rerun neither confirms nor contradicts it), ``undecided``
+    (decided at no offset)."""
     reports = {}
     for f in sorted(root.glob("claims*.json")):
         try:
@@ -196,15 +199,18 @@ def stability(root: Path, quick: bool) -> dict:
             status = "unstable"
         elif len(decided) == len(offsets):
             status = "stable"
+        elif decided:
+            status = "not reproduced"
         else:
             status = "undecided"
         rows.append({"claim": cid, "verdicts": {o: (v["label"] if v else "—") for o, v in labels.items()},
                      "values": {o: (v.get("point"), v.get("low"), v.get("high")) if v else None
                                 for o, v in labels.items()},
                      "status": status})
-    n = {s: sum(r["status"] == s for r in rows) for s in ("stable", "unstable", "undecided")}
+    n = {s: sum(r["status"] == s for r in rows) for s in ("stable", "unstable", "not reproduced", "undecided")}
     summary = (f"{n['stable']} claims decided the same way at every offset, {n['unstable']} unstable (decided "
-               f"differently), {n['undecided']} undecided at some offset." if len(offsets) > 1 else
+               f"differently), {n['not reproduced']} not reproduced (decided at some offset, inconclusive at "
+               f"another), {n['undecided']} undecided at every offset." if len(offsets) > 1 else
                f"Judged at seed offset {offsets[0] if offsets else 0} only: no rerun on other seeds to compare with "
                "(python -m analysis claims DIR --run --seed-offset 1000).")
     return {"offsets": offsets, "rows": rows, "summary": summary}
@@ -227,7 +233,7 @@ def stability_table(stab: dict) -> str:
                 stat = f" {_fmt(pt)}" + (f" [{_fmt(lo)}, {_fmt(hi)}]" if lo is not None and hi is not None
                                           and _finite(lo, hi) and lo != hi else "")
             cells.append(_cell(_short_label(r["verdicts"][o]) + stat))
-        status = f"**{r['status']}**" if r["status"] == "unstable" else r["status"]
+        status = f"**{r['status']}**" if r["status"] in ("unstable", "not reproduced") else r["status"]
         lines.append(f"| {r['claim']} | " + " | ".join(cells) + f" | {status} |")
     return "\n".join(lines)
 
