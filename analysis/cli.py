@@ -191,6 +191,7 @@ def _run_claims(args) -> int:
               "folder holding the claim experiments' runs (or --run, which runs them there)", file=sys.stderr)
         return 2
     t0 = time.time()
+    judged = None  # stage one's judgement, reused when the second stage runs nothing
     if args.run:
         from harness.experiments.run import describe, run_claims  # the one named exception (.importlinter)
 
@@ -212,8 +213,10 @@ def _run_claims(args) -> int:
             totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, extensions=fresh,
                                 progress=print)
             print(f"[claims] stage two: {describe(totals) or 'nothing to run'} ({time.time() - t1:.0f} s)")
+        else:
+            judged = (verdicts, data, {**meta, "plan": plan})
     res = claims.build_claims(args.results, quick=args.quick, only=only, seed_offset=args.seed_offset,
-                              diverged=args.diverged, progress=print)
+                              diverged=args.diverged, progress=print, judged=judged)
     out, verdicts = res.out, res.verdicts
     print(claims.format_table(verdicts))
     counts = {v: sum(x.verdict == v and not x.not_run for x in verdicts) for v in claims.VERDICTS}

@@ -284,12 +284,16 @@ class ClaimsResult:
 
 
 def build_claims(root: str | Path, *, quick: bool = False, only: set[str] | None = None, seed_offset: int = 0,
-                 diverged: str = "worst", progress: Callable[[str], None] = print) -> ClaimsResult:
-    """Judge the claims on what ``root`` holds; write the report, its JSON and figures there."""
+                 diverged: str = "worst", progress: Callable[[str], None] = print,
+                 judged: tuple | None = None) -> ClaimsResult:
+    """Judge the claims on what ``root`` holds; write the report, its JSON and figures there.
+    ``judged``: ``(verdicts, data, meta)`` of an :func:`evaluate_all` on the same folder with
+    nothing run since (``--run`` whose second stage ran nothing), reported without judging again."""
     root = Path(root).resolve()  # as harness.experiments wrote it (results_dir=<root>/<experiment>)
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    verdicts, data, meta = evaluate_all(root, quick=quick, only=only, seed_offset=seed_offset, diverged=diverged)
+    verdicts, data, meta = judged or evaluate_all(root, quick=quick, only=only, seed_offset=seed_offset,
+                                                  diverged=diverged)
     out = write_report(root, verdicts, data, meta, quick, seed_offset, time.time() - t0)
     left_out = [r for name in sorted(data) for r in data[name].left_out()]
     return ClaimsResult(out, verdicts, left_out, sum(e.missing() for e in data.values()))
