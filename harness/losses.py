@@ -359,8 +359,11 @@ def gspo_loss(
     gradient it matches, including verl's clamp ``log s_{i,t} <= 10``; verl always aggregates it
     with ``seq-mean-token-mean``, which here is ``loss_agg=seq_mean_token_mean`` (then the gradient
     is the paper's :math:`\frac{s_i A_i}{|y_i|}\sum_t\nabla\log\pi_t`); ``loss_agg`` is honoured as
-    for every loss. TRL's GSPO (``importance_sampling_level="sequence"``) uses :math:`s_i` itself,
-    whose gradient differs once :math:`s_i \ne 1`. The paper's clip range is tiny (3e-4, 4e-4):
+    for every loss. TRL's GSPO (``importance_sampling_level="sequence"``) differentiates through
+    :math:`s_i` itself: the same loss and gradient when the advantage is constant over a
+    sequence (GRPO-style), a different gradient when it varies (GAE advantages on control
+    tasks), where each token here keeps its own advantage's gradient (the paper's reason for
+    GSPO-token). The paper's clip range is tiny (3e-4, 4e-4):
     set ``clip_eps``/``clip_eps_high``. ``delta`` caps :math:`s_{i,t}` in the unclipped term, as TRL
     does for its sequence-level ratio.
 

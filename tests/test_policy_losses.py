@@ -274,6 +274,24 @@ def test_gspo_equals_token_clip_when_every_sequence_has_one_token():
         assert torch.allclose(a[0], b[0]) and torch.allclose(a[1], b[1])
 
 
+def test_gspo_equals_trls_sequence_level_ratio_when_the_advantage_is_constant_per_sequence():
+    """TRL (importance_sampling_level="sequence") differentiates through s_i itself; with one
+    advantage per sequence that is the same loss and gradient (GSPO paper, GSPO-token)."""
+    lp, old, adv, mask = batch(3, spread=0.3)
+    adv = adv[:1].expand_as(adv).clone()
+    for agg in AGGS:
+        loss, grad, _ = loss_and_grad(gspo_loss, lp, old, adv, mask, agg=agg, clip_eps=0.05)
+        x = lp.clone().requires_grad_(True)
+        out = {}
+        for b, ts in columns(mask):
+            s_i = torch.exp(sum(x[t, b] - old[t, b] for t in ts) / len(ts))  # no stop-gradient
+            for t in ts:
+                out[t, b] = torch.minimum(s_i * adv[t, b], torch.clamp(s_i, 0.95, 1.05) * adv[t, b])
+        ref = -reduce(out, mask, agg)
+        ref.backward()
+        assert loss.item() == pytest.approx(ref.item()) and torch.allclose(grad, x.grad)
+
+
 def to_steps(x, mask):
     """[T, B] columns -> the control layout [1, N] of their unmasked steps, and each step's seq_id."""
     keep = mask.T > 0
