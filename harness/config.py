@@ -79,6 +79,11 @@ class Config:
     anneal_lr: bool = False
     clip_eps: Optional[float] = 0.2
     clip_eps_high: Optional[float] = None
+    # policy-loss knobs (harness.losses; defaults are the frameworks')
+    delta: Optional[float] = None  # TRL's two-sided cap (INTELLECT-2): ratio <= delta in the unclipped term; update=clip|gspo
+    clip_ratio_c: float = 3.0  # dual-clip PPO's bound c*A for A<0 (update=dual_clip; verl clip_ratio_c)
+    sapo_tau_pos: float = 1.0  # SAPO gate temperature for A>0 (update=sapo; TRL sapo_temperature_pos)
+    sapo_tau_neg: float = 1.05  # SAPO gate temperature for A<=0 (update=sapo; TRL sapo_temperature_neg)
     vf_clip_eps: Optional[float] = None
     normalize_advantages: str = "minibatch"  # none | batch | minibatch
     loss_agg: str = "token_mean"
@@ -412,6 +417,13 @@ def check_fields(cfg: DictConfig) -> None:
         bad("clip_eps", "> 0 or null (no clipping)", cfg.clip_eps)
     if cfg.clip_eps_high is not None and not (finite(cfg.clip_eps_high) and cfg.clip_eps_high > 0):
         bad("clip_eps_high", "> 0 or null (the same as clip_eps)", cfg.clip_eps_high)
+    if cfg.delta is not None and not (finite(cfg.delta) and cfg.delta > 1):
+        bad("delta", "a finite number > 1 (TRL recommends > 1 + clip_eps) or null (off)", cfg.delta)
+    if not (finite(cfg.clip_ratio_c) and cfg.clip_ratio_c > 1):
+        bad("clip_ratio_c", "a finite number > 1 (dual-clip PPO's c; verl's default 3.0)", cfg.clip_ratio_c)
+    for name in ("sapo_tau_pos", "sapo_tau_neg"):
+        if not (finite(cfg[name]) and cfg[name] > 0):
+            bad(name, "a finite number > 0 (SAPO's gate temperature)", cfg[name])
     if cfg.vf_clip_eps is not None and not (finite(cfg.vf_clip_eps) and cfg.vf_clip_eps > 0):
         bad("vf_clip_eps", "> 0 or null", cfg.vf_clip_eps)
     if cfg.n_steps < 1:

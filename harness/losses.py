@@ -5,7 +5,14 @@ Every loss returns ``(loss, metrics)``: ``loss`` is the value to *minimise*; ``m
 detached tensors for logging. Inputs may carry leading dims (a population ``P`` of
 independent agents, ``[P, T, B]``): losses and metrics then have shape ``[P]`` and the
 trainer sums the losses, so each member's gradient is its own. Policy losses share one signature and are looked up by
-name in :data:`POLICY_LOSSES` (``update: pg | clip``).
+name in :data:`POLICY_LOSSES` (``update: pg | clip | dual_clip | gspo | cispo | gmpo | sapo``).
+
+The shared signature: ``(logp, old_logp, advantages, mask, clip_eps, clip_eps_high, agg, norm_len,
+with_metrics, seq_id, delta, clip_ratio_c, tau_pos, tau_neg)``; a loss ignores the knobs it has
+no use for, except ``delta``, which only the losses in :data:`DELTA_LOSSES` accept (the config
+refuses it elsewhere). Every loss reports ``approx_kl``, ``ratio_mean``, ``ratio_max`` (of the
+token ratios, the same meaning for every loss) and ``clip_frac``, the fraction of unmasked tokens
+whose gradient the loss zeroes (a soft gate counts by the share of the gradient it removes).
 """
 from __future__ import annotations
 
@@ -113,6 +120,78 @@ def _ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, tor
     }
 
 
+def sequence_mean(x: torch.Tensor, mask: torch.Tensor, seq_id: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Per entry of ``x [..., T, B]``, the mean of ``x`` over the unmasked entries of its sequence,
+    broadcast back to ``x``'s shape (0 for a sequence without unmasked entries).
+
+    A sequence is a column of ``B`` when ``seq_id`` is None, else the entries sharing an id (the
+    scatter of :func:`aggregate`: a control minibatch's steps of one episode). Differentiable in
+    ``x``. Masked entries never enter a sum (``torch.where``, so a non-finite padding value stays
+    out)."""
+    if x.shape != mask.shape or x.dim() < 2:
+        raise ValueError(f"x and mask must share a shape [..., T, B], got {list(x.shape)} and {list(mask.shape)}")
+    m = mask.to(x.dtype)
+    xm = torch.where(mask.bool(), x, torch.zeros_like(x))
+    if seq_id is None:
+        mean = xm.sum(dim=-2, keepdim=True) / m.sum(dim=-2, keepdim=True).clamp(min=1.0)
+        return mean.expand_as(x)
+    lead = x.shape[:-2]
+    ids = seq_id.reshape(*lead, -1).long()
+    n_ids = int(ids.max()) + 1 if ids.numel() else 1
+    tokens = x.new_zeros(*lead, n_ids).scatter_add(-1, ids, m.reshape(*lead, -1))
+    sums = x.new_zeros(*lead, n_ids).scatter_add(-1, ids, xm.reshape(*lead, -1))
+    return (sums / tokens.clamp(min=1.0)).gather(-1, ids).reshape(x.shape)
+
+
+def _eps(clip_eps: float | None, clip_eps_high: float | None) -> tuple[float, float]:
+    """``(eps_low, eps_high)``: ``clip_eps`` and ``clip_eps_high`` (default ``clip_eps``);
+    ``clip_eps=None``: no clipping (both infinite)."""
+    if clip_eps is None:
+        return float("inf"), float("inf")
+    if clip_eps < 0:
+        raise ValueError(f"clip_eps must be >= 0 or None, got {clip_eps!r}")
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    if high < 0:
+        raise ValueError(f"clip_eps_high must be >= 0 or None, got {clip_eps_high!r}")
+    return float(clip_eps), float(high)
+
+
+def _band(clip_eps: float | None, clip_eps_high: float | None) -> tuple[float, float]:
+    """``(low, high)`` of the clip band ``[1 - clip_eps, 1 + clip_eps_high]`` (infinite when
+    ``clip_eps=None``)."""
+    eps_low, eps_high = _eps(clip_eps, clip_eps_high)
+    return 1.0 - eps_low, 1.0 + eps_high
+
+
+def _check_delta(delta: float | None, name: str) -> float:
+    """``delta`` as a number (``inf`` when None); only the losses of :data:`DELTA_LOSSES` take one."""
+    if delta is None:
+        return float("inf")
+    if name not in DELTA_LOSSES:
+        raise ValueError(f"delta (TRL's two-sided cap) applies to update={'|'.join(DELTA_LOSSES)}, not {name}")
+    if not delta > 1.0:
+        raise ValueError(f"delta must be > 1 or None, got {delta!r}")
+    return float(delta)
+
+
+def _clipped_objective(ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float, delta: float
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""PPO's per-token :math:`\min(\min(r, \delta) A,\ \operatorname{clip}(r, low, high) A)` and the
+    tokens where its gradient in ``r`` is zero: ``A > 0`` and ``r > min(high, delta)``; ``A < 0`` and
+    ``r < low`` or ``r > max(high, delta)``. ``delta = inf`` is the plain clipped surrogate."""
+    capped = ratio if delta == float("inf") else torch.clamp(ratio, max=delta)
+    objective = torch.minimum(capped * advantages, torch.clamp(ratio, low, high) * advantages)
+    with torch.no_grad():
+        zeroed = ((advantages > 0) & (ratio > min(high, delta))) | (
+            (advantages < 0) & ((ratio < low) | (ratio > max(high, delta))))
+    return objective, zeroed
+
+
+# Clamp of a log ratio before exp in the losses that follow verl in doing so (dual_clip, cispo,
+# sapo): exp(log r) of a far-off token stays finite, so its zero gradient is not inf * 0 = nan.
+LOG_RATIO_CLAMP = 20.0
+
+
 def clipped_surrogate_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -124,6 +203,10 @@ def clipped_surrogate_loss(
     norm_len: int | None = None,
     with_metrics: bool = True,
     seq_id: torch.Tensor | None = None,
+    delta: float | None = None,
+    clip_ratio_c: float = 3.0,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""PPO's clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7), negated.
 
@@ -136,27 +219,27 @@ def clipped_surrogate_loss(
     "clip-higher" of DAPO when set). ``clip_eps=None`` is the unclipped importance-weighted
     surrogate. The gradient vanishes where A>0 and r>1+eps_high, and where A<0 and r<1-eps;
     ``clip_frac`` is the fraction of unmasked tokens in those two regions.
+
+    ``delta`` (default None: off) is TRL's two-sided clipping (``GRPOConfig.delta``, from the
+    INTELLECT-2 report, arXiv:2505.07291), applied as ``GRPOTrainer._compute_loss`` applies it:
+    the ratio of the *unclipped* term is capped, :math:`\min(\min(r_t, \delta) A_t,
+    \operatorname{clip}(r_t) A_t)`, so for A<0 the objective is bounded below by
+    :math:`\delta A_t` (zero gradient where r > max(delta, 1+eps_high); counted in ``clip_frac``).
+    ``clip_ratio_c``, ``tau_pos``, ``tau_neg`` are other losses' knobs, ignored here.
     ``with_metrics=False`` skips the diagnostics (a trainer's hot loop), leaving ``policy_loss``.
     """
+    low, high = _band(clip_eps, clip_eps_high)
+    cap = _check_delta(delta, "clip")
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
-    unclipped = ratio * advantages
     metrics = _ratio_metrics(log_ratio.detach(), mask) if with_metrics else {}
-    if clip_eps is None:
-        objective = unclipped
-        if with_metrics:
-            metrics["clip_frac"] = torch.zeros_like(metrics["approx_kl"])
+    if clip_eps is None and delta is None:
+        objective = ratio * advantages
+        zeroed = torch.zeros_like(mask, dtype=torch.bool)
     else:
-        if clip_eps < 0:
-            raise ValueError(f"clip_eps must be >= 0 or None, got {clip_eps!r}")
-        high = clip_eps if clip_eps_high is None else clip_eps_high
-        if high < 0:
-            raise ValueError(f"clip_eps_high must be >= 0 or None, got {clip_eps_high!r}")
-        clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * advantages
-        objective = torch.minimum(unclipped, clipped)
-        if with_metrics:
-            active = ((advantages > 0) & (ratio > 1.0 + high)) | ((advantages < 0) & (ratio < 1.0 - clip_eps))
-            metrics["clip_frac"] = _masked_mean(active.to(logp.dtype), mask)  # detached inside
+        objective, zeroed = _clipped_objective(ratio, advantages, low, high, cap)
+    if with_metrics:
+        metrics["clip_frac"] = _masked_mean(zeroed.to(logp.dtype), mask)
     loss = -aggregate(objective, mask, agg, norm_len, seq_id)
     metrics["policy_loss"] = loss.detach()
     return loss, metrics
@@ -173,13 +256,19 @@ def pg_loss(
     norm_len: int | None = None,
     with_metrics: bool = True,
     seq_id: torch.Tensor | None = None,
+    delta: float | None = None,
+    clip_ratio_c: float = 3.0,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Vanilla policy gradient (REINFORCE, Williams 1992), negated:
     :math:`L = -\operatorname{agg}[\log\pi(a_t|s_t) A_t]`.
 
-    ``old_logp`` is used only for diagnostics (ratio, approx KL); ``clip_eps`` is ignored.
-    Its gradient equals the surrogate's at ``r = 1`` (the first epoch).
+    ``old_logp`` is used only for diagnostics (ratio, approx KL); ``clip_eps`` and the other
+    losses' knobs are ignored (``delta`` is refused). Its gradient equals the surrogate's at
+    ``r = 1`` (the first epoch).
     """
+    _check_delta(delta, "pg")
     loss = -aggregate(logp * advantages, mask, agg, norm_len, seq_id)
     metrics = {}
     if with_metrics:
@@ -189,11 +278,274 @@ def pg_loss(
     return loss, metrics
 
 
+def dual_clip_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float | None = 0.2,
+    clip_eps_high: float | None = None,
+    agg: str = "token_mean",
+    norm_len: int | None = None,
+    with_metrics: bool = True,
+    seq_id: torch.Tensor | None = None,
+    delta: float | None = None,
+    clip_ratio_c: float = 3.0,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    r"""Dual-clip PPO (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL",
+    arXiv:1912.09729, eq. 5), negated:
+
+    .. math:: J_t = \begin{cases} \min(r_t A_t,\ \operatorname{clip}(r_t, 1-\epsilon,
+              1+\epsilon_{high}) A_t) & A_t \ge 0 \\ \max\big(\min(r_t A_t,\
+              \operatorname{clip}(r_t, 1-\epsilon, 1+\epsilon_{high}) A_t),\ c\,A_t\big) & A_t < 0
+              \end{cases},\qquad L = -\operatorname{agg}[J_t]
+
+    with ``c = clip_ratio_c > 1`` (default 3.0). For A<0 a token whose ratio has grown past ``c``
+    no longer pushes the objective to minus infinity: it is bounded by ``c A``. This is verl's
+    ``compute_policy_loss_vanilla`` (``verl/trainer/ppo/core_algos.py``, ``clip_ratio_c``), which
+    applies the dual clip always; OpenRLHF's ``PolicyLoss`` applies it when its ``dual_clip`` is
+    set. Like verl, ``log r`` is clamped to [-20, 20] before exp. ``clip_eps=None`` keeps only the
+    ``c A`` bound. ``clip_frac``: tokens with zero gradient, PPO's two regions plus A<0 and r>c.
+    """
+    _check_delta(delta, "dual_clip")
+    if not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c!r}")
+    low, high = _band(clip_eps, clip_eps_high)
+    log_ratio = logp - old_logp
+    ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    ppo, zeroed = _clipped_objective(ratio, advantages, low, high, float("inf"))
+    negative = advantages < 0
+    objective = torch.where(negative, torch.maximum(ppo, clip_ratio_c * advantages), ppo)
+    loss = -aggregate(objective, mask, agg, norm_len, seq_id)
+    metrics = {}
+    if with_metrics:
+        metrics = _ratio_metrics(log_ratio.detach(), mask)
+        bounded = negative & (ratio.detach() > clip_ratio_c)
+        metrics["clip_frac"] = _masked_mean((zeroed | bounded).to(logp.dtype), mask)
+    metrics["policy_loss"] = loss.detach()
+    return loss, metrics
+
+
+def gspo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float | None = 0.2,
+    clip_eps_high: float | None = None,
+    agg: str = "token_mean",
+    norm_len: int | None = None,
+    with_metrics: bool = True,
+    seq_id: torch.Tensor | None = None,
+    delta: float | None = None,
+    clip_ratio_c: float = 3.0,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    r"""Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071), its GSPO-token
+    form, negated. With the sequence ratio
+    :math:`s_i = \exp\big(\frac1{|y_i|}\sum_{t \in i} (\log\pi_t - \log\pi_{old,t})\big)`
+    (the geometric mean of the token ratios of sequence i),
+
+    .. math:: s_{i,t} = \operatorname{sg}[s_i]\,\frac{\pi_t}{\operatorname{sg}[\pi_t]},\qquad
+              L = -\operatorname{agg}\big[\min(s_{i,t} A_t,\ \operatorname{clip}(s_{i,t},
+              1-\epsilon, 1+\epsilon_{high}) A_t)\big]
+
+    :math:`s_{i,t}` has the value :math:`s_i` (so the clip acts per sequence) and the gradient of
+    :math:`\log\pi_t` times :math:`s_i`; no gradient flows through the sequence mean. This is the
+    form of verl's ``compute_policy_loss_gspo`` (``verl/trainer/ppo/core_algos.py``), whose
+    gradient it matches, including verl's clamp ``log s_{i,t} <= 10``; verl always aggregates it
+    with ``seq-mean-token-mean``, which here is ``loss_agg=seq_mean_token_mean`` (then the gradient
+    is the paper's :math:`\frac{s_i A_i}{|y_i|}\sum_t\nabla\log\pi_t`); ``loss_agg`` is honoured as
+    for every loss. TRL's GSPO (``importance_sampling_level="sequence"``) differentiates through
+    :math:`s_i` itself: the same loss and gradient when the advantage is constant over a
+    sequence (GRPO-style), a different gradient when it varies (GAE advantages on control
+    tasks), where each token here keeps its own advantage's gradient (the paper's reason for
+    GSPO-token). The paper's clip range is tiny (3e-4, 4e-4):
+    set ``clip_eps``/``clip_eps_high``. ``delta`` caps :math:`s_{i,t}` in the unclipped term, as TRL
+    does for its sequence-level ratio.
+
+    A *sequence* is a column of ``[..., T, B]`` when ``seq_id`` is None (LM and toy tasks), else
+    the entries sharing a ``seq_id`` (control: the steps of one episode, or one env column's
+    segment, within the minibatch, :func:`sequence_mean`). With one token per sequence it is
+    PPO's clip. ``clip_frac``: tokens with zero gradient (sequence ratio past the band on the
+    side of the advantage's sign).
+    """
+    low, high = _band(clip_eps, clip_eps_high)
+    cap = _check_delta(delta, "gspo")
+    log_ratio = logp - old_logp
+    seq_log_ratio = sequence_mean(log_ratio.detach(), mask, seq_id)
+    log_s = torch.clamp(logp - logp.detach() + seq_log_ratio, max=10.0)
+    s = log_s.exp()
+    objective, zeroed = _clipped_objective(s, advantages, low, high, cap)
+    loss = -aggregate(objective, mask, agg, norm_len, seq_id)
+    metrics = {}
+    if with_metrics:
+        metrics = _ratio_metrics(log_ratio.detach(), mask)
+        metrics["clip_frac"] = _masked_mean(zeroed.to(logp.dtype), mask)
+    metrics["policy_loss"] = loss.detach()
+    return loss, metrics
+
+
+def cispo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float | None = 0.2,
+    clip_eps_high: float | None = None,
+    agg: str = "token_mean",
+    norm_len: int | None = None,
+    with_metrics: bool = True,
+    seq_id: torch.Tensor | None = None,
+    delta: float | None = None,
+    clip_ratio_c: float = 3.0,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    r"""Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv:2506.13585, eq. 4), negated:
+
+    .. math:: L = -\operatorname{agg}\big[\operatorname{sg}(\operatorname{clip}(r_t,
+              1-\epsilon, 1+\epsilon_{high}))\,A_t \log\pi(a_t|s_t)\big]
+
+    The clipped ratio is a fixed weight: every token keeps a gradient
+    :math:`\operatorname{clip}(r_t) A_t \nabla\log\pi_t` (PPO's clip drops the gradient of the tokens
+    past the band; CISPO only bounds their weight). This is verl's ``compute_policy_loss_cispo``
+    (two-sided clip of ``clip_ratio_low/high``, ``log r`` clamped to [-20, 20]). TRL's
+    ``loss_type="cispo"`` caps only from above, ``min(r, epsilon_high)`` with an absolute cap
+    (ScaleRL's 5.0): that is ``clip_eps >= 1`` (no lower bound, r > 0) and ``clip_eps_high =
+    epsilon_high - 1`` here. ``clip_eps=None``: the unclipped weight. ``clip_frac``: no gradient
+    is zeroed, so it counts the tokens whose weight is clipped (verl's ``pg_clipfrac``).
+    """
+    _check_delta(delta, "cispo")
+    low, high = _band(clip_eps, clip_eps_high)
+    log_ratio = logp - old_logp
+    ratio = torch.clamp(log_ratio.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    weight = torch.clamp(ratio, low, high)
+    loss = -aggregate(weight * advantages * logp, mask, agg, norm_len, seq_id)
+    metrics = {}
+    if with_metrics:
+        metrics = _ratio_metrics(log_ratio.detach(), mask)
+        metrics["clip_frac"] = _masked_mean((weight != ratio).to(logp.dtype), mask)
+    metrics["policy_loss"] = loss.detach()
+    return loss, metrics
+
+
+def gmpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float | None = 0.2,
+    clip_eps_high: float | None = None,
+    agg: str = "token_mean",
+    norm_len: int | None = None,
+    with_metrics: bool = True,
+    seq_id: torch.Tensor | None = None,
+    delta: float | None = None,
+    clip_ratio_c: float = 3.0,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    r"""Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv:2507.20673), negated: per
+    sequence i, the geometric mean of its token ratios, each clipped in log space on the side
+    of the advantage's sign,
+
+    .. math:: \ell_t = \operatorname{sgn}(A_t)\min\big(\operatorname{sgn}(A_t)\log r_t,\
+              \operatorname{sgn}(A_t)\operatorname{clip}(\log r_t, -\epsilon, \epsilon_{high})\big),
+              \qquad J_i = \bar A_i \exp\Big(\frac1{|y_i|}\sum_{t\in i}\ell_t\Big)
+
+    with :math:`\bar A_i` the mean advantage over the sequence's tokens, and
+    :math:`L = -\operatorname{agg}[J_{i(t)}]` (each token carries its sequence's objective).
+    This is verl's ``compute_policy_loss_geo_mean`` (``verl/trainer/ppo/core_algos.py``, from the
+    authors' ``train_zero_math_gmpo.py``), which ignores its ``loss_agg_mode`` and averages
+    :math:`-J_i` over the sequences: that is ``loss_agg=seq_mean_token_mean`` here (``token_mean``
+    weighs a sequence by its length). verl divides by ``|y_i| + 1e-8``, here by ``|y_i|``.
+    ``clip_eps``/``clip_eps_high`` are the log-space range, as in verl (the paper uses 0.4,
+    i.e. ratios in (e^-0.4, e^0.4)); ``clip_eps=None``: no clip. A *sequence* is as in
+    :func:`gspo_loss` (``seq_id`` or a column). ``clip_frac``: tokens whose clipped log ratio
+    is the active term (zero gradient): A>0 and log r > eps_high, A<0 and log r < -eps (verl's
+    ``pg_clipfrac`` counts every clamped token of either sign).
+    """
+    _check_delta(delta, "gmpo")
+    eps_low, eps_high = _eps(clip_eps, clip_eps_high)
+    log_ratio = logp - old_logp
+    sign = torch.sign(advantages)
+    clamped = torch.clamp(log_ratio, -eps_low, eps_high)  # the clip in log space
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
+    seq_ratio = sequence_mean(pessimistic, mask, seq_id).exp()
+    seq_adv = sequence_mean(advantages, mask, seq_id)
+    loss = -aggregate(seq_adv * seq_ratio, mask, agg, norm_len, seq_id)
+    metrics = {}
+    if with_metrics:
+        metrics = _ratio_metrics(log_ratio.detach(), mask)
+        lr = log_ratio.detach()
+        zeroed = ((advantages > 0) & (lr > eps_high)) | ((advantages < 0) & (lr < -eps_low))
+        metrics["clip_frac"] = _masked_mean(zeroed.to(logp.dtype), mask)
+    metrics["policy_loss"] = loss.detach()
+    return loss, metrics
+
+
+def sapo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float | None = 0.2,
+    clip_eps_high: float | None = None,
+    agg: str = "token_mean",
+    norm_len: int | None = None,
+    with_metrics: bool = True,
+    seq_id: torch.Tensor | None = None,
+    delta: float | None = None,
+    clip_ratio_c: float = 3.0,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    r"""Soft Adaptive Policy Optimization (Gao et al. 2025, arXiv:2511.20347), negated: a smooth
+    gate of the ratio instead of a hard clip,
+
+    .. math:: f_\tau(r) = \sigma(\tau (r - 1))\,\frac4\tau,\qquad
+              L = -\operatorname{agg}[f_{\tau_t}(r_t) A_t],\qquad
+              \tau_t = \tau_{pos}\ (A_t > 0),\ \tau_{neg}\ (A_t \le 0)
+
+    :math:`\nabla f = 4\sigma(1-\sigma)\, r\,\nabla\log\pi`: at r = 1 the gradient of the plain
+    surrogate, fading smoothly as r leaves 1 (faster for larger tau). This is TRL's
+    ``loss_type="sapo"`` (``GRPOTrainer.get_sapo_token_loss``, ``sapo_temperature_pos/neg``, defaults
+    1.0 and 1.05) and verl's ``compute_policy_loss_sapo`` (``tau_pos``/``tau_neg``; it clamps
+    ``log r`` to [-20, 20], as here, and always aggregates with ``seq-mean-token-mean``;
+    ``loss_agg`` is honoured here). ``clip_eps`` is not used. ``clip_frac``: the share of the
+    gradient the gate removes, averaged over tokens with A != 0,
+    :math:`1 - 4\sigma(1-\sigma)` per token (a hard clip's 0/1 made soft; verl reports 0).
+    """
+    _check_delta(delta, "sapo")
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos!r} and {tau_neg!r}")
+    log_ratio = logp - old_logp
+    ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+    sig = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -aggregate(sig * (4.0 / tau) * advantages, mask, agg, norm_len, seq_id)
+    metrics = {}
+    if with_metrics:
+        metrics = _ratio_metrics(log_ratio.detach(), mask)
+        s = sig.detach()
+        removed = (1.0 - 4.0 * s * (1.0 - s)) * (advantages != 0).to(s.dtype)
+        metrics["clip_frac"] = _masked_mean(removed, mask)
+    metrics["policy_loss"] = loss.detach()
+    return loss, metrics
+
+
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 # The only list of policy losses (config key ``update``): name -> loss function. Adding one is
 # one function plus one :func:`register_policy_loss` call; config checks, tests and docs
 # enumerate this dict.
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
+# The losses that apply ``delta`` (TRL applies it to its clipped loss types, token- or
+# sequence-level ratio); the config refuses a non-null delta with any other ``update``.
+DELTA_LOSSES = ("clip", "gspo")
 
 
 def register_policy_loss(name: str, fn: PolicyLoss | None = None):
@@ -220,6 +572,11 @@ def get_policy_loss(name: str) -> PolicyLoss:
 
 register_policy_loss("pg", pg_loss)
 register_policy_loss("clip", clipped_surrogate_loss)
+register_policy_loss("dual_clip", dual_clip_loss)
+register_policy_loss("gspo", gspo_loss)
+register_policy_loss("cispo", cispo_loss)
+register_policy_loss("gmpo", gmpo_loss)
+register_policy_loss("sapo", sapo_loss)
 
 
 def value_loss(

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from .config import (ProbeSettings, bad_field, check_fields, check_known_keys, path_problem, refuse_unknown_keys,
                      results_path)
 from .estimators import ESTIMATORS, KL_ESTIMATORS, EstimatorSpec, get_estimator
-from .losses import AGG_MODES, POLICY_LOSSES
+from .losses import AGG_MODES, DELTA_LOSSES, POLICY_LOSSES
 from .probes import validate_probe
 from .tasks.control import time_limit, validate_control
 from .tasks.lm import validate_lm
@@ -36,6 +36,9 @@ def check_registered(cfg: DictConfig) -> EstimatorSpec:
         bad("group_size", f">= 2 for estimator {cfg.estimator}", cfg.group_size)
     if cfg["update"] not in POLICY_LOSSES:
         bad("update", f"one of {sorted(POLICY_LOSSES)}", cfg["update"])
+    if cfg.get("delta") is not None and cfg["update"] not in DELTA_LOSSES:  # it would be silently ignored
+        bad("delta", f"null with update={cfg['update']} (TRL's two-sided cap applies to update="
+            f"{'|'.join(DELTA_LOSSES)})", cfg.delta)
     if cfg.loss_agg not in AGG_MODES:
         bad("loss_agg", f"one of {list(AGG_MODES)}", cfg.loss_agg)
     if cfg.kl.estimator not in KL_ESTIMATORS:

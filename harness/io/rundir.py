@@ -61,6 +61,9 @@ CHECKPOINT_NAME = "checkpoint.safetensors"  # harness.io.checkpoint.CHECKPOINT_F
 WRITE_DELAY_ENV = "HARNESS_TEST_WRITE_DELAY"
 # where a cache lives, and the bound analysis scores diverged runs with, do not change the run
 _NOT_HASHED_NESTED = (("lm", "cache_dir"), ("task", "worst_return"))
+# Keys added after runs were recorded (the policy losses' knobs, issue 14): left out of the hash
+# at these defaults, so the runs of older sweeps keep their directories; any other value is hashed.
+_HASHED_UNLESS_DEFAULT = {"delta": None, "clip_ratio_c": 3.0, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05}
 
 # Columns every metrics.parquet carries (nulls where a value does not apply): harness.io.schema.
 METRIC_COLUMNS = schema.METRIC_COLUMNS
@@ -104,6 +107,9 @@ def _hashed_part(cfg: DictConfig) -> dict:
     for key in ("toy", "probe"):  # task-specific nodes added later: keep older hashes valid
         if d.get(key) is None:
             d.pop(key, None)
+    for key, default in _HASHED_UNLESS_DEFAULT.items():
+        if key in d and d[key] == default:
+            d.pop(key)
     for parent, key in _NOT_HASHED_NESTED:
         if isinstance(d.get(parent), dict):
             d[parent].pop(key, None)

@@ -52,6 +52,10 @@ class UpdateSettings:
     clip_per_network: bool
     kl_loss: bool
     kl_estimator: str
+    delta: float | None = None  # the policy losses' own knobs (harness.losses: one signature for all)
+    clip_ratio_c: float = 3.0
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
 
     @classmethod
     def from_cfg(cls, cfg, norm_len: int | None) -> "UpdateSettings":
@@ -64,7 +68,9 @@ class UpdateSettings:
             max_grad_norm=None if cfg.max_grad_norm is None else float(cfg.max_grad_norm),
             clip_per_network=cfg.grad_clip == "per_network",
             kl_loss=not cfg.kl.in_reward and (float(cfg.kl.beta) > 0 or bool(cfg.kl.adaptive)),
-            kl_estimator=str(cfg.kl.estimator))
+            kl_estimator=str(cfg.kl.estimator),
+            delta=None if cfg.delta is None else float(cfg.delta), clip_ratio_c=float(cfg.clip_ratio_c),
+            tau_pos=float(cfg.sapo_tau_pos), tau_neg=float(cfg.sapo_tau_neg))
 
 
 @dataclass
@@ -272,7 +278,9 @@ def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: Update
             need_entropy = s.ent_coef > 0 or last_epoch
             logp, entropy, values = learner.forward(batch.inputs, idx, need_entropy)
             pl, metrics = s.policy_loss(logp, m_old, m_adv, m_mask, clip_eps=s.clip_eps,
-                                        clip_eps_high=s.clip_eps_high, with_metrics=last_epoch, seq_id=seq, **agg)
+                                        clip_eps_high=s.clip_eps_high, with_metrics=last_epoch, seq_id=seq,
+                                        delta=s.delta, clip_ratio_c=s.clip_ratio_c, tau_pos=s.tau_pos,
+                                        tau_neg=s.tau_neg, **agg)
             loss = pl
             if need_entropy:
                 ent_l, ent_m = entropy_bonus(entropy, m_mask, seq_id=seq, **agg)
