@@ -98,6 +98,11 @@ class Config:
     group_size: int = 8
     std_normalize: bool = True
     kl: KLConfig = field(default_factory=KLConfig)
+    # sampling-side options of the group-sampling tasks (toy, LM; harness.train.sampling)
+    dynamic_sampling: bool = False  # DAPO: drop groups whose scores are all equal, draw again (verl filter_groups)
+    dynamic_sampling_max_draws: int = 10  # generation batches drawn at most per iteration (verl max_num_gen_batches)
+    mask_truncated: bool = False  # TRL mask_truncated_completions: responses without EOS leave the loss
+    overlong_cache: Optional[int] = None  # DAPO's soft overlong punishment: its L_cache in tokens; null: off
     lm: Any = None  # the LM task's own node (conf/task/lm_*.yaml)
     toy: Any = None  # the toy task's own node (conf/task/toy.yaml)
     probe: Any = None  # mode=probe settings (harness.probes)
@@ -424,6 +429,11 @@ def check_fields(cfg: DictConfig) -> None:
     for name in ("sapo_tau_pos", "sapo_tau_neg"):
         if not (finite(cfg[name]) and cfg[name] > 0):
             bad(name, "a finite number > 0 (SAPO's gate temperature)", cfg[name])
+    if cfg.dynamic_sampling_max_draws < 1:
+        bad("dynamic_sampling_max_draws", ">= 1 (generation batches per iteration)", cfg.dynamic_sampling_max_draws)
+    if cfg.overlong_cache is not None and cfg.overlong_cache < 1:
+        bad("overlong_cache", "a number of tokens >= 1 (and at most the maximal response length), or null (off)",
+            cfg.overlong_cache)
     if cfg.vf_clip_eps is not None and not (finite(cfg.vf_clip_eps) and cfg.vf_clip_eps > 0):
         bad("vf_clip_eps", "> 0 or null", cfg.vf_clip_eps)
     if cfg.n_steps < 1:

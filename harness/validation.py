@@ -19,7 +19,8 @@ from .losses import AGG_MODES, DELTA_LOSSES, POLICY_LOSSES
 from .probes import validate_probe
 from .tasks.control import time_limit, validate_control
 from .tasks.lm import validate_lm
-from .tasks.toy import validate_toy
+from .tasks.toy import PRESETS as TOY_PRESETS
+from .tasks.toy import spec_from_config, validate_toy
 
 __all__ = ["validate", "check_registered", "check_results_dir"]
 
@@ -62,11 +63,32 @@ def validate(cfg: DictConfig) -> None:
     elif family == "toy":
         validate_toy(cfg)
         check_sequence_minibatches(cfg, int(cfg.task.episodes_per_iter), "task.episodes_per_iter")
+    check_sampling_options(cfg)
     if cfg.mode == "probe":
         refuse_unknown_keys(cfg, "probe", ProbeSettings)  # names the key (probe.<key>) before the probe's checks
         validate_probe(cfg)
     check_device(cfg)
     check_results_dir(cfg)
+
+
+SAMPLING_OPTIONS = {"dynamic_sampling": False, "mask_truncated": False, "overlong_cache": None}
+
+
+def check_sampling_options(cfg: DictConfig) -> None:
+    """The sampling-side options (:mod:`harness.train.sampling`) act on groups of responses to a
+    prompt: the toy and LM tasks. Control tasks refuse them by name; so does a toy preset without
+    EOS for the two that need one (every response there has the full length, none is truncated)."""
+    for key, off in SAMPLING_OPTIONS.items():
+        if cfg[key] == off:
+            continue
+        if cfg.task.family == "control":
+            bad_field(key, f"{off if off is not None else 'null'} on control tasks (it applies to responses "
+                           "sampled in groups: task families toy and lm)", cfg[key])
+        if cfg.task.family == "toy" and key != "dynamic_sampling" and not spec_from_config(cfg).eos:
+            eos = sorted(n for n, p in TOY_PRESETS.items() if p.eos)
+            bad_field(key, f"{off if off is not None else 'null'} without EOS (task.env_id={cfg.task.env_id}: every "
+                           f"response has the full length, none is truncated; presets with EOS: {'|'.join(eos)})",
+                      cfg[key])
 
 
 def check_sequence_minibatches(cfg: DictConfig, sequences: int, what: str) -> None:

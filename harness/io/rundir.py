@@ -63,7 +63,9 @@ WRITE_DELAY_ENV = "HARNESS_TEST_WRITE_DELAY"
 _NOT_HASHED_NESTED = (("lm", "cache_dir"), ("task", "worst_return"))
 # Keys added after runs were recorded (the policy losses' knobs, issue 14): left out of the hash
 # at these defaults, so the runs of older sweeps keep their directories; any other value is hashed.
-_HASHED_UNLESS_DEFAULT = {"delta": None, "clip_ratio_c": 3.0, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05}
+_HASHED_UNLESS_DEFAULT = {"delta": None, "clip_ratio_c": 3.0, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05,
+                          "dynamic_sampling": False, "dynamic_sampling_max_draws": 10, "mask_truncated": False,
+                          "overlong_cache": None}
 
 # Columns every metrics.parquet carries (nulls where a value does not apply): harness.io.schema.
 METRIC_COLUMNS = schema.METRIC_COLUMNS

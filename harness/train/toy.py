@@ -40,6 +40,7 @@ from ..io import checkpoint as ckpt
 from ..losses import get_policy_loss
 from ..tasks.toy import DTYPE, ToyTask, advantage_batch, build_task, random_rewards, validate_toy
 from .loop import Source, train_one_by_one
+from .sampling import cat_rows, dynamic_sample, overlong_penalty, take_groups
 from .update import UpdateBatch, clip_grad_groups
 
 POLICY_FILE = "policy.safetensors"  # the final policy (older runs: policy.pt, a torch.save dict)
@@ -116,6 +117,10 @@ class ToySource(Source):
         self.kl_ref_target = cfg.kl.target == "ref"
         settings = toy_settings_from_config(cfg)
         self.random_reward, self.log_prompts = settings.reward == "random", settings.log_prompts
+        self.dynamic, self.max_draws = bool(cfg.dynamic_sampling), int(cfg.dynamic_sampling_max_draws)
+        self.mask_truncated = bool(cfg.mask_truncated)
+        self.overlong_cache = None if cfg.overlong_cache is None else int(cfg.overlong_cache)
+        self.drawn = None
         self.sequences = 0
         self.tokens = 0
         self._exact: tuple[dict, float] | None = None
@@ -126,20 +131,40 @@ class ToySource(Source):
     def shuffle_generators(self):
         return [self.gen]
 
-    def collect(self):
-        self._exact = None  # this iteration's exact statistics, computed once after its update
+    def _draw(self):
+        """One generation batch: ``n_groups`` prompts, ``group_size`` responses each, scored
+        (the random rewards drawn after the responses; DAPO's overlong penalty added)."""
         task = self.task
         prompts = torch.randint(task.n_prompts, (self.n_groups,), generator=self.gen)
         batch = task.sample(self.theta, prompts.repeat_interleave(self.k), self.gen)
-        greedy = None
-        n = batch.prompts.shape[0]
         if self.random_reward:  # drawn after the responses, as many whatever they are
-            batch.reward = random_rewards(n, self.gen)
-        self.tokens += int(batch.length.sum())
+            batch.reward = random_rewards(batch.prompts.shape[0], self.gen)
+        if self.overlong_cache is not None:
+            batch.reward = batch.reward + overlong_penalty(batch.length, self.norm_len, self.overlong_cache)
+        return batch
+
+    def collect(self):
+        self._exact = None  # this iteration's exact statistics, computed once after its update
+        task = self.task
+        if self.dynamic:  # DAPO: informative groups only; every drawn sequence counts
+            batch, drawn = dynamic_sample(self._draw, lambda b: b.reward.view(-1, self.k),
+                                          lambda b, g: take_groups(b, g, self.k), cat_rows, self.n_groups,
+                                          self.max_draws)
+            batches = drawn.batches
+        else:
+            batch = self._draw()
+            batches, drawn = [batch], None
+        self.drawn = drawn
+        prompts = batch.prompts.view(-1, self.k)[:, 0]
+        greedy = None
+        n = sum(b.prompts.shape[0] for b in batches)
+        self.tokens += sum(int(b.length.sum()) for b in batches)
         if self.spec.needs_greedy:
             leaves = task.greedy(self.theta)[prompts]
-            greedy = random_rewards(self.n_groups, self.gen) if self.random_reward else task.leaf_reward[leaves]
-            n += self.n_groups
+            greedy = random_rewards(len(prompts), self.gen) if self.random_reward else task.leaf_reward[leaves]
+            if self.overlong_cache is not None:
+                greedy = greedy + overlong_penalty(task.leaf_len[leaves], self.norm_len, self.overlong_cache)
+            n += len(prompts)
             self.tokens += int(task.leaf_len[leaves].sum())
         self.sequences += n
         batch.greedy = greedy
@@ -159,9 +184,16 @@ class ToySource(Source):
         batch.mask_tm = ab.mask
         return ab
 
+    def truncated(self, batch) -> torch.Tensor:
+        """``[N]`` bool: responses that reached the maximal length without EOS."""
+        last = batch.tokens.gather(1, (batch.length - 1).clamp(min=0).view(-1, 1)).view(-1)
+        return (batch.length >= self.norm_len) & (last != self.task.eos_token)
+
     def update_batch(self, batch, adv, returns, values) -> UpdateBatch:
         one = lambda x: None if x is None else x.unsqueeze(0)  # noqa: E731
         mask = batch.mask_tm
+        if self.mask_truncated:  # TRL's mask_truncated_completions: scored, counted, not in the loss
+            mask = mask * (~self.truncated(batch)).to(mask.dtype).view(1, -1)
         return UpdateBatch(adv=one(adv * mask), mask=one(mask), old_logp=one(batch.old_logp), inputs=batch,
                            returns=one(returns), old_values=one(values),
                            kl_target=one(batch.ref_logp if self.kl_ref_target else batch.old_logp))
@@ -208,6 +240,10 @@ class ToySource(Source):
             "grad_cos": pre["grad_cos"], "exact_response_len": ex["response_len"], "wrong_len": ex["wrong_len"],
             "right_len": ex["right_len"], "success": ex["success"], "exact_entropy": ex["entropy"],
         }
+        if self.drawn is not None:  # dynamic sampling: generation batches drawn, their groups' zero-std share
+            out["sample_draws"], out["zero_std_frac"] = self.drawn.draws, self.drawn.zero_std_frac
+        if self.mask_truncated:
+            out["truncated_frac"] = float(self.truncated(batch).double().mean())
         for x, j in enumerate(ex["J_prompt"]):
             out[f"J_prompt{x}"] = j
         if self.log_prompts:
