@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from analysis.cli import main
+from harness.experiments import CLAIM_IDS
 
 from tests.analysis_fixtures import run_analysis_cli
 
@@ -41,9 +42,9 @@ def _cases(tmp: Path):
                                            f"{CLAIMS_FOLDER} (or --run, which runs them there)"),
         (["claims", str(f)], f"{claims} DIR: {f} is a file; allowed: {CLAIMS_FOLDER}"),
         (["claims", ok, "--only", "C3,C99,X"], f"{claims} --only: unknown claim id(s) X, C99; allowed: "
-                                               "comma-separated ids among C1-C28"),
+                                               f"comma-separated ids among C1-{CLAIM_IDS[-1]}"),
         (["claims", ok, "--only", ","], f"{claims} --only: ',' names no claim; allowed: comma-separated ids "
-                                        "among C1-C28"),
+                                        f"among C1-{CLAIM_IDS[-1]}"),
     ]
 
 

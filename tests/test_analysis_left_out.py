@@ -167,7 +167,7 @@ def test_claims_names_runs_it_does_not_use(tmp_path, monkeypatch, capsys):
     for p, why in reasons.items():
         assert f"- `{p}`: {why.replace('|', chr(92) + '|')}" in section
     assert "1 run directory not run yet" in section
-    saved = json.loads((root / "claims.json").read_text())
+    saved = json.loads((root / "claims_only.json").read_text())
     assert {x["path"] for x in saved["left_out"]} == set(reasons) and saved["not_run_yet"] == 1
 
     from analysis.cli import main

@@ -295,7 +295,7 @@ def test_stability_flags_a_verdict_that_flips(tmp_path):
 def test_a_report_compares_its_own_offset_with_the_others(tmp_path):
     """The report of offset K shows the stability section with K in it (its JSON is written first)."""
     _report(tmp_path, 0, {"C1": "supported"})
-    out, _ = C.build_claims_report(tmp_path, quick=False, only={"C1"}, seed_offset=1000, progress=lambda s: None)
+    out, _ = C.build_claims_report(tmp_path, quick=False, seed_offset=1000, progress=lambda s: None)
     text = out.read_text()
     assert "## Stability across seed offsets" in text and "| offset 0 | offset 1000 |" in text
 
@@ -307,7 +307,8 @@ def test_missing_runs_are_inconclusive_not_run(tmp_path):
     assert "python -m analysis claims DIR --run" in by["C3"].not_run
     assert by["C1"].not_run.startswith("tests not run")
     assert "inconclusive — not run" in out.read_text()
-    assert json.loads((tmp_path / "claims.json").read_text())["verdicts"][0]["claim"] == "C1"
+    assert json.loads((tmp_path / "claims_only.json").read_text())["verdicts"][0]["claim"] == "C1"
+    assert not (tmp_path / "claims.json").exists()  # a report of some claims never replaces the whole one
 
 
 def test_lm_claims_say_why_they_were_not_run(tmp_path, monkeypatch):
@@ -362,7 +363,7 @@ def test_c3_end_to_end_on_the_toy_task(tmp_path, monkeypatch):
     # no negative control ran: the power check is missing, so the claim cannot be supported
     assert v.verdict == "inconclusive" and "Power check 'negative control" in v.note
     assert any(p.name.startswith("CartPole") for p in v.parts)
-    assert (tmp_path / "claims_figures_quick" / "c3.png").is_file()
+    assert (tmp_path / "claims_figures_quick_only" / "c3.png").is_file()
     lines.clear()
     XR.run_claims(tmp_path, quick=True, only={"C3"}, progress=lines.append)
     assert sum("done already" in line for line in lines) == 4
@@ -583,7 +584,7 @@ def test_run_creates_the_folder_a_fresh_clone_lacks(tmp_path, capsys):
     assert not new.exists()
     assert main(["claims", str(new), "--run", "--quick", "--only", "C16"]) == 0
     out = capsys.readouterr().out
-    assert "C16  supported" in out and (new / "claims_quick.md").is_file()
+    assert "C16  supported" in out and (new / "claims_quick_only.md").is_file()
 
 
 def test_a_list_in_a_selection_means_any_of_its_values():

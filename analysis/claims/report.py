@@ -36,9 +36,11 @@ def _ci(v: Verdict | Part) -> str:
     return f"[{_fmt(v.low)}, {_fmt(v.high)}]"
 
 
-def report_name(seed_offset: int, quick: bool, suffix: str) -> str:
-    """claims.md / claims.json at offset 0, claims_seed<K>.* otherwise (quick: claims_quick*)."""
-    return f"claims{variant(quick, seed_offset)}{suffix}"
+def report_name(seed_offset: int, quick: bool, suffix: str, only: bool = False) -> str:
+    """claims.md / claims.json at offset 0, claims_seed<K>.* otherwise (quick: claims_quick*);
+    a report of some claims only (``--only``) is ``claims*_only.*``, so it never replaces the
+    report of every claim (and the stability table and README read only the latter)."""
+    return f"claims{variant(quick, seed_offset)}{'_only' if only else ''}{suffix}"
 
 
 PLAN_TEXT = ("Two-stage design (`analysis/claims/plan.py`): stage one runs every experiment at its stated n; an "
@@ -54,8 +56,8 @@ DIVERGED_RULE = {"worst": "A run that diverged scores the task's worst return fr
 
 
 def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], meta: dict, quick: bool,
-                 seed_offset: int, wall_s: float) -> Path:
-    fig_dir = root / f"claims_figures{variant(quick, seed_offset)}"
+                 seed_offset: int, wall_s: float, only: bool = False) -> Path:
+    fig_dir = root / f"claims_figures{variant(quick, seed_offset)}{'_only' if only else ''}"
     for v in verdicts:
         if not v.not_run and v.parts:
             v.figure = claim_figure(v, CLAIMS_BY_ID[v.claim], data, fig_dir)
@@ -87,8 +89,9 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
     left_out = [r for name in sorted(data) for r in data[name].left_out()]
     missing = sum(e.missing() for e in data.values())
     # the JSON first: the stability section below reads every offset's JSON, this one's included
-    atomic_write_json(root / report_name(seed_offset, quick, ".json"), {
+    atomic_write_json(root / report_name(seed_offset, quick, ".json", only), {
         "mode": "quick" if quick else "full", "seed_offset": seed_offset, "wall_s": wall_s,
+        "only": sorted(v.claim for v in verdicts) if only else None,
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "verdicts": [
             {"claim": v.claim, "verdict": v.verdict, "label": v.label, "statistic": v.statistic, "point": v.point,
              "low": v.low, "high": v.high, "n": v.n, "not_run": v.not_run, "needs": v.needs,
@@ -97,7 +100,7 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
              "note": v.note} for v in verdicts],
         "left_out": left_out, "not_run_yet": missing})
     stab = stability(root, quick)
-    if len(stab["offsets"]) > 1:
+    if len(stab["offsets"]) > 1 and not only:
         lines += ["", "## Stability across seed offsets", "", stability_table(stab), "",
                   f"Offsets judged in this folder: {', '.join(map(str, stab['offsets']))} "
                   f"(`python -m analysis claims DIR --run --seed-offset K`). {stab['summary']}"]
@@ -165,7 +168,7 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
             lines.append(f"| `{name}` | {sweep} | {e.runs.point.nunique() if len(e.runs) else 0} | {st} |")
         else:
             lines.append(f"| `{name}` | — | — | not run: {meta['skipped'][name]} |")
-    out = root / report_name(seed_offset, quick, ".md")
+    out = root / report_name(seed_offset, quick, ".md", only)
     atomic_write_text(out, "\n".join(lines) + "\n")
     return out
 
@@ -184,7 +187,8 @@ def stability(root: Path, quick: bool) -> dict:
             r = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
-        if r.get("mode") != ("quick" if quick else "full") or not isinstance(r.get("verdicts"), list):
+        if r.get("mode") != ("quick" if quick else "full") or not isinstance(r.get("verdicts"), list) \
+                or r.get("only"):  # a report of some claims (--only) is not an offset's report
             continue
         reports[int(r.get("seed_offset", 0))] = {v["claim"]: v for v in r["verdicts"]}
     offsets = sorted(reports)
@@ -294,7 +298,7 @@ def build_claims(root: str | Path, *, quick: bool = False, only: set[str] | None
     t0 = time.time()
     verdicts, data, meta = judged or evaluate_all(root, quick=quick, only=only, seed_offset=seed_offset,
                                                   diverged=diverged)
-    out = write_report(root, verdicts, data, meta, quick, seed_offset, time.time() - t0)
+    out = write_report(root, verdicts, data, meta, quick, seed_offset, time.time() - t0, only=bool(only))
     left_out = [r for name in sorted(data) for r in data[name].left_out()]
     return ClaimsResult(out, verdicts, left_out, sum(e.missing() for e in data.values()))
 
