@@ -22,7 +22,9 @@ import torch
 
 from .estimators.kl import kl_estimate
 
-AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+# The only list of loss aggregations (config key ``loss_agg``); presets named after TRL's
+# ``loss_type`` are in conf/loss_type/.
+AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "token_sum", "seq_mean_token_sum")
 
 
 def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
@@ -35,10 +37,29 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
       sequence weighs the same, so a token of a short sequence weighs more: the GRPO paper's
       1/|o_i|, whose length bias Dr. GRPO points out).
     * ``seq_mean_token_sum_norm``: :math:`\frac1{S}\sum_b \frac{\sum_t m x}{L}` with a constant
-      ``L = norm_len`` (default ``T``), Dr. GRPO (Liu et al. 2025, arXiv:2503.20783).
+      ``L = norm_len`` (default ``T``), Dr. GRPO (Liu et al. 2025, arXiv:2503.20783), as TRL's
+      ``loss_type="dr_grpo"`` (``sum / (B * max_completion_length)``). verl's
+      ``seq-mean-token-sum-norm`` differs: it divides the token sum by ``L`` only, not by ``S``.
+    * ``token_sum``: :math:`\sum_{t,b} m x`, no division at all (verl's ``agg_loss`` modes are
+      token-mean, seq-mean-token-mean, seq-mean-token-sum and seq-mean-token-sum-norm; this one
+      is the unnormalised sum, so its scale grows with the number of tokens in a minibatch).
+    * ``seq_mean_token_sum``: :math:`\frac1{S}\sum_b \sum_t m x` (verl's
+      ``seq-mean-token-sum``: each sequence's token sum, mean over sequences; the same number as
+      ``seq_mean_token_sum_norm`` with ``norm_len=1``).
 
     ``S`` counts the sequences with at least one unmasked token. Leading dims (a population
     of independent agents ``P``) are kept: the result has shape ``x.shape[:-2]``.
+
+    TRL's ``GRPOConfig.loss_type`` names are presets of these (``loss_type=<name>``,
+    ``conf/loss_type/``), each on one minibatch = one optimizer step of one process:
+    ``grpo`` = ``seq_mean_token_mean`` (TRL divides by all ``B`` sequences, empty ones
+    included, and clamps each length to >= 1; here ``S`` counts non-empty ones: the same when
+    every sequence has a token); ``bnpo`` = ``token_mean`` (TRL: the tokens of each process's
+    local micro-batch, then a mean over gradient-accumulation steps); ``dapo`` = ``token_mean``
+    (TRL: the tokens of the whole accumulated batch of every process); ``dr_grpo`` =
+    ``seq_mean_token_sum_norm`` with the task's ``norm_len`` (the LM's ``lm.max_response_len``,
+    TRL's ``max_completion_length``). With one process and no accumulation bnpo and dapo are
+    one thing; they part only where the harness has nothing to part them.
 
     ``seq_id`` (long, the shape of ``x``) names each entry's sequence when a column is not one
     sequence: the control task's step-level minibatches, where an entry is one environment step
@@ -50,6 +71,8 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
     mask = mask.to(x.dtype)
     if mode == "token_mean":
         return (x * mask).sum(dim=(-2, -1)) / mask.sum(dim=(-2, -1)).clamp(min=1.0)
+    if mode == "token_sum":
+        return (x * mask).sum(dim=(-2, -1))
     if mode not in AGG_MODES:
         raise ValueError(f"loss_agg must be one of {list(AGG_MODES)}, got {mode!r}")
     if seq_id is None:
@@ -69,6 +92,8 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
     if mode == "seq_mean_token_sum_norm":
         length = float(norm_len if norm_len is not None else x.shape[-2])
         return (sums / length).sum(dim=-1) / n_seq
+    if mode == "seq_mean_token_sum":
+        return sums.sum(dim=-1) / n_seq
     raise ValueError(f"loss_agg must be one of {list(AGG_MODES)}, got {mode!r}")
 
 
@@ -617,7 +642,8 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
                seq_id: torch.Tensor | None = None,
                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""KL penalty as a loss term (GRPO style): :math:`\operatorname{agg}[\hat{k}(x)]` with the
-    per-sample estimator k1, k2 or k3 of :mod:`harness.estimators.kl`; the trainer multiplies
+    per-sample estimator ``estimator`` (a key of :data:`harness.estimators.kl.KL_ESTIMATORS`: k1, k2,
+    k3, low_var_kl, or a straight-through ``+`` variant); the trainer multiplies
     by ``kl.beta``. ``ref_logp`` is the target policy (pre-update or reference), detached.
     Aggregated like the policy loss (same ``agg``, ``norm_len``, ``seq_id``): with
     ``seq_mean_token_sum_norm`` the constant ``norm_len``, never the batch's longest sequence,

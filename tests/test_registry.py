@@ -106,3 +106,41 @@ def test_readme_lists_exactly_the_registered_names():
     assert est.split("|") == estimator_names()
     (upd,) = re.findall(r"`update=([a-z_0-9|]+)`", readme)
     assert upd.split("|") == list(POLICY_LOSSES)
+
+
+# ------------------------------------------- config validation enumerates the registries (issue 14)
+@pytest.mark.parametrize("override, field, registry", [
+    ("estimator=nope", "estimator", "estimators"),
+    ("loss_agg=nope", "loss_agg", "agg"),
+    ("kl.estimator=nope", "kl.estimator", "kl"),
+])
+def test_a_bad_name_is_refused_naming_every_registered_value(override, field, registry, monkeypatch, tmp_path):
+    from harness.estimators import KL_ESTIMATORS
+    from harness.losses import AGG_MODES
+    from harness.validation import validate
+    from tests.control_helpers import make_cfg
+
+    names = {"estimators": ESTIMATORS, "agg": AGG_MODES, "kl": KL_ESTIMATORS}[registry]
+    if registry != "agg":  # a throwaway entry shows the message reads the registry itself
+        monkeypatch.setitem(names, "throwaway_test", names[next(iter(names))])
+    if field == "estimator":  # a group on the command line (Hydra lists conf/estimator/); in a config, a string
+        cfg = make_cfg([f"results_dir={tmp_path}"])
+        cfg.estimator = "nope"
+    else:
+        cfg = make_cfg([override, f"results_dir={tmp_path}"])
+    with pytest.raises(ValueError) as e:
+        validate(cfg)
+    msg = str(e.value)
+    assert msg.startswith(f"{field} must be one of") and "\n" not in msg
+    for name in names:
+        assert repr(name) in msg
+
+
+@pytest.mark.parametrize("name", ["low_var_kl", "k1+", "k3+", "low_var_kl+"])
+def test_the_new_kl_names_pass_validation_from_the_command_line_grammar(name, tmp_path):
+    from harness.validation import validate
+    from tests.control_helpers import make_cfg
+
+    cfg = make_cfg([f"kl.estimator={name}", "kl.beta=0.1", f"results_dir={tmp_path}"])
+    assert cfg.kl.estimator == name
+    validate(cfg)

@@ -9,6 +9,12 @@ With the log ratio ``l = log ref(x) - log pi(x)``:
 
 Unbiased here is about the *value* of the KL. The gradient of k3 (or k1) placed in a loss is
 not the gradient of the KL: that is claim C22, measured, not assumed.
+
+verl's names (``kl_penalty`` in ``verl/trainer/ppo/core_algos.py``) are registered too:
+``low_var_kl`` is k3 with verl's clamps, and a name ending in ``+`` (``k1+``, ``k3+``,
+``low_var_kl+``) is the straight-through variant: the value of the named estimator, the
+gradient of k2 (whose expected gradient, from samples of pi, is the gradient of KL(pi || ref)).
+Config key ``kl.estimator`` takes any key of :data:`KL_ESTIMATORS`.
 """
 from __future__ import annotations
 
@@ -37,7 +43,47 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.expm1(l) - l
 
 
-KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+LOW_VAR_LOG_RATIO_CLAMP = 20.0  # verl clamps l to [-20, 20] before exp ...
+LOW_VAR_VALUE_CLAMP = 10.0  # ... and the estimate to [-10, 10]
+
+
+def kl_low_var(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    r"""verl's ``low_var_kl``: k3 with two clamps "for numerical stability",
+
+    .. math:: 	ilde l = \operatorname{clamp}(l, -20, 20),\qquad
+              \operatorname{clamp}(e^{	ilde l} - 1 - 	ilde l,\ -10,\ 10)
+
+    (``l = log ref(x) - log pi(x)``; k3 >= 0, so the lower value clamp never acts). It equals k3
+    while ``k3 <= 10``; beyond, the value is 10 and its gradient 0 (a token with ``l`` above about 2.61 or
+    below -11 stops being pulled back). The log-ratio clamp only acts
+    where the value clamp already does.
+    """
+    l = _log_ratio(logp, ref_logp).clamp(-LOW_VAR_LOG_RATIO_CLAMP, LOW_VAR_LOG_RATIO_CLAMP)
+    return (torch.expm1(l) - l).clamp(-LOW_VAR_VALUE_CLAMP, LOW_VAR_VALUE_CLAMP)
+
+
+def straight_through(estimator):
+    r"""The ``+`` variant of ``estimator`` (verl ``kl_penalty`` for names ending in ``+``,
+    volcengine/verl#2953): the value of ``estimator``, the gradient of k2,
+
+    .. math:: \hat k_{+} = k_2 - \operatorname{sg}(k_2) + \operatorname{sg}(\hat k)
+
+    (``sg``: stop-gradient). The value is exactly ``estimator``'s (``k2 - sg(k2)`` is exactly 0);
+    the gradient w.r.t. ``log pi`` is k2's, ``log pi - log ref``, whose expectation under pi is
+    the gradient of KL(pi || ref). Gradients reach ``logp`` only through k2."""
+    def plus(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+        k2 = kl_k2(logp, ref_logp)
+        return k2 - k2.detach() + estimator(logp, ref_logp).detach()
+
+    plus.__name__ = f"{estimator.__name__}_plus"
+    plus.__doc__ = f"Straight-through: the value of {estimator.__name__}, the gradient of k2."
+    return plus
+
+
+# The only list of KL estimators (config key ``kl.estimator``): name -> estimator(logp, ref_logp).
+# "k2+" is left out: it would be k2 under a second name (verl returns k2 for it).
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "low_var_kl": kl_low_var}
+KL_ESTIMATORS.update({f"{name}+": straight_through(KL_ESTIMATORS[name]) for name in ("k1", "k3", "low_var_kl")})
 
 
 def kl_estimate(name: str, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

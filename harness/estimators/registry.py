@@ -33,6 +33,11 @@ class AdvantageBatch:
     (column ``g * group_size + j`` is member ``j`` of group ``g``), one episode per column.
     ``values``/``next_values`` are present when the spec needs a critic; ``greedy_scores``
     ``[n_groups]`` when it needs a greedy rollout.
+
+    ``members``: the ``B`` columns are that many independent population members side by side,
+    member-major, in equal blocks (a control population, or a probe's batches). An estimator
+    with a batch-wide statistic (``gpg``'s alpha) computes it per block, so members never share
+    statistics; the loop sets it from the source's ``P``.
     """
 
     rewards: torch.Tensor
@@ -43,6 +48,7 @@ class AdvantageBatch:
     next_values: torch.Tensor | None = None
     greedy_scores: torch.Tensor | None = None
     group_size: int | None = None
+    members: int = 1
 
 
 @dataclass
@@ -125,6 +131,21 @@ def episode_scores(batch: AdvantageBatch) -> torch.Tensor:
     return totals.view(-1, batch.group_size)
 
 
+def episode_lengths(batch: AdvantageBatch) -> torch.Tensor:
+    """``l_i = sum_t mask``: unmasked steps (tokens) per column, ``[n_groups, group_size]``."""
+    mask = batch.mask if batch.mask is not None else torch.ones_like(batch.rewards)
+    return mask.sum(dim=0).view(-1, batch.group_size)
+
+
+def _per_member(fn, scores: torch.Tensor, members: int) -> torch.Tensor:
+    """``fn`` on each member's block of groups (rows of ``scores``, member-major)."""
+    if members <= 1:
+        return fn(scores)
+    if scores.shape[0] % members:
+        raise ValueError(f"{scores.shape[0]} groups do not split into members={members} equal blocks")
+    return torch.cat([fn(block) for block in scores.chunk(members, dim=0)], dim=0)
+
+
 def _broadcast(per_traj: torch.Tensor, batch: AdvantageBatch) -> torch.Tensor:
     adv = per_traj.reshape(1, -1).expand_as(batch.rewards)
     return adv * batch.mask if batch.mask is not None else adv.clone()
@@ -182,6 +203,31 @@ def _remax(batch, p):
     return AdvantageResult(_broadcast(adv, batch), None)
 
 
+def _reinforce_pp_baseline(batch, p):
+    """``reinforce_pp_baseline``: R_i - group mean (REINFORCE++-baseline, Hu et al. 2025); its
+    config adds the batch whitening (``normalize_advantages: batch``)."""
+    return AdvantageResult(_broadcast(_group.reinforce_pp_baseline(episode_scores(batch)), batch), None)
+
+
+def _opo(batch, p):
+    """``opo``: R_i - length-weighted group mean of R (Hao et al. 2025)."""
+    adv = _group.opo(episode_scores(batch), episode_lengths(batch))
+    return AdvantageResult(_broadcast(adv, batch), None)
+
+
+def _gpg(batch, p):
+    """``gpg``: alpha (R_i - group mean) [/ group std] (Chu et al. 2025); alpha per member."""
+    adv = _per_member(lambda s: _group.gpg(s, std_normalize=p.std_normalize, eps=p.group_eps),
+                      episode_scores(batch), batch.members)
+    return AdvantageResult(_broadcast(adv, batch), None)
+
+
+def _grpo_passk(batch, p):
+    """``grpo_passk``: (R_max - R_second) [/ group std] for the group's best member, 0 elsewhere."""
+    adv = _group.grpo_passk(episode_scores(batch), std_normalize=p.std_normalize, eps=p.group_eps)
+    return AdvantageResult(_broadcast(adv, batch), None)
+
+
 # The only list of estimators. Each name has its defaults in conf/estimator/<name>.yaml.
 register(EstimatorSpec("reinforce", _reinforce, needs_critic=False, full_episodes=True))
 register(EstimatorSpec("baseline", _baseline, needs_critic=True, full_episodes=True))
@@ -194,3 +240,8 @@ register(EstimatorSpec("remax", _remax, needs_critic=False, needs_groups=True, n
 register(EstimatorSpec("dr_grpo", _dr_grpo, needs_critic=False, needs_groups=True,
                        full_episodes=True))
 register(EstimatorSpec("reinforce_pp", _reinforce, needs_critic=False, full_episodes=True))
+register(EstimatorSpec("reinforce_pp_baseline", _reinforce_pp_baseline, needs_critic=False, needs_groups=True,
+                       full_episodes=True))
+register(EstimatorSpec("opo", _opo, needs_critic=False, needs_groups=True, full_episodes=True))
+register(EstimatorSpec("gpg", _gpg, needs_critic=False, needs_groups=True, full_episodes=True))
+register(EstimatorSpec("grpo_passk", _grpo_passk, needs_critic=False, needs_groups=True, full_episodes=True))

@@ -107,6 +107,7 @@ def _gradients(agent: ControlAgent, ro, spec, params: EstimatorParams, group: in
     """Per-member policy-gradient estimates of one collected population rollout."""
     T, M, E = ro.rewards.shape
     batch = advantage_batch(agent, ro, spec.needs_critic, group if spec.needs_groups else None)
+    batch.members = M  # M independent batches side by side: batch-wide statistics per batch
     adv = spec(batch, params).advantages.reshape(T, M, E) * ro.mask
     obs = ro.obs.transpose(0, 1).reshape(M, T * E, -1)
     act = ro.actions.transpose(0, 1).reshape(M, T * E, *ro.actions.shape[3:])

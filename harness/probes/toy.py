@@ -171,6 +171,7 @@ def estimator_advantages(task: ToyTask, spec: EstimatorSpec, params: EstimatorPa
         greedy = task.leaf_reward[leaves]
     ab = advantage_batch(task, batch, critic if spec.needs_critic else None, greedy, k if spec.needs_groups else None,
                          reward_penalty)
+    ab.members = M  # M independent batches side by side: batch-wide statistics per batch
     adv = spec(ab, params).advantages * ab.mask
     if normalize in ("batch", "minibatch"):  # each batch whitened on its own, as the update step does
         adv = _to_tm(whiten(_to_mb(adv, M), _to_mb(ab.mask, M)))

@@ -206,6 +206,7 @@ class Loop:
                     break
                 self.cost += ro.cost.long() * self.active
                 batch = src.advantage_batch(ro)
+                batch.members = self.P  # [T, P*B]: batch-wide statistics stay per member
                 out = self.spec(batch, self.est_params)
                 ub = src.update_batch(ro, out.advantages, out.returns, batch.values)
                 pre = src.before_update(ro, ub)
