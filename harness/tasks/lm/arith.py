@@ -45,6 +45,7 @@ OPERATORS = ("+", "-")
 ANSWER = "answer"
 WORDS = (*DIGITS, *OPERATORS, "=", ";", ANSWER)
 
+MAX_MISSES = 2000  # draws in a row without a usable problem before a split is refused
 _ANSWER_WORD = re.compile(rf"(?<![\w]){ANSWER}(?![\w])")
 _NUMBER = re.compile(r"^(-\s*)?(\d(?:\s*\d)*)$")
 
@@ -129,27 +130,31 @@ def make_problems(seed: int, spec: ArithSpec) -> tuple[list[Problem], list[Probl
     held_rng = random.Random(f"lm-arith-eval-{seed}")
     held: list[Problem] = []
     seen: set[tuple[int, ...]] = set()
-    attempts = 0
+    misses = 0  # draws in a row that found nothing new: the space is (all but) exhausted
     while len(held) < spec.eval_size:
-        attempts += 1
-        if attempts > 50 * spec.eval_size + 1000:
-            raise ValueError(f"lm.arith.eval_size must be at most the number of distinct problems the difficulty "
-                             f"settings allow (found {len(held)} in {attempts - 1} draws), got {spec.eval_size}")
         p = make_problem(held_rng, spec)
-        if p.canonical not in seen:
-            seen.add(p.canonical)
-            held.append(p)
+        if p.canonical in seen:
+            misses += 1
+            if misses > MAX_MISSES:
+                raise ValueError(f"lm.arith.eval_size must be at most the number of distinct problems the "
+                                 f"difficulty settings allow (about {len(held)}), got {spec.eval_size}")
+            continue
+        misses = 0
+        seen.add(p.canonical)
+        held.append(p)
     train_rng = random.Random(f"lm-arith-train-{seed}")
     train: list[Problem] = []
-    attempts = 0
+    misses = 0
     while len(train) < spec.train_size:
-        attempts += 1
-        if attempts > 50 * spec.train_size + 1000:
-            raise ValueError("lm.arith.eval_size must leave train problems: the held-out split holds nearly every "
-                             f"problem the difficulty settings allow, got {spec.eval_size}")
         p = make_problem(train_rng, spec)
-        if p.canonical not in seen:
-            train.append(p)
+        if p.canonical in seen:
+            misses += 1
+            if misses > MAX_MISSES:
+                raise ValueError("lm.arith.eval_size must leave train problems: the held-out split holds (nearly) "
+                                 f"every problem the difficulty settings allow, got {spec.eval_size}")
+            continue
+        misses = 0
+        train.append(p)
     return train, held
 
 
