@@ -11,10 +11,15 @@ both scored by the same evaluation (``lm.eval_prompts`` held-out prompts x ``lm.
 sampled responses, one eval seed shared by all runs), then the mean gain with a 95% Student-t
 interval over seeds. "beats SFT" means the interval's lower bound is above 0. The greedy-decoding
 gold (``eval_gold_greedy``) is reported beside it, judged the same way.
+
+:func:`final_rows` and :func:`gain_markdown` take the metrics to compare (a column of the
+evaluation rows whose starting value is ``<column>_init`` in summary.json), so other LM tasks
+reuse them (``benchmarks/lm_arith_gain.py``: pass@1 and pass@k of ``task=lm_arith``).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -27,6 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.load import load_runs  # noqa: E402
 
+#: (label, column): what this script compares for task=lm_summarize
+GOLD_METRICS = (("sampled", "eval_return"), ("greedy", "eval_gold_greedy"))
+
 
 def t_interval(x: np.ndarray, confidence: float = 0.95) -> tuple[float, float, float]:
     """Mean and two-sided Student-t interval of the mean (n - 1 degrees of freedom)."""
@@ -37,27 +45,53 @@ def t_interval(x: np.ndarray, confidence: float = 0.95) -> tuple[float, float, f
     return m, m - h, m + h
 
 
-def final_rows(folder: str) -> pd.DataFrame:
-    import json
-
+def final_rows(folder: str, metrics=GOLD_METRICS, task: str | None = None) -> pd.DataFrame:
+    """One row per finished LM run under ``folder`` (of ``task``, if given): estimator, seed,
+    status, iterations, tokens, and for each metric column ``c`` the starting value ``c_init``
+    (summary.json) and the final one ``c`` (the last evaluation row); KL to the reference."""
     runs = load_runs(folder)
     rows = []
     for _, r in runs.iterrows():
         run_dir = Path(folder) / r.run_dir
         summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
         m = pd.read_parquet(run_dir / "metrics.parquet")
-        if "eval_gold_greedy" not in m or summary.get("eval_return_init") is None:
-            continue  # made before the sampled evaluation existed
-        ev = m.dropna(subset=["eval_return"])
+        if task is not None and not (m.task == task).all():
+            continue
+        cols = [c for _, c in metrics]
+        if any(c not in m for c in cols) or any(summary.get(f"{c}_init") is None for c in cols):
+            continue  # made before these evaluations existed
+        ev = m.dropna(subset=[cols[0]])
         if ev.empty or not summary:
             continue  # still running (or killed): not a finished run
         last = ev.iloc[-1]
-        rows.append({"estimator": last.estimator, "seed": int(last.seed), "status": summary.get("status", "incomplete"),
-                     "iterations": int(m.iteration.max()), "tokens": int(m.tokens.max()),
-                     "sft": summary["eval_return_init"], "final": float(last.eval_return),
-                     "sft_greedy": summary["eval_gold_greedy_init"], "final_greedy": float(last.eval_gold_greedy),
-                     "kl_ref": float(m.kl_ref.tail(10).mean())})
+        row = {"estimator": last.estimator, "seed": int(last.seed), "status": summary.get("status", "incomplete"),
+               "iterations": int(m.iteration.max()), "tokens": int(m.tokens.max()),
+               "wall_s": float(m.wall_time_s.max())}
+        for c in cols:
+            row[f"{c}_init"], row[c] = float(summary[f"{c}_init"]), float(last[c])
+        row["kl_ref"] = float(m.kl_ref.tail(10).mean())
+        rows.append(row)
     return pd.DataFrame(rows)
+
+
+def gain_markdown(df: pd.DataFrame, metrics, start: str = "SFT") -> str:
+    """A markdown table: per estimator and metric, ``start -> final`` per seed and the mean gain
+    with its 95% t interval over seeds (bold when the interval excludes 0)."""
+    head = ["estimator", "n"]
+    for label, _ in metrics:
+        head += [f"{label}: {start} -> final (per seed)", f"{label} gain [95% t]"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for est, g in df.sort_values(["estimator", "seed"]).groupby("estimator"):
+        cells = [est, str(len(g))]
+        for _, c in metrics:
+            m, lo, hi = t_interval((g[c] - g[f"{c}_init"]).to_numpy())
+            init = g[f"{c}_init"].unique()
+            start_txt = f"{init[0]:.3f}" if len(init) == 1 else "/".join(f"{x:.3f}" for x in g[f"{c}_init"])
+            cells.append(f"{start_txt} -> " + " / ".join(f"{x:.3f}" for x in g[c]))
+            gain = f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+            cells.append(f"**{gain}**" if lo > 0 else gain)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -67,6 +101,8 @@ def main() -> None:
     df = final_rows(args.folder)
     if df.empty:
         raise SystemExit(f"{args.folder}: no LM runs with eval_return_init (run the harness first)")
+    df = df.rename(columns={"eval_return_init": "sft", "eval_return": "final", "eval_gold_greedy_init": "sft_greedy",
+                            "eval_gold_greedy": "final_greedy"}).drop(columns="wall_s")
     pd.set_option("display.width", 160)
     print(df.sort_values(["estimator", "seed"]).round(3).to_string(index=False))
     print()

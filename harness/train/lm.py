@@ -24,6 +24,13 @@ one after another, each with its own seed; they share the cached SFT policy and 
 Checkpoints are the loop's; this source adds its counters, the prompt RNG and the memory peak.
 Column ``peak_mem_mb``: the member's peak memory above the memory in use at its start
 (:class:`PeakMemory`); ``peak_mem_base_mb``: that baseline.
+
+Columns of every LM task: ``zero_std_frac``, the fraction of the batch's groups whose scores are
+all equal (their group-relative advantages vanish). Where the gold score is a 0/1 verdict
+(``task=lm_arith``, :attr:`LMTask.binary`; null elsewhere): at evaluation ``pass_at_1`` (the greedy
+answer is correct) and ``pass_at_k`` (Chen et al. 2021's unbiased estimate from
+``lm.eval_samples`` sampled answers, ``k = lm.arith.pass_k``); from the training batch
+``response_len_correct`` / ``response_len_incorrect`` (mean sampled tokens, EOS included).
 """
 from __future__ import annotations
 
@@ -42,7 +49,8 @@ from ..io import RunDir
 from ..io import checkpoint as ckpt
 from ..models.lm import NonFiniteError, PolicyWithValue, ValueModel, generate, response_forward
 from ..tasks.lm.data import decode_responses, left_pad
-from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_gold, uses_bf16
+from ..tasks.lm.metrics import length_by_correctness, mean_pass_at_k, zero_std_fraction
+from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_scores, uses_bf16
 from .loop import Diverged, Source, train_one_by_one
 from .update import UpdateBatch, clip_grad_groups
 
@@ -378,33 +386,43 @@ class LMSource(Source):
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
-    def _evaluate(self) -> tuple[float, float]:
-        """``(sampled, greedy)`` mean gold score on the first ``lm.eval_prompts`` held-out prompts.
+    def _evaluate(self) -> dict:
+        """Gold scores on the first ``lm.eval_prompts`` held-out prompts.
 
-        *sampled* (logged as ``eval_return``) is the policy's own objective, the gold score
-        expected under sampling at ``lm.temperature``, estimated from ``lm.eval_samples``
-        responses per prompt with common random numbers across evaluations, runs and estimators;
-        *greedy* (``eval_gold_greedy``) decodes the argmax response once per prompt.
+        ``eval_return`` is the policy's own objective, the gold score expected under sampling at
+        ``lm.temperature``, estimated from ``lm.eval_samples`` responses per prompt with common
+        random numbers across evaluations, runs and estimators; ``eval_gold_greedy`` decodes the
+        argmax response once per prompt. With a 0/1 gold score (:attr:`LMTask.binary`) the same
+        answers give ``pass_at_1`` (greedy) and ``pass_at_k`` (from the sampled ones); else null.
         """
         lm = self.lm
         args = (self.policy.lm, self.tok, self.task.held_out, int(lm.eval_prompts), int(lm.max_response_len),
                 float(lm.temperature))
         seed = int(lm.pipeline_seed) + self.EVAL_SEED_OFFSET
+        score = self.task.gold_fn
         try:
-            sampled = evaluate_gold(*args, False, seed, self.device, self.task.dtype, samples=int(lm.eval_samples))
-            greedy = evaluate_gold(*args, True, seed, self.device, self.task.dtype)
+            sampled = evaluate_scores(*args, False, seed, self.device, self.task.dtype, samples=int(lm.eval_samples),
+                                      score=score)
+            greedy = evaluate_scores(*args, True, seed, self.device, self.task.dtype, score=score)
         except NonFiniteError as exc:
             raise Diverged(str(exc)) from None
-        return sampled, greedy
+        mean = lambda per_prompt: sum(map(sum, per_prompt)) / max(sum(map(len, per_prompt)), 1)  # noqa: E731
+        out = {"eval_return": mean(sampled), "eval_gold_greedy": mean(greedy), "pass_at_1": None, "pass_at_k": None}
+        if self.task.binary:
+            out["pass_at_1"] = out["eval_gold_greedy"]
+            out["pass_at_k"] = mean_pass_at_k(sampled, int(lm.arith.pass_k))
+        return out
 
     def evaluate(self, flags):
-        sampled, greedy = self._evaluate()
-        return [{"eval_return": sampled, "eval_gold_greedy": greedy}]
+        return [self._evaluate()]
 
     def initial_evaluation(self) -> dict:
         """The starting (SFT) policy, scored by the same evaluation as every later eval row."""
-        sampled, greedy = self._evaluate()
-        return {"eval_return_init": sampled, "eval_gold_greedy_init": greedy}
+        ev = self._evaluate()
+        init = {"eval_return_init": ev["eval_return"], "eval_gold_greedy_init": ev["eval_gold_greedy"]}
+        if self.task.binary:
+            init.update(pass_at_1_init=ev["pass_at_1"], pass_at_k_init=ev["pass_at_k"])
+        return init
 
     # ------------------------------------------------------------------ rows
     def episode_return(self, p, ro):
@@ -412,10 +430,18 @@ class LMSource(Source):
 
     def row_extras(self, p, ro: Rollout, stats, ev, pre, row) -> dict:
         reward = float(ro.reward.mean())
+        lengths = ro.mask.sum(-1)
+        len_correct = len_incorrect = None
+        if self.task.binary:
+            len_correct, len_incorrect = length_by_correctness(lengths, ro.gold)
         return {
             "eval_gold_greedy": None if ev is None else ev["eval_gold_greedy"],
+            "pass_at_1": None if ev is None else ev["pass_at_1"],
+            "pass_at_k": None if ev is None else ev["pass_at_k"],
+            "zero_std_frac": zero_std_fraction(ro.score, int(self.cfg.group_size)),
+            "response_len_correct": len_correct, "response_len_incorrect": len_incorrect,
             "reward": reward, "gold_reward": float(ro.gold.mean()), "kl_ref": self._kl_ref(ro),
-            "response_len": float(ro.mask.sum(-1).mean()), "tokens": int(self.tokens),
+            "response_len": float(lengths.mean()), "tokens": int(self.tokens),
             "score": float(ro.score.mean()),
             "return_mean": float(ro.rewards.mul(ro.mask).sum(-1).mean()),
             "kl_ref_token": float(ro.kl_tok.sum() / ro.mask.sum().clamp(min=1.0)),
@@ -429,8 +455,11 @@ class LMSource(Source):
         }
 
     def summary_extra(self, p) -> dict:
-        return {"tokens": self.tokens, "prompts_truncated": self.truncated_total, "pipeline": self.task.meta,
-                "eval_return_init": None, "eval_gold_greedy_init": None}
+        extra = {"tokens": self.tokens, "prompts_truncated": self.truncated_total, "pipeline": self.task.meta,
+                 "eval_return_init": None, "eval_gold_greedy_init": None}
+        if self.task.binary:
+            extra.update(pass_at_1_init=None, pass_at_k_init=None)
+        return extra
 
     def postfix(self, ro, rows):
         r = rows[0] if rows else {"reward": float("nan"), "gold_reward": float("nan"), "tokens_per_s": 0.0}

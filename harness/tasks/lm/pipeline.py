@@ -1,5 +1,9 @@
 """The RLHF pipeline in miniature: data -> SFT policy -> reward model, each stage cached.
 
+Two embedded tasks share it (``lm.corpus``): ``summarize`` (the default; a learned reward model
+over a programmatic gold score) and ``arith`` (:mod:`.arith`: arithmetic with an exact checker
+as the gold score, optimised directly with ``lm.reward=gold``, so there is no reward-model stage).
+
 Stages (Ouyang et al. 2022, InstructGPT, §3.5; Stiennon et al. 2020):
 
 1. **SFT**: the starting policy (the embedded tiny GPT-2 built from ``lm.arch``, or
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -42,6 +47,8 @@ from ...models.lm import (PooledRewardModel, disable_dropout, generate, load_pre
 from .corpus import Example, vocabulary
 from .data import (EncodedSplit, decode_responses, encode_response, encode_split, left_pad, load_examples,
                    right_pad)
+from .arith import ArithSpec, arith_reward, check, make_problems
+from .arith import vocabulary as arith_vocabulary
 from .gold import gold_score
 from .tokenizer import build_word_tokenizer, ensure_special_tokens, load_tokenizer
 
@@ -258,7 +265,12 @@ class RewardModel:
 @dataclass
 class LMTask:
     """What the trainer needs: tokenizer, encoded splits, the starting policy's folder, the
-    reward (RM or gold) and the gold score. Built once per process, shared by population members."""
+    reward (RM or gold) and the gold score. Built once per process, shared by population members.
+
+    ``gold_fn(response, example)`` is the gold score (summarization: :func:`gold_score`;
+    arithmetic: the 0/1 checker), ``reward_fn`` what ``lm.reward=gold`` optimises (None: the gold
+    score itself), and ``binary`` says the gold score is a 0/1 verdict (pass@k, length by
+    correctness are then defined)."""
 
     tokenizer: Any
     train: EncodedSplit
@@ -271,6 +283,9 @@ class LMTask:
     device: torch.device
     dtype: str = "auto"
     meta: dict = field(default_factory=dict)
+    gold_fn: Callable[[str, Any], float] = gold_score
+    reward_fn: Callable[[str, Any], float] | None = None
+    binary: bool = False
 
     def _load(self, auto_cls):
         with quiet_transformers():
@@ -291,12 +306,14 @@ class LMTask:
         return self._load(AutoModel)
 
     def gold(self, examples: list[Example], responses: list[str]) -> torch.Tensor:
-        return torch.tensor([gold_score(r, e) for r, e in zip(responses, examples)], dtype=torch.float32)
+        return torch.tensor([self.gold_fn(r, e) for r, e in zip(responses, examples)], dtype=torch.float32)
 
     def reward(self, examples: list[Example], responses: list[str], finished: list[bool]) -> torch.Tensor:
         """The optimized score (before the no-EOS penalty and the KL term)."""
         if self.reward_kind == "gold":
-            return self.gold(examples, responses)
+            if self.reward_fn is None:
+                return self.gold(examples, responses)
+            return torch.tensor([self.reward_fn(r, e) for r, e in zip(responses, examples)], dtype=torch.float32)
         return self.reward_model([e.prompt for e in examples], responses, finished).cpu()
 
 
@@ -319,18 +336,33 @@ def _sample_texts(model, tokenizer, split: EncodedSplit, indices: list[int], n: 
     return rows, texts, finished
 
 
-def evaluate_gold(model, tokenizer, split: EncodedSplit, n: int, max_response_len: int, temperature: float,
-                  greedy: bool, seed: int, device, dtype="auto", samples: int = 1) -> float:
-    """Mean gold score over the first ``n`` prompts of ``split``, ``samples`` responses each.
+def evaluate_scores(model, tokenizer, split: EncodedSplit, n: int, max_response_len: int, temperature: float,
+                    greedy: bool, seed: int, device, dtype="auto", samples: int = 1,
+                    score: Callable[[str, Any], float] = gold_score) -> list[list[float]]:
+    """``score`` of each response to the first ``n`` prompts of ``split``: one list per prompt,
+    ``samples`` sampled responses each (one greedy response with ``greedy``).
 
     Sampled responses come from a generator seeded with ``seed`` alone, so two policies evaluated
     with one seed share their random numbers (and evaluation never moves the training RNG).
     """
     gen = torch.Generator(device=device).manual_seed(seed)
     idx = list(range(min(n, len(split))))
-    rows, texts, _ = _sample_texts(model, tokenizer, split, idx, 1 if greedy else samples, max_response_len,
+    per = 1 if greedy else samples
+    rows, texts, _ = _sample_texts(model, tokenizer, split, idx, per, max_response_len,
                                    temperature, greedy, gen, device, dtype)
-    return sum(gold_score(t, split.examples[i]) for i, t in zip(rows, texts)) / max(len(rows), 1)
+    flat = [score(t, split.examples[i]) for i, t in zip(rows, texts)]
+    return [flat[j:j + per] for j in range(0, len(flat), per)]
+
+
+def evaluate_gold(model, tokenizer, split: EncodedSplit, n: int, max_response_len: int, temperature: float,
+                  greedy: bool, seed: int, device, dtype="auto", samples: int = 1,
+                  score: Callable[[str, Any], float] = gold_score) -> float:
+    """Mean ``score`` (the gold score) over the first ``n`` prompts of ``split``, ``samples``
+    responses each (:func:`evaluate_scores`)."""
+    per_prompt = evaluate_scores(model, tokenizer, split, n, max_response_len, temperature, greedy, seed, device,
+                                 dtype, samples, score)
+    flat = [x for s in per_prompt for x in s]
+    return sum(flat) / max(len(flat), 1)
 
 
 def _lr_at(step: int, steps: int, warmup: int) -> float:
@@ -473,6 +505,7 @@ def build_task(cfg: DictConfig) -> LMTask:
     seed = int(lm.pipeline_seed)
     cache_dir = cache_path(lm)
     meta: dict[str, Any] = {}
+    arith = lm.get("corpus", "summarize") == "arith"
 
     # tokenizer and data (cheap, deterministic: rebuilt every time, saved with the stages)
     if lm.tokenizer is not None:
@@ -480,21 +513,33 @@ def build_task(cfg: DictConfig) -> LMTask:
     elif lm.model is not None:
         tokenizer = load_tokenizer(str(lm.model), "lm.model")
     else:
-        tokenizer = build_word_tokenizer(vocabulary())
+        tokenizer = build_word_tokenizer(arith_vocabulary() if arith else vocabulary())
     ensure_special_tokens(tokenizer)
-    train_ex, held_ex = load_examples(lm, seed)
+    if arith:
+        spec = ArithSpec.from_cfg(lm.arith)
+        train_ex, held_ex = make_problems(seed, spec)
+        gold_fn, binary = check, True
+        reward_fn = functools.partial(arith_reward, format_reward=spec.format_reward) if spec.format_reward else None
+    else:
+        train_ex, held_ex = load_examples(lm, seed)
+        gold_fn, reward_fn, binary = gold_score, None, False
     train = encode_split(tokenizer, train_ex, lm.max_prompt_len)
     held_out = encode_split(tokenizer, held_ex, lm.max_prompt_len)
     meta["data"] = {"train": len(train), "held_out": len(held_out),
                     "train_prompts_truncated": sum(train.truncated),
                     "held_out_prompts_truncated": sum(held_out.truncated)}
 
-    data_material = {
-        "dataset": _source_id(lm.dataset), "columns": _plain(lm.columns), "splits": _plain(lm.splits),
-        "data": _plain(lm.data), "tokenizer": _source_id(lm.tokenizer), "model": _source_id(lm.model),
+    if arith:  # the format reward and pass@k's k matter to RL only: the SFT stage does not depend on them
+        data_material = {"corpus": "arith", "arith": {k: v for k, v in _plain(lm.arith).items()
+                                                      if k not in ("format_reward", "pass_k")}}
+    else:
+        data_material = {"dataset": _source_id(lm.dataset), "columns": _plain(lm.columns),
+                         "splits": _plain(lm.splits), "data": _plain(lm.data)}
+    data_material.update({
+        "tokenizer": _source_id(lm.tokenizer), "model": _source_id(lm.model),
         "arch": _plain(lm.arch) if lm.model is None else None, "seed": seed,
         "max_prompt_len": lm.max_prompt_len, "max_response_len": lm.max_response_len,
-    }
+    })
 
     # stage 1: SFT
     if lm.model is not None and lm.sft.steps == 0:
@@ -522,10 +567,10 @@ def build_task(cfg: DictConfig) -> LMTask:
             stats = train_sft(model, tokenizer, train, lm.sft, lm.max_response_len, seed, device, dtype)
             n_eval = min(len(held_out), lm.sft.eval_prompts)
             stats["sft_gold_greedy"] = evaluate_gold(model, tokenizer, held_out, n_eval, lm.max_response_len,
-                                                     lm.temperature, True, seed, device, dtype)
+                                                     lm.temperature, True, seed, device, dtype, score=gold_fn)
             stats["sft_gold_sampled"] = evaluate_gold(model, tokenizer, held_out, n_eval, lm.max_response_len,
-                                                      lm.temperature, False, seed, device, dtype)
-            stats["reference_gold"] = sum(gold_score(e.reference, e) for e in held_out.examples[:n_eval]) / max(n_eval, 1)
+                                                      lm.temperature, False, seed, device, dtype, score=gold_fn)
+            stats["reference_gold"] = sum(gold_fn(e.reference, e) for e in held_out.examples[:n_eval]) / max(n_eval, 1)
             model.save_pretrained(out, safe_serialization=True)
             tokenizer.save_pretrained(out)
             return stats
@@ -561,4 +606,5 @@ def build_task(cfg: DictConfig) -> LMTask:
 
     return LMTask(tokenizer=tokenizer, train=train, held_out=held_out, policy_source=policy_source,
                   reward_kind=lm.reward, reward_model=reward_model, max_prompt_len=lm.max_prompt_len,
-                  max_response_len=lm.max_response_len, device=device, dtype=dtype, meta=meta)
+                  max_response_len=lm.max_response_len, device=device, dtype=dtype, meta=meta,
+                  gold_fn=gold_fn, reward_fn=reward_fn, binary=binary)

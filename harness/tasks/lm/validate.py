@@ -21,6 +21,10 @@ from omegaconf import DictConfig, ListConfig
 from .data import LOCAL_SUFFIXES, load_examples
 
 REWARDS = ("rm", "gold")
+CORPORA = ("summarize", "arith")
+ARITH_OPERATORS = "+-"
+ARITH_DIGITS_MAX = 18  # operands stay exact in a 64-bit integer
+ARITH_OPS_MAX = 32
 CRITICS = ("head", "model")
 DTYPES = ("auto", "float32", "bfloat16")
 KL_TARGETS = ("ref", "old")
@@ -171,7 +175,10 @@ def validate_lm(cfg: Any) -> None:
     """Raise ``ValueError`` naming the first invalid ``lm.*`` (or LM-relevant) field."""
     lm = cfg.get("lm")
     if lm is None:
-        _bad("lm", "the LM task's settings (use task=lm_summarize)", None)
+        _bad("lm", "the LM task's settings (use task=lm_summarize or task=lm_arith)", None)
+    corpus = lm.get("corpus", "summarize")
+    if corpus not in CORPORA:
+        _bad("lm.corpus", f"one of {list(CORPORA)}", corpus)
     if lm.reward not in REWARDS:
         _bad("lm.reward", f"one of {list(REWARDS)}", lm.reward)
     if lm.critic not in CRITICS:
@@ -187,21 +194,10 @@ def validate_lm(cfg: Any) -> None:
     cache = Path(os.path.expanduser(str(lm.cache_dir)))
     if cache.exists() and not cache.is_dir():
         raise ValueError(f"lm.cache_dir: {str(lm.cache_dir)!r} is a file; it must be a folder (or not exist yet)")
-    for key in ("prompt", "summary"):
-        _check_text(f"lm.columns.{key}", lm.columns[key], "a non-empty column name", nullable=False)
-    _check_text("lm.splits.train", lm.splits.train, "a non-empty split name", nullable=False)
-    _check_text("lm.splits.eval", lm.splits.eval, "a split name, or null (hold out the tail of train)", nullable=True)
-    d = lm.data
-    check_int("lm.data.train_size", d.train_size, 1)
-    check_int("lm.data.eval_size", d.eval_size, 1)
-    for key in ("min_facts", "max_facts", "min_distractors", "max_distractors"):
-        check_int(f"lm.data.{key}", d[key], 0)
-    if not 1 <= d.min_facts <= d.max_facts:
-        _bad("lm.data.min_facts/max_facts", "1 <= min_facts <= max_facts", (d.min_facts, d.max_facts))
-    if not 0 <= d.min_distractors <= d.max_distractors:
-        _bad("lm.data.min_distractors/max_distractors", "0 <= min <= max", (d.min_distractors, d.max_distractors))
-    if d.max_facts > 12:
-        _bad("lm.data.max_facts", "<= 12 (one fact per name)", d.max_facts)
+    if corpus == "arith":
+        _validate_arith(cfg, lm)
+    else:
+        _validate_summarize(lm)
     a = lm.arch
     for key in ("n_layer", "n_head", "n_embd"):
         check_int(f"lm.arch.{key}", a[key], 1)
@@ -214,13 +210,6 @@ def validate_lm(cfg: Any) -> None:
         check_int(f"lm.sft.{key}", lm.sft[key], 1)
     check_int("lm.sft.warmup", lm.sft.warmup, 0)
     check_number("lm.sft.lr", lm.sft.lr, 0, strict=True)
-    # lm.rm.* only matter when a reward model is trained, but a value no run could use is refused anyway
-    for key in ("prompts", "eval_prompts", "epochs", "batch_size"):
-        check_int(f"lm.rm.{key}", lm.rm[key], 1)
-    check_int("lm.rm.samples_per_prompt", lm.rm.samples_per_prompt, 2, " (pairs are formed within a prompt)")
-    check_number("lm.rm.lr", lm.rm.lr, 0, strict=True)
-    if not isinstance(lm.rm.include_reference, bool):
-        _bad("lm.rm.include_reference", "true or false", lm.rm.include_reference)
     if cfg.kl.target not in KL_TARGETS:
         _bad("kl.target", f"one of {list(KL_TARGETS)} for the LM task", cfg.kl.target)
     if cfg.kl.in_reward and cfg.kl.target != "ref":
@@ -245,8 +234,77 @@ def validate_lm(cfg: Any) -> None:
             raise ValueError(f"lm.model: {str(lm.model)!r} holds no tokenizer files (tokenizer.json, "
                              "tokenizer_config.json); save one there or set lm.tokenizer")
         _check_context(lm, model_dir)
-    if lm.dataset is not None and Path(str(lm.dataset)).expanduser().is_file():
+    if corpus == "arith":
+        from .arith import ArithSpec, make_problems
+
+        make_problems(int(lm.pipeline_seed), ArithSpec.from_cfg(lm.arith))  # a space too small for the sizes
+    elif lm.dataset is not None and Path(str(lm.dataset)).expanduser().is_file():
         load_examples(lm, int(lm.pipeline_seed))  # every row checked now, naming the file and the line
+
+
+def _validate_arith(cfg: Any, lm: Any) -> None:
+    """``lm.corpus=arith`` (task=lm_arith): the generator's knobs, and the settings it has no use for."""
+    if lm.reward != "gold":
+        _bad("lm.reward", "'gold' for lm.corpus=arith (the reward is the exact checker; there is no reward model)",
+             lm.reward)
+    for key in ("dataset", "reward_model"):
+        if lm.get(key) is not None:
+            _bad(f"lm.{key}", "null for lm.corpus=arith (the problems are generated, the checker scores them)",
+                 lm.get(key))
+    ar = lm.get("arith")
+    if not isinstance(ar, DictConfig):
+        _bad("lm.arith", "the arithmetic generator's settings (use task=lm_arith)", ar)
+    check_int("lm.arith.train_size", ar.train_size, 1)
+    check_int("lm.arith.eval_size", ar.eval_size, 1)
+    check_int("lm.arith.min_digits", ar.min_digits, 1)
+    if not _is_int(ar.max_digits) or not ar.min_digits <= ar.max_digits <= ARITH_DIGITS_MAX:
+        _bad("lm.arith.max_digits", f"an integer in [lm.arith.min_digits={ar.min_digits}, {ARITH_DIGITS_MAX}]",
+             ar.max_digits)
+    check_int("lm.arith.min_ops", ar.min_ops, 1)
+    if not _is_int(ar.max_ops) or not ar.min_ops <= ar.max_ops <= ARITH_OPS_MAX:
+        _bad("lm.arith.max_ops", f"an integer in [lm.arith.min_ops={ar.min_ops}, {ARITH_OPS_MAX}]", ar.max_ops)
+    ops = ar.operators
+    if not isinstance(ops, str) or not ops or any(c not in ARITH_OPERATORS for c in ops) or len(set(ops)) != len(ops):
+        _bad("lm.arith.operators", f"a non-empty string of distinct characters from {ARITH_OPERATORS!r} "
+             "('+', '-' or '+-')", ops)
+    if not _is_number(ar.worked_frac) or not 0 <= ar.worked_frac <= 1:
+        _bad("lm.arith.worked_frac", "a number in [0, 1] (the share of SFT solutions that show their working)",
+             ar.worked_frac)
+    check_number("lm.arith.format_reward", ar.format_reward, 0, strict=False)
+    if not _is_int(ar.pass_k) or not 1 <= ar.pass_k <= lm.eval_samples:
+        _bad("lm.arith.pass_k", f"an integer in [1, lm.eval_samples={lm.eval_samples}] (pass@k from "
+             "lm.eval_samples sampled answers per held-out prompt)", ar.pass_k)
+    if lm.model is None and lm.tokenizer is None:  # the embedded tokenizer: one word per character
+        longest = (ar.max_ops + 1) * ar.max_digits + ar.max_ops + 1
+        if lm.max_prompt_len < longest:
+            _bad("lm.max_prompt_len", f">= {longest}, the longest prompt lm.arith allows (a cut prompt loses "
+                 "its first operand)", lm.max_prompt_len)
+
+
+def _validate_summarize(lm: Any) -> None:
+    """``lm.corpus=summarize`` (task=lm_summarize): dataset columns, corpus sizes, reward model."""
+    for key in ("prompt", "summary"):
+        _check_text(f"lm.columns.{key}", lm.columns[key], "a non-empty column name", nullable=False)
+    _check_text("lm.splits.train", lm.splits.train, "a non-empty split name", nullable=False)
+    _check_text("lm.splits.eval", lm.splits.eval, "a split name, or null (hold out the tail of train)", nullable=True)
+    d = lm.data
+    check_int("lm.data.train_size", d.train_size, 1)
+    check_int("lm.data.eval_size", d.eval_size, 1)
+    for key in ("min_facts", "max_facts", "min_distractors", "max_distractors"):
+        check_int(f"lm.data.{key}", d[key], 0)
+    if not 1 <= d.min_facts <= d.max_facts:
+        _bad("lm.data.min_facts/max_facts", "1 <= min_facts <= max_facts", (d.min_facts, d.max_facts))
+    if not 0 <= d.min_distractors <= d.max_distractors:
+        _bad("lm.data.min_distractors/max_distractors", "0 <= min <= max", (d.min_distractors, d.max_distractors))
+    if d.max_facts > 12:
+        _bad("lm.data.max_facts", "<= 12 (one fact per name)", d.max_facts)
+    # lm.rm.* only matter when a reward model is trained, but a value no run could use is refused anyway
+    for key in ("prompts", "eval_prompts", "epochs", "batch_size"):
+        check_int(f"lm.rm.{key}", lm.rm[key], 1)
+    check_int("lm.rm.samples_per_prompt", lm.rm.samples_per_prompt, 2, " (pairs are formed within a prompt)")
+    check_number("lm.rm.lr", lm.rm.lr, 0, strict=True)
+    if not isinstance(lm.rm.include_reference, bool):
+        _bad("lm.rm.include_reference", "true or false", lm.rm.include_reference)
 
 
 def _check_context(lm: Any, path: Path) -> None:
