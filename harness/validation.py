@@ -84,6 +84,13 @@ def check_sampling_options(cfg: DictConfig) -> None:
         if cfg.task.family == "control":
             bad_field(key, f"{off if off is not None else 'null'} on control tasks (it applies to responses "
                            "sampled in groups: task families toy and lm)", cfg[key])
+        if cfg.task.family == "lm" and key == "dynamic_sampling":
+            bad_field(key, "False on the LM task for now (implemented on the toy task only: the LM rollout would "
+                           "have to re-pad kept groups from several generation batches)", cfg[key])
+        if key == "overlong_cache":
+            longest = int(cfg.lm.max_response_len) if cfg.task.family == "lm" else spec_from_config(cfg).length
+            if cfg[key] > longest:
+                bad_field(key, f"<= the maximal response length ({longest} tokens) or null (off)", cfg[key])
         if cfg.task.family == "toy" and key != "dynamic_sampling" and not spec_from_config(cfg).eos:
             eos = sorted(n for n, p in TOY_PRESETS.items() if p.eos)
             bad_field(key, f"{off if off is not None else 'null'} without EOS (task.env_id={cfg.task.env_id}: every "

@@ -182,3 +182,21 @@ def test_cpu_memory_counts_allocated_bytes_not_touched_pages():
     after = memory_mb(cpu)
     assert abs((during - before) - 64.0) < 0.5
     assert abs(after - before) < 0.5
+
+
+def test_overlong_penalty_is_added_to_the_score(tmp_path):
+    """DAPO's soft overlong penalty with L_cache = L_max: every response pays -|y| / L_max, so
+    the mean score is the mean reward minus the mean response length / L_max (by hand)."""
+    _, df, _ = run_one(tmp_path, "estimator=grpo", "kl.beta=0", f"overlong_cache={MAX_LEN}")
+    assert df.score.tolist() == pytest.approx((df.reward - df.response_len / MAX_LEN).tolist(), abs=1e-5)
+
+
+def test_truncated_responses_leave_the_loss(tmp_path):
+    """mask_truncated (TRL's mask_truncated_completions): with one-token responses almost none
+    ends in EOS; an iteration whose responses are all truncated gives the policy no gradient."""
+    opts = ["estimator=ppo_gae", "kl.beta=0", "lm.max_response_len=1", "budget.iterations=4", "eval_every=0"]
+    _, cut, _ = run_one(tmp_path / "cut", *opts, "mask_truncated=true")
+    _, kept, _ = run_one(tmp_path / "kept", *opts)
+    all_cut = cut.no_eos_frac == 1.0
+    assert all_cut.any() and (cut.grad_norm[all_cut] == 0).all()
+    assert (kept.grad_norm[kept.no_eos_frac == 1.0] > 0).all()

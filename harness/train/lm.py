@@ -52,6 +52,7 @@ from ..tasks.lm.data import decode_responses, left_pad
 from ..tasks.lm.metrics import length_by_correctness, mean_pass_at_k, zero_std_fraction
 from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_scores, uses_bf16
 from .loop import Diverged, Source, train_one_by_one
+from .sampling import overlong_penalty
 from .update import UpdateBatch, clip_grad_groups
 
 
@@ -276,9 +277,14 @@ class LMSource(Source):
         """Per-token KL estimate (``kl.estimator``) of the policy to the reference, masked."""
         return kl_estimate(self.cfg.kl.estimator, logp, ref_logp) * mask
 
-    def _score(self, examples, texts, has_eos) -> tuple[torch.Tensor, torch.Tensor]:
+    def _score(self, examples, texts, has_eos, lengths) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(reward, score)``: the score the estimator sees is the reward minus ``lm.no_eos_penalty``
+        without EOS, plus DAPO's soft overlong penalty (``overlong_cache``) of each response length."""
         reward = self.task.reward(examples, texts, has_eos.tolist()).float()
         score = reward - float(self.lm.no_eos_penalty) * (~has_eos.cpu()).float()
+        if self.cfg.overlong_cache is not None:
+            score = score + overlong_penalty(lengths.cpu(), int(self.lm.max_response_len),
+                                             int(self.cfg.overlong_cache)).float()
         return reward, score
 
     def _ref_logp(self, p_ids, p_mask, tokens, mask) -> torch.Tensor:
@@ -320,7 +326,7 @@ class LMSource(Source):
                 values = self.values(p_ids, p_mask, g.tokens, g.mask, values)
         self.sample_memory()
         texts = decode_responses(self.tok, g.tokens, g.mask)
-        reward, score = self._score(examples, texts, g.has_eos)
+        reward, score = self._score(examples, texts, g.has_eos, g.mask.sum(-1))
         gold = self.task.gold(examples, texts)
         sampled = int(g.mask.sum())
 
@@ -331,7 +337,8 @@ class LMSource(Source):
                 gg = generate(self.policy.lm, gp_ids, gp_mask, lm.max_response_len, self.tok.eos_token_id,
                               self.tok.pad_token_id, temperature=lm.temperature, greedy=True)
             g_texts = decode_responses(self.tok, gg.tokens, gg.mask)
-            g_reward, g_score = self._score([split.examples[i] for i in prompt_idx], g_texts, gg.has_eos)
+            g_reward, g_score = self._score([split.examples[i] for i in prompt_idx], g_texts, gg.has_eos,
+                                            gg.mask.sum(-1))
             greedy_reward = float(g_reward.mean())
             greedy_scores = g_score.to(self.device)
             if self.cfg.kl.in_reward and self.beta > 0:
@@ -371,6 +378,8 @@ class LMSource(Source):
 
     def update_batch(self, ro: Rollout, adv, returns, values) -> UpdateBatch:
         mask_tm = ro.mask.transpose(0, 1)
+        if self.cfg.mask_truncated:  # TRL's mask_truncated_completions: scored, counted, not in the loss
+            mask_tm = mask_tm * ro.has_eos.to(mask_tm.device, mask_tm.dtype).view(1, -1)
         one = lambda x: None if x is None else x.unsqueeze(0)  # noqa: E731
         old = ro.old_logp.transpose(0, 1)
         target = ro.ref_logp.transpose(0, 1) if self.cfg.kl.target == "ref" else old
