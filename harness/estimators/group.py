@@ -18,9 +18,17 @@ def _centred(scores: torch.Tensor) -> torch.Tensor:
     return torch.where(_constant(scores), torch.zeros_like(centred), centred)
 
 
+def zero_std_groups(scores: torch.Tensor) -> torch.Tensor:
+    """``[n_groups]`` bool: the groups of ``scores [n_groups, k]`` whose scores are all equal (zero
+    standard deviation: every group-relative advantage of the group is 0). The one definition of a
+    zero-std group: DAPO's dynamic sampling (:mod:`harness.train.sampling`) drops them and the LM
+    task's ``zero_std_frac`` counts them."""
+    return (scores == scores[:, :1]).all(dim=1)
+
+
 def _constant(scores: torch.Tensor) -> torch.Tensor:
     """``[n_groups, 1]`` bool: every member of the group has the same score."""
-    return (scores == scores[:, :1]).all(dim=1, keepdim=True)
+    return zero_std_groups(scores).unsqueeze(1)
 
 
 def grpo(scores: torch.Tensor, std_normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:

@@ -18,11 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-
-def zero_std_groups(scores: torch.Tensor) -> torch.Tensor:
-    """``[n_groups]`` bool: the groups of ``scores [n_groups, k]`` whose scores are all equal
-    (zero standard deviation: every group-relative advantage of the group is 0)."""
-    return (scores == scores[:, :1]).all(dim=1)
+from ..estimators.group import zero_std_groups
 
 
 @dataclass

@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from ...estimators.group import zero_std_groups
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     r"""The unbiased pass@k estimate from ``n`` samples of which ``c`` are correct
@@ -40,8 +42,7 @@ def zero_std_fraction(scores: torch.Tensor, group_size: int) -> float | None:
     (DAPO, Yu et al. 2025, arXiv:2503.14476, "dynamic sampling"). None for ``group_size < 2``."""
     if group_size < 2:
         return None
-    g = scores.detach().float().reshape(-1, group_size)
-    return float((g == g[:, :1]).all(dim=1).float().mean())
+    return float(zero_std_groups(scores.detach().float().reshape(-1, group_size)).float().mean())
 
 
 def length_by_correctness(lengths: torch.Tensor, correct: torch.Tensor) -> tuple[float | None, float | None]:
