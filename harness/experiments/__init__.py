@@ -90,6 +90,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("claim_c28", "toy", {"population": "3", "budget.env_steps": "1920"}),
     Experiment("claim_c29", "toy", {"population": "3", "budget.env_steps": "1920"}),
     Experiment("claim_c30", "toy", {"population": "3", "budget.env_steps": "1920"}),
+    Experiment("claim_c31", "toy", _TOY_QUICK),
     Experiment("claim_c8", "control", {**_CONTROL_QUICK, "clip_eps": "0.2,null", "epochs": "10"}),
     Experiment("claim_c9", "control", _CONTROL_QUICK),
     Experiment("claim_c11", "control", {**_CONTROL_QUICK, "ent_coef": "0.0,0.05"}),
