@@ -592,3 +592,14 @@ def test_a_list_in_a_selection_means_any_of_its_values():
                     seeds=range(2))
     rows = e.select(e.metrics, {"kl.beta": [0.05, 0.5]}, "metrics")
     assert sorted(set(rows.kl_ref)) == [0.05, 0.5]
+
+
+def test_only_one_exact_claim_still_records_every_exact_claim(tmp_path, monkeypatch):
+    """--only C32 once turned every other exact claim of the folder "not run" (the shared
+    exact_tests.json held C32 alone)."""
+    import harness.experiments.run as R
+
+    seen = {}
+    monkeypatch.setattr(R, "run_exact_tests", lambda claims, out, progress=print: seen.setdefault("c", list(claims)))
+    R.run_claims(tmp_path, only={"C32"}, progress=lambda s: None)
+    assert seen["c"] == X.EXACT_CLAIMS and {"C1", "C7", "C32"} <= set(seen["c"])

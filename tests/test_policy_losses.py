@@ -466,3 +466,48 @@ def test_the_knobs_at_their_defaults_keep_run_directory_hashes():
     assert config_hash(base) == config_hash(same) == "80604a49ef"  # pinned in test_checkpoint.py before issue 14
     for knob in ("clip_ratio_c=2", "sapo_tau_pos=2", "sapo_tau_neg=2", "delta=2"):
         assert config_hash(make_cfg(["task=toy", "estimator=grpo", knob])) != config_hash(base), knob
+
+
+# ----------------------------------------------------------------------------- claim C32 (exact)
+
+def _grads_clip_and_cispo(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    T, B = 5, 16
+    old = -torch.rand(T, B, generator=g, dtype=torch.float64) - 0.1
+    logp = old + 0.8 * torch.randn(T, B, generator=g, dtype=torch.float64)  # ratios ~0.1 to ~10
+    adv = torch.randn(T, B, generator=g, dtype=torch.float64)
+    mask = torch.ones(T, B, dtype=torch.float64)
+    out = {}
+    for name in ("clip", "cispo"):
+        x = logp.clone().requires_grad_(True)
+        loss, _ = POLICY_LOSSES[name](x, old, adv, mask, clip_eps=0.2)
+        (grad,) = torch.autograd.grad(loss, x)
+        out[name] = grad
+    return logp - old, adv, out
+
+
+@pytest.mark.claim("C32")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cispo_keeps_a_gradient_on_the_tokens_the_clip_drops(seed):
+    """By hand: PPO's clip zeroes the gradient where A > 0 and r > 1.2, or A < 0 and r < 0.8;
+    CISPO's gradient there is -clip(r) A / N (N tokens, token mean), never 0."""
+    log_r, adv, grad = _grads_clip_and_cispo(seed)
+    r = log_r.exp()
+    dropped = ((adv > 0) & (r > 1.2)) | ((adv < 0) & (r < 0.8))
+    assert 0.1 < float(dropped.double().mean()) < 0.9  # the clip acts on a good share of the tokens
+    assert (grad["clip"][dropped] == 0).all() and (grad["clip"][~dropped] != 0).all()
+    n = adv.numel()
+    torch.testing.assert_close(grad["cispo"][dropped], (-r.clamp(0.8, 1.2) * adv / n)[dropped])
+    assert (grad["cispo"] != 0).all()
+
+
+@pytest.mark.claim("C32")
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cispo_equals_the_clip_inside_the_band(seed):
+    """Where the clip is not active, PPO's gradient -r A / N and CISPO's -sg(r) A / N are equal."""
+    log_r, adv, grad = _grads_clip_and_cispo(seed)
+    r = log_r.exp()
+    inside = (r >= 0.8) & (r <= 1.2)
+    assert inside.any()
+    torch.testing.assert_close(grad["cispo"][inside], grad["clip"][inside])
+    torch.testing.assert_close(grad["clip"][inside], (-r * adv / adv.numel())[inside])
