@@ -212,6 +212,21 @@ def _clipped_objective(ratio: torch.Tensor, advantages: torch.Tensor, low: float
     return objective, zeroed
 
 
+def _policy_result(objective: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor,
+                   clip_frac: Callable[[], torch.Tensor], agg: str, norm_len: int | None,
+                   seq_id: torch.Tensor | None, with_metrics: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The end every policy loss shares: ``L = -agg[objective]`` and its ``(loss, metrics)``; with
+    ``with_metrics`` the ratio diagnostics of ``log_ratio`` and ``clip_frac``, the masked token mean
+    of ``clip_frac()`` (per-token 0/1 or a soft share, built only when diagnostics are asked for)."""
+    loss = -aggregate(objective, mask, agg, norm_len, seq_id)
+    metrics = {}
+    if with_metrics:
+        metrics = _ratio_metrics(log_ratio.detach(), mask)
+        metrics["clip_frac"] = _masked_mean(clip_frac().to(objective.dtype), mask)
+    metrics["policy_loss"] = loss.detach()
+    return loss, metrics
+
+
 # Clamp of a log ratio before exp in the losses that follow verl in doing so (dual_clip, cispo,
 # sapo): exp(log r) of a far-off token stays finite, so its zero gradient is not inf * 0 = nan.
 LOG_RATIO_CLAMP = 20.0
@@ -257,17 +272,12 @@ def clipped_surrogate_loss(
     cap = _check_delta(delta, "clip")
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
-    metrics = _ratio_metrics(log_ratio.detach(), mask) if with_metrics else {}
     if clip_eps is None and delta is None:
         objective = ratio * advantages
         zeroed = torch.zeros_like(mask, dtype=torch.bool)
     else:
         objective, zeroed = _clipped_objective(ratio, advantages, low, high, cap)
-    if with_metrics:
-        metrics["clip_frac"] = _masked_mean(zeroed.to(logp.dtype), mask)
-    loss = -aggregate(objective, mask, agg, norm_len, seq_id)
-    metrics["policy_loss"] = loss.detach()
-    return loss, metrics
+    return _policy_result(objective, log_ratio, mask, lambda: zeroed, agg, norm_len, seq_id, with_metrics)
 
 
 def pg_loss(
@@ -294,13 +304,8 @@ def pg_loss(
     ``r = 1`` (the first epoch).
     """
     _check_delta(delta, "pg")
-    loss = -aggregate(logp * advantages, mask, agg, norm_len, seq_id)
-    metrics = {}
-    if with_metrics:
-        metrics = _ratio_metrics((logp - old_logp).detach(), mask)
-        metrics["clip_frac"] = torch.zeros_like(metrics["approx_kl"])
-    metrics["policy_loss"] = loss.detach()
-    return loss, metrics
+    return _policy_result(logp * advantages, logp - old_logp, mask, lambda: torch.zeros_like(logp), agg, norm_len,
+                          seq_id, with_metrics)
 
 
 def dual_clip_loss(
@@ -343,14 +348,8 @@ def dual_clip_loss(
     ppo, zeroed = _clipped_objective(ratio, advantages, low, high, float("inf"))
     negative = advantages < 0
     objective = torch.where(negative, torch.maximum(ppo, clip_ratio_c * advantages), ppo)
-    loss = -aggregate(objective, mask, agg, norm_len, seq_id)
-    metrics = {}
-    if with_metrics:
-        metrics = _ratio_metrics(log_ratio.detach(), mask)
-        bounded = negative & (ratio.detach() > clip_ratio_c)
-        metrics["clip_frac"] = _masked_mean((zeroed | bounded).to(logp.dtype), mask)
-    metrics["policy_loss"] = loss.detach()
-    return loss, metrics
+    bounded = lambda: zeroed | (negative & (ratio.detach() > clip_ratio_c))  # noqa: E731
+    return _policy_result(objective, log_ratio, mask, bounded, agg, norm_len, seq_id, with_metrics)
 
 
 def gspo_loss(
@@ -405,13 +404,7 @@ def gspo_loss(
     log_s = torch.clamp(logp - logp.detach() + seq_log_ratio, max=10.0)
     s = log_s.exp()
     objective, zeroed = _clipped_objective(s, advantages, low, high, cap)
-    loss = -aggregate(objective, mask, agg, norm_len, seq_id)
-    metrics = {}
-    if with_metrics:
-        metrics = _ratio_metrics(log_ratio.detach(), mask)
-        metrics["clip_frac"] = _masked_mean(zeroed.to(logp.dtype), mask)
-    metrics["policy_loss"] = loss.detach()
-    return loss, metrics
+    return _policy_result(objective, log_ratio, mask, lambda: zeroed, agg, norm_len, seq_id, with_metrics)
 
 
 def cispo_loss(
@@ -449,13 +442,8 @@ def cispo_loss(
     log_ratio = logp - old_logp
     ratio = torch.clamp(log_ratio.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     weight = torch.clamp(ratio, low, high)
-    loss = -aggregate(weight * advantages * logp, mask, agg, norm_len, seq_id)
-    metrics = {}
-    if with_metrics:
-        metrics = _ratio_metrics(log_ratio.detach(), mask)
-        metrics["clip_frac"] = _masked_mean((weight != ratio).to(logp.dtype), mask)
-    metrics["policy_loss"] = loss.detach()
-    return loss, metrics
+    return _policy_result(weight * advantages * logp, log_ratio, mask, lambda: weight != ratio, agg, norm_len,
+                          seq_id, with_metrics)
 
 
 def gmpo_loss(
@@ -502,15 +490,9 @@ def gmpo_loss(
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
     seq_ratio = sequence_mean(pessimistic, mask, seq_id).exp()
     seq_adv = sequence_mean(advantages, mask, seq_id)
-    loss = -aggregate(seq_adv * seq_ratio, mask, agg, norm_len, seq_id)
-    metrics = {}
-    if with_metrics:
-        metrics = _ratio_metrics(log_ratio.detach(), mask)
-        lr = log_ratio.detach()
-        zeroed = ((advantages > 0) & (lr > eps_high)) | ((advantages < 0) & (lr < -eps_low))
-        metrics["clip_frac"] = _masked_mean(zeroed.to(logp.dtype), mask)
-    metrics["policy_loss"] = loss.detach()
-    return loss, metrics
+    lr = log_ratio.detach()
+    zeroed = lambda: ((advantages > 0) & (lr > eps_high)) | ((advantages < 0) & (lr < -eps_low))  # noqa: E731
+    return _policy_result(seq_adv * seq_ratio, log_ratio, mask, zeroed, agg, norm_len, seq_id, with_metrics)
 
 
 def sapo_loss(
@@ -542,7 +524,7 @@ def sapo_loss(
     1.0 and 1.05) and verl's ``compute_policy_loss_sapo`` (``tau_pos``/``tau_neg``; it clamps
     ``log r`` to [-20, 20], as here, and always aggregates with ``seq-mean-token-mean``;
     ``loss_agg`` is honoured here). ``clip_eps`` is not used. ``clip_frac``: the share of the
-    gradient the gate removes, averaged over tokens with A != 0,
+    gradient the gate removes, averaged over the unmasked tokens (0 on tokens with A = 0),
     :math:`1 - 4\sigma(1-\sigma)` per token (a hard clip's 0/1 made soft; verl reports 0).
     """
     _check_delta(delta, "sapo")
@@ -552,15 +534,10 @@ def sapo_loss(
     ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
     sig = torch.sigmoid(tau * (ratio - 1.0))
-    loss = -aggregate(sig * (4.0 / tau) * advantages, mask, agg, norm_len, seq_id)
-    metrics = {}
-    if with_metrics:
-        metrics = _ratio_metrics(log_ratio.detach(), mask)
-        s = sig.detach()
-        removed = (1.0 - 4.0 * s * (1.0 - s)) * (advantages != 0).to(s.dtype)
-        metrics["clip_frac"] = _masked_mean(removed, mask)
-    metrics["policy_loss"] = loss.detach()
-    return loss, metrics
+    s = sig.detach()
+    removed = lambda: (1.0 - 4.0 * s * (1.0 - s)) * (advantages != 0).to(s.dtype)  # noqa: E731
+    return _policy_result(sig * (4.0 / tau) * advantages, log_ratio, mask, removed, agg, norm_len, seq_id,
+                          with_metrics)
 
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
