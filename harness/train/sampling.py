@@ -1,6 +1,6 @@
 """Sampling-side options of the group-sampling sources (toy, LM), each written once here.
 
-* :func:`zero_std_groups` / :func:`dynamic_sample`: DAPO's dynamic sampling (Yu et al. 2025,
+* :func:`dynamic_sample` (with :func:`~harness.estimators.group.zero_std_groups`): DAPO's dynamic sampling (Yu et al. 2025,
   arXiv:2503.14476, §3.2; verl ``algorithm.filter_groups``): a group whose members all got the
   same score has zero group-relative advantage and contributes no gradient, so such groups are
   dropped and more are drawn until the batch holds ``n_groups`` informative ones, or
