@@ -84,9 +84,6 @@ def check_sampling_options(cfg: DictConfig) -> None:
         if cfg.task.family == "control":
             bad_field(key, f"{off if off is not None else 'null'} on control tasks (it applies to responses "
                            "sampled in groups: task families toy and lm)", cfg[key])
-        if cfg.task.family == "lm" and key == "dynamic_sampling":
-            bad_field(key, "False on the LM task for now (implemented on the toy task only: the LM rollout would "
-                           "have to re-pad kept groups from several generation batches)", cfg[key])
         if key == "overlong_cache":
             longest = int(cfg.lm.max_response_len) if cfg.task.family == "lm" else spec_from_config(cfg).length
             if cfg[key] > longest:

@@ -97,6 +97,8 @@ def test_evaluation_scores_the_sft_policy_first_and_never_moves_training(tmp_pat
     """``eval_return_init`` is the SFT policy's score under the very evaluation the rows use
     (same prompts, same eval seed), and evaluating draws from its own generator: the training
     rows of a run that evaluates every iteration equal those of a run that never evaluates."""
+    import dataclasses
+
     import torch
 
     from harness.tasks.lm.pipeline import build_task, evaluate_gold
@@ -200,3 +202,59 @@ def test_truncated_responses_leave_the_loss(tmp_path):
     all_cut = cut.no_eos_frac == 1.0
     assert all_cut.any() and (cut.grad_norm[all_cut] == 0).all()
     assert (kept.grad_norm[kept.no_eos_frac == 1.0] > 0).all()
+
+
+def test_dynamic_sampling_keeps_informative_groups_from_several_draws_and_charges_every_draw(tmp_path):
+    """DAPO's dynamic sampling on the LM source with scripted scores (3 prompts x 2 samples per
+    draw): draw 1 has no informative group, draw 2 its group 1, draw 3 its groups 0 and 1. The
+    batch is those three groups in that order, prompts re-padded to one width without changing
+    any log-prob, and every drawn token (kept or not) counted."""
+    import dataclasses
+
+    import torch
+
+    from harness.tasks.lm.pipeline import build_task
+    from harness.train.lm import LMSource
+
+    cfg = compose("estimator=grpo", "kl.beta=0", "lm.prompts_per_iter=3", "dynamic_sampling=true",
+                  "dynamic_sampling_max_draws=5", results_dir=tmp_path)
+    src = LMSource(cfg, build_task(cfg))
+    src.kl_beta_now = torch.zeros(1)
+    scripted = iter([[0, 0, 1, 1, .5, .5], [0, 0, 0, 1, 1, 1], [1, 0, .2, .3, 0, 0]])
+    draws = []
+    real_draw = src._draw
+
+    def draw():  # draw 3's prompts wider than draw 2's, as if its longest prompt were longer: cat re-pads draw 2's
+        ro = real_draw()
+        if len(draws) == 2:
+            extra = max(2, draws[1].prompt_ids.shape[1] - ro.prompt_ids.shape[1] + 2)
+            pad = torch.nn.functional.pad
+            ro = dataclasses.replace(ro, prompt_ids=pad(ro.prompt_ids, (extra, 0), value=src.tok.pad_token_id),
+                                     prompt_mask=pad(ro.prompt_mask, (extra, 0), value=0))
+        draws.append(ro)
+        return ro
+
+    def score(examples, texts, has_eos, lengths):
+        s = torch.tensor(next(scripted), dtype=torch.float32)
+        return s, s
+    src._draw, src._score = draw, score
+    ro = src.collect()
+    assert src.drawn.draws == len(draws) == 3 and src.drawn.zero_std_frac == pytest.approx(6 / 9)
+    assert ro.score.tolist() == pytest.approx([0, 1, 1, 0, .2, .3])
+    kept = [(1, 2), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)]  # (draw, row)
+    for i, (d, r) in enumerate(kept):
+        assert torch.equal(ro.tokens[i], draws[d].tokens[r]) and torch.equal(ro.old_logp[i], draws[d].old_logp[r])
+        n = int(draws[d].prompt_mask[r].sum())  # the prompt, right-aligned, whatever the padding
+        assert torch.equal(ro.prompt_ids[i][-n:], draws[d].prompt_ids[r][-n:]) and int(ro.prompt_mask[i].sum()) == n
+    assert draws[1].prompt_ids.shape[1] < ro.prompt_ids.shape[1] == draws[2].prompt_ids.shape[1]
+    assert ro.sampled_tokens == sum(int(d.mask.sum()) for d in draws) == src.tokens
+    # the re-padded prompts give the policy the same log-probs as when each batch was drawn
+    logp, _, _ = src.learner.forward(ro, None, False)
+    torch.testing.assert_close(logp[0].T * ro.mask, ro.old_logp, atol=1e-5, rtol=1e-5)
+
+
+def test_dynamic_sampling_runs_end_to_end_and_logs_its_draws(tmp_path):
+    _, df, summary = run_one(tmp_path, "estimator=grpo", "dynamic_sampling=true", "dynamic_sampling_max_draws=3")
+    assert summary["status"] == "completed" and df.sample_draws.between(1, 3).all()
+    per_iter = df.tokens.diff().fillna(df.tokens.iloc[0])
+    assert (per_iter >= df.response_len * PROMPTS * GROUP - 1e-6).all()

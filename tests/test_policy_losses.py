@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.losses import (DELTA_LOSSES, POLICY_LOSSES, clipped_surrogate_loss, cispo_loss, dual_clip_loss,
-                            get_policy_loss, gmpo_loss, gspo_loss, sapo_loss)
+                            get_policy_loss, gmpo_loss, gspo_loss, sapo_loss, sequence_mean)
 
 from .control_helpers import make_cfg
 
@@ -511,3 +511,55 @@ def test_cispo_equals_the_clip_inside_the_band(seed):
     assert inside.any()
     torch.testing.assert_close(grad["cispo"][inside], grad["clip"][inside])
     torch.testing.assert_close(grad["clip"][inside], (-r * adv / adv.numel())[inside])
+
+
+# ----------------------------------------------------------------------------- claim C33 (exact)
+
+def _ratio_variances(L: int, V: int = 3, seed: int = 0):
+    """Exact variances, under y ~ pi_old, of the importance ratios of every response of length
+    ``L`` over a ``V``-token vocabulary (all ``V**L`` enumerated), tokens i.i.d. with
+    ``pi_old = softmax(z)`` and ``pi = softmax(z + d)`` (a policy one update away). Returns the
+    token ratio's variance (over tokens), GSPO's sequence ratio's (:func:`sequence_mean` of the
+    log-ratios, exponentiated, as ``gspo_loss`` forms it) and the plain product's."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(V, generator=g, dtype=torch.float64)
+    log_old = torch.log_softmax(z, -1)
+    log_new = torch.log_softmax(z + 0.5 * torch.randn(V, generator=g, dtype=torch.float64), -1)
+    seqs = torch.cartesian_prod(*[torch.arange(V)] * L).view(-1, L) if L > 1 else torch.arange(V).view(-1, 1)
+    log_r = (log_new - log_old)[seqs].T  # [L, N] time-major, as the losses take it
+    w = log_old[seqs].sum(-1).exp()  # P_old(y)
+    assert float(w.sum()) == pytest.approx(1.0, abs=1e-12)
+    mask = torch.ones_like(log_r)
+
+    def var(x, weights):
+        m = (weights * x).sum() / weights.sum()
+        return float((weights * (x - m) ** 2).sum() / weights.sum())
+    token = var(log_r.exp().flatten(), w.repeat(L))  # every token of every response, weighted by P_old(y)
+    gspo = var(sequence_mean(log_r, mask)[0].exp(), w)
+    product = var(log_r.sum(0).exp(), w)
+    r = (log_new - log_old).exp()
+    p = log_old.exp()
+    return token, gspo, product, r, p
+
+
+@pytest.mark.claim("C33")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gspo_sequence_ratio_variance_falls_with_length_while_token_ratios_do_not(seed):
+    """The token ratio's variance is the chi-square divergence sum_v pi^2 / pi_old - 1 at every
+    length; GSPO's length-normalised ratio s = (prod_t r_t)^(1/L) has variance
+    (E r^(2/L))^L - (E r^(1/L))^(2L) (i.i.d. tokens, by hand), equal to the token ratio's at L = 1
+    and falling as L grows; the unnormalised product's, (1 + chi2)^L - 1, grows."""
+    rows = {L: _ratio_variances(L, seed=seed) for L in (1, 2, 4, 8)}
+    _, _, _, r, p = rows[1]
+    chi2 = float((p * r * r).sum() - 1)
+    gspo_by_hand = lambda L: float((p * r ** (2 / L)).sum() ** L - (p * r ** (1 / L)).sum() ** (2 * L))  # noqa: E731
+    for L, (token, gspo, product, *_ ) in rows.items():
+        assert token == pytest.approx(chi2, rel=1e-9)
+        assert gspo == pytest.approx(gspo_by_hand(L), rel=1e-9)
+        assert product == pytest.approx((1 + chi2) ** L - 1, rel=1e-9)
+    assert rows[1][1] == pytest.approx(rows[1][0], rel=1e-9)
+    g = [rows[L][1] for L in (1, 2, 4, 8)]
+    assert all(a > b for a, b in zip(g, g[1:]))  # GSPO's falls with length
+    assert g[-1] < 0.25 * g[0]
+    prod = [rows[L][2] for L in (1, 2, 4, 8)]
+    assert all(a < b for a, b in zip(prod, prod[1:]))  # the product's grows

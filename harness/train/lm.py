@@ -35,6 +35,7 @@ answer is correct) and ``pass_at_k`` (Chen et al. 2021's unbiased estimate from
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import gc
 import random
 import resource
@@ -52,7 +53,7 @@ from ..tasks.lm.data import decode_responses, left_pad
 from ..tasks.lm.metrics import length_by_correctness, mean_pass_at_k, zero_std_fraction
 from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_scores, uses_bf16
 from .loop import Diverged, Source, train_one_by_one
-from .sampling import overlong_penalty
+from .sampling import cat_rows, dynamic_sample, overlong_penalty, take_groups
 from .update import UpdateBatch, clip_grad_groups
 
 
@@ -159,12 +160,40 @@ class Rollout:
     gold: torch.Tensor  # [B]
     has_eos: torch.Tensor  # [B]
     greedy_scores: torch.Tensor | None  # [n_prompts]
-    greedy_reward: float | None
+    greedy_rewards: torch.Tensor | None  # [n_prompts] the greedy responses' reward-model (or gold) scores
     sampled_tokens: int
     prompts_truncated: int
     cost: torch.Tensor | None = None  # [1] sampled tokens
     kl_tok: torch.Tensor | None = None  # [B, L] per-token KL estimate to the reference
     rewards: torch.Tensor | None = None  # [B, L] per-token rewards given to the estimator
+
+    PER_GROUP = ("greedy_scores", "greedy_rewards")  # one entry per prompt, not per response
+
+    def take_groups(self, groups: torch.Tensor, k: int) -> "Rollout":
+        """The groups ``groups`` (prompt indices) of this rollout: their ``k`` responses each and
+        their greedy entries (:func:`harness.train.sampling.take_groups` for the per-response rows)."""
+        per_group = {f: getattr(self, f)[groups.to(getattr(self, f).device)] for f in self.PER_GROUP
+                     if getattr(self, f) is not None}
+        rows = take_groups(dataclasses.replace(self, greedy_scores=None, greedy_rewards=None), groups, k)
+        return dataclasses.replace(rows, **per_group)
+
+    @staticmethod
+    def cat(parts: list["Rollout"], pad_token_id: int) -> "Rollout":
+        """Rollouts of several generation batches as one (DAPO's dynamic sampling): prompts are
+        left-padded to the longest of them (masked: a left pad changes no position or attention),
+        responses already share the width ``lm.max_response_len``; counters add up."""
+        width = max(r.prompt_ids.shape[1] for r in parts)
+
+        def pad(r: Rollout) -> Rollout:
+            extra = width - r.prompt_ids.shape[1]
+            if not extra:
+                return r
+            f = torch.nn.functional.pad
+            return dataclasses.replace(r, prompt_ids=f(r.prompt_ids, (extra, 0), value=pad_token_id),
+                                       prompt_mask=f(r.prompt_mask, (extra, 0), value=0))
+        out = cat_rows([pad(r) for r in parts])
+        return dataclasses.replace(out, sampled_tokens=sum(r.sampled_tokens for r in parts),
+                                   prompts_truncated=sum(r.prompts_truncated for r in parts))
 
 
 class LMLearner:
@@ -248,6 +277,7 @@ class LMSource(Source):
         self.tok = task.tokenizer
         self.tokens = 0
         self.truncated_total = 0
+        self.drawn = None  # dynamic sampling: what the last collect drew (harness.train.sampling.Drawn)
         self.memory.sample()
 
     @property
@@ -302,8 +332,22 @@ class LMSource(Source):
         ro.cost = torch.tensor([ro.sampled_tokens])
         return ro
 
-    @torch.no_grad()
     def _collect(self) -> Rollout:
+        """One generation batch; with ``dynamic_sampling`` (DAPO) the groups whose scores are not
+        all equal from as many as it takes (:func:`harness.train.sampling.dynamic_sample`), every
+        drawn response (and greedy response) counted against the budget."""
+        self.drawn = None
+        if not self.cfg.dynamic_sampling:
+            return self._draw()
+        k = int(self.cfg.group_size)
+        ro, self.drawn = dynamic_sample(self._draw, lambda r: r.score.view(-1, k), lambda r, g: r.take_groups(g, k),
+                                        lambda parts: Rollout.cat(parts, self.tok.pad_token_id),
+                                        int(self.lm.prompts_per_iter), int(self.cfg.dynamic_sampling_max_draws))
+        return dataclasses.replace(ro, sampled_tokens=sum(r.sampled_tokens for r in self.drawn.batches),
+                                   prompts_truncated=sum(r.prompts_truncated for r in self.drawn.batches))
+
+    @torch.no_grad()
+    def _draw(self) -> Rollout:
         lm, k = self.lm, int(self.cfg.group_size)
         split = self.task.train
         prompt_idx = [self.rng.randrange(len(split)) for _ in range(int(lm.prompts_per_iter))]
@@ -330,7 +374,7 @@ class LMSource(Source):
         gold = self.task.gold(examples, texts)
         sampled = int(g.mask.sum())
 
-        greedy_scores = greedy_reward = None
+        greedy_scores = greedy_rewards = None
         if self.spec.needs_greedy:
             gp_ids, gp_mask = left_pad([split.prompt_ids[i] for i in prompt_idx], self.tok.pad_token_id, self.device)
             with self.ac():
@@ -339,7 +383,7 @@ class LMSource(Source):
             g_texts = decode_responses(self.tok, gg.tokens, gg.mask)
             g_reward, g_score = self._score([split.examples[i] for i in prompt_idx], g_texts, gg.has_eos,
                                             gg.mask.sum(-1))
-            greedy_reward = float(g_reward.mean())
+            greedy_rewards = g_reward.float()
             greedy_scores = g_score.to(self.device)
             if self.cfg.kl.in_reward and self.beta > 0:
                 # the greedy return carries its own KL penalty, like every sampled return
@@ -351,7 +395,7 @@ class LMSource(Source):
             sampled += int(gg.mask.sum())
         return Rollout(p_ids, p_mask, g.tokens, mask, old_logp.float(), ref.float(),
                        None if values is None else values.float(), score.to(self.device), reward, gold,
-                       g.has_eos, greedy_scores, greedy_reward, sampled, truncated)
+                       g.has_eos, greedy_scores, greedy_rewards, sampled, truncated)
 
     # ------------------------------------------------------------------ advantages
     def advantage_batch(self, ro: Rollout) -> AdvantageBatch:
@@ -443,11 +487,14 @@ class LMSource(Source):
         len_correct = len_incorrect = None
         if self.task.binary:
             len_correct, len_incorrect = length_by_correctness(lengths, ro.gold)
-        return {
+        extra = {} if self.drawn is None else {"sample_draws": self.drawn.draws}  # as the toy source's
+        return extra | {
             "eval_gold_greedy": None if ev is None else ev["eval_gold_greedy"],
             "pass_at_1": None if ev is None else ev["pass_at_1"],
             "pass_at_k": None if ev is None else ev["pass_at_k"],
-            "zero_std_frac": zero_std_fraction(ro.score, int(self.cfg.group_size)),
+            # with dynamic sampling: over every group drawn (the kept ones have none), and the draws
+            "zero_std_frac": (self.drawn.zero_std_frac if self.drawn is not None
+                              else zero_std_fraction(ro.score, int(self.cfg.group_size))),
             "response_len_correct": len_correct, "response_len_incorrect": len_incorrect,
             "reward": reward, "gold_reward": float(ro.gold.mean()), "kl_ref": self._kl_ref(ro),
             "response_len": float(lengths.mean()), "tokens": int(self.tokens),
@@ -455,7 +502,7 @@ class LMSource(Source):
             "return_mean": float(ro.rewards.mul(ro.mask).sum(-1).mean()),
             "kl_ref_token": float(ro.kl_tok.sum() / ro.mask.sum().clamp(min=1.0)),
             "no_eos_frac": float((~ro.has_eos).float().mean()),
-            "greedy_reward": ro.greedy_reward,
+            "greedy_reward": None if ro.greedy_rewards is None else float(ro.greedy_rewards.mean()),
             "prompts_truncated": int(ro.prompts_truncated),
             "tokens_per_s": float(self.tokens / max(row["wall_time_s"], 1e-9)),
             "iter_time_s": float(time.time() - self.t_iteration),
