@@ -147,15 +147,23 @@ cmd_start() {
   echo "slurm cluster '$CLUSTER' up: node $host idle (SLURM_CONF=$SLURM_CONF)"
 }
 
-stop_pidfile() {  # stop_pidfile NAME FILE: SIGTERM, then SIGKILL after 15 s
-  local name=$1 file=$2 pid i
-  alive "$file" || { rm -f "$file"; return 0; }
-  pid=$(cat "$file")
-  kill "$pid"
-  for i in $(seq 75); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-  if kill -0 "$pid" 2>/dev/null; then echo "$name ($pid) ignored SIGTERM for 15 s: SIGKILL"; kill -9 "$pid"; fi
-  rm -f "$file"
-  echo "stopped $name ($pid)"
+stop_pidfiles() {  # stop_pidfiles NAME FILE [NAME FILE ...]: SIGTERM to all, SIGKILL after 15 s
+  local -a names=() pids=()
+  local i
+  while [ $# -gt 0 ]; do
+    if alive "$2"; then names+=("$1"); pids+=("$(cat "$2")"); kill "$(cat "$2")"; fi
+    rm -f "$2"
+    shift 2
+  done
+  for i in "${!pids[@]}"; do
+    local n=0
+    while kill -0 "${pids[$i]}" 2>/dev/null && [ $n -lt 75 ]; do sleep 0.2; n=$((n + 1)); done
+    if kill -0 "${pids[$i]}" 2>/dev/null; then
+      echo "${names[$i]} (${pids[$i]}) ignored SIGTERM for 15 s: SIGKILL"
+      kill -9 "${pids[$i]}"
+    fi
+    echo "stopped ${names[$i]} (${pids[$i]})"
+  done
 }
 
 cmd_stop() {
@@ -169,11 +177,9 @@ cmd_stop() {
       for i in $(seq 100); do [ -z "$(squeue -h -o %A 2>/dev/null)" ] && break; sleep 0.2; done
     fi
   fi
-  stop_pidfile slurmd "$RUN/slurmd.pid"
-  stop_pidfile slurmctld "$RUN/slurmctld.pid"
-  stop_pidfile slurmdbd "$RUN/slurmdbd.pid"
-  stop_pidfile mariadbd "$DBRUN/mariadbd.pid"
-  stop_pidfile munged "$RUN/munged.pid"
+  stop_pidfiles slurmd "$RUN/slurmd.pid" slurmctld "$RUN/slurmctld.pid"
+  stop_pidfiles slurmdbd "$RUN/slurmdbd.pid"  # after slurmctld, which reports to it until the end
+  stop_pidfiles mariadbd "$DBRUN/mariadbd.pid" munged "$RUN/munged.pid"
 }
 
 cmd_status() {
