@@ -5,10 +5,14 @@
     >>> runs = analysis.stats.run_table(df)         # one row per run: final score, AUC, ...
     >>> analysis.stats.stratified_bootstrap({"CartPole-v1": runs.score.values}, "iqm")
 
-Command line: ``python -m analysis report RESULTS [--x env_steps|wall_time_s] [--last-n 5]``.
+    >>> scores = analysis.rliable_scores("results/")  # rliable's {estimator: [runs x tasks]}
+
+Command line: ``python -m analysis report RESULTS [--x env_steps|wall_time_s] [--last-n 5]``,
+``python -m analysis rliable RESULTS [--out FILE.npz]``.
 """
 
 from . import stats
+from .interop import read_rliable_npz, rliable_scores, write_rliable_npz
 from .load import AnalysisWarning, find_run_dirs, load, load_runs
 from .stats import (
     Interval,
@@ -40,7 +44,10 @@ __all__ = [
     "performance_profile",
     "probability_of_improvement",
     "probability_of_improvement_interval",
+    "read_rliable_npz",
+    "rliable_scores",
     "run_table",
     "stats",
     "stratified_bootstrap",
+    "write_rliable_npz",
 ]

@@ -1,4 +1,5 @@
-"""``python -m analysis <command>``: ``report`` (reads results) and ``claims`` (reads results; with
+"""``python -m analysis <command>``: ``report`` (reads results), ``rliable`` (reads results, writes
+rliable's score matrices as an .npz: :mod:`analysis.interop`) and ``claims`` (reads results; with
 ``--run`` it first runs the claim experiments that are missing, through :mod:`harness.experiments`).
 
 Exit codes: 0 success, 2 bad input: an argument outside its allowed values (one line naming
@@ -14,8 +15,11 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from . import stats
-from .load import AnalysisWarning
+from .interop import RAGGED, score_matrices, write_rliable_npz
+from .load import AnalysisWarning, load
 from .report import EXPECTED, NoRunsError, build_report, diverged_rule_text, format_left_out
 
 
@@ -139,6 +143,66 @@ def _run_report(args) -> int:
     return 0
 
 
+def _npz_file(text: str) -> Path:
+    path = Path(text)
+    if path.suffix != ".npz" or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not allowed; allowed: a file name ending in .npz "
+                                         "(not an existing folder; created or replaced)")
+    return path
+
+
+def _add_rliable(sub) -> None:
+    p = sub.add_parser("rliable", help="the final scores as rliable's score matrices (.npz)",
+                       description="Final scores of every run under RESULTS (as in report.md) as rliable's "
+                                   "{estimator: scores[runs x tasks]}, written to an .npz: one array per "
+                                   "estimator, the task (column) names under _tasks (analysis.interop).")
+    p.add_argument("results", metavar="RESULTS", type=_existing_folder, help=EXPECTED)
+    p.add_argument("--out", type=_npz_file, default=None, metavar="FILE",
+                   help="the .npz to write (default: RESULTS/rliable_scores.npz)")
+    p.add_argument("--last-n", type=_int_at_least(1), default=5, metavar="N",
+                   help="final score = mean of the last N evaluations, N >= 1 (default: 5)")
+    p.add_argument("--diverged", choices=stats.DIVERGED_RULES, default=stats.DEFAULT_DIVERGED,
+                   help="how a diverged run is scored, as for report (default: "
+                        f"{stats.DEFAULT_DIVERGED})")
+    p.add_argument("--normalize", action="store_true",
+                   help="min-max normalise each task's scores over all runs (the report's 'all tasks' scores)")
+    p.add_argument("--ragged", choices=RAGGED, default="error",
+                   help="an estimator with different numbers of scored runs per task: error (default) or "
+                        "nan (short columns padded with NaN, which rliable does not skip)")
+    p.set_defaults(func=_run_rliable)
+
+
+def _run_rliable(args) -> int:
+    caught: list[warnings.WarningMessage] = []
+    left_out: list = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", AnalysisWarning)
+            df = load(args.results)
+            left_out = df.attrs.get("left_out", [])
+            scores, tasks = score_matrices(df, last_n=args.last_n, diverged=args.diverged,
+                                           normalize=args.normalize, ragged=args.ragged)
+    except (ValueError, FileNotFoundError, NotADirectoryError) as err:
+        _print_left_out(left_out)
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        for w in caught:
+            if issubclass(w.category, AnalysisWarning):
+                print(f"warning: {w.message}", file=sys.stderr)
+            else:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    out = args.out if args.out is not None else Path(args.results) / "rliable_scores.npz"
+    write_rliable_npz(out, scores, tasks)
+    _print_left_out(left_out)
+    print(f"tasks (columns): {', '.join(tasks)}")
+    for est, m in scores.items():
+        nan = int(np.isnan(m).sum())
+        print(f"  {est:<14} {m.shape[0]} runs x {m.shape[1]} tasks" + (f", {nan} NaN" if nan else ""))
+    print(f"rliable scores: {out}")
+    return 0
+
+
 def _readme_file(text: str) -> Path:
     path = Path(text)
     if not path.is_file():
@@ -247,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Analyse benchmark results folders.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_report(sub)
+    _add_rliable(sub)
     _add_claims(sub)
     return parser
 

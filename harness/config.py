@@ -66,6 +66,7 @@ class Config:
     threads: Optional[int] = None  # torch intra-op threads; None: the trainer's default (control: 1 alone, all cores for a population)
     checkpoint_every: int = 0  # iterations between checkpoints (control and LM trainers; resume continues from the last); 0: off
     deterministic: bool = False  # torch deterministic algorithms + cuDNN/cuBLAS settings (GPU bitwise repeatability)
+    logger: str = "none"  # none | tensorboard: also write each metric row to <run dir>/tb/ (harness.io.tblog); not hashed
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     eval_every: int = 10  # iterations; 0 disables iteration-based evaluation
     eval_every_steps: Optional[int] = None  # also evaluate each time env_steps crosses a multiple
@@ -271,6 +272,7 @@ NORMALIZE = ("none", "batch", "minibatch")
 FAMILIES = ("control", "lm", "toy")
 MODES = ("train", "probe")
 DEVICES = ("auto", "cpu", "cuda")
+LOGGERS = ("none", "tensorboard")  # logger: where metric rows go besides metrics.parquet (harness.io.tblog)
 
 
 def refuse_unknown_keys(cfg: DictConfig, name: str, *schemas: type) -> None:
@@ -476,6 +478,7 @@ def check_fields(cfg: DictConfig) -> None:
             "checkpoint)", ck)
     if not isinstance(cfg.get("deterministic", False), bool):
         bad("deterministic", "true or false", cfg.get("deterministic"))
+    check_logger(cfg.get("logger", "none"))
     if cfg.eval_every < 0:
         bad("eval_every", ">= 0 (0 disables evaluation)", cfg.eval_every)
     if cfg.eval_every_steps is not None and cfg.eval_every_steps < 1:
@@ -497,6 +500,19 @@ def check_fields(cfg: DictConfig) -> None:
     if cfg.task.max_episode_steps is not None and cfg.task.max_episode_steps < 1:
         bad("task.max_episode_steps", ">= 1 or null (the environment's own limit)", cfg.task.max_episode_steps)
     check_bounds(cfg)
+
+
+def check_logger(value: Any) -> None:
+    """``logger`` is one of :data:`LOGGERS`, and ``tensorboard`` only where its package imports
+    (checked here, before any run starts, not at the first metric row)."""
+    if value not in LOGGERS:
+        bad_field("logger", f"one of {list(LOGGERS)}", value)
+    if value == "tensorboard":
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            bad_field("logger", "'none' here: logger=tensorboard needs the tensorboard package "
+                      "(pip install -c constraints.txt -e \".[tensorboard]\")", value)
 
 
 def check_bounds(cfg: DictConfig) -> None:

@@ -188,6 +188,8 @@ CASES: list[tuple[list[str], str, str]] = [
     (["population=100", "eval_episodes=1000"], "eval_episodes", V),
     (["checkpoint_every=-1"], "checkpoint_every", V),
     (["checkpoint_every=2147483648"], "checkpoint_every", V),
+    (["logger=tb"], "logger", V),
+    (["logger=null"], "logger", C),
     (["budget.iterations=-1"], "budget.iterations", V),
     (["budget.iterations=2147483648"], "budget.iterations", V),
     (["budget.env_steps=0"], "budget.env_steps", V),
@@ -335,6 +337,7 @@ CLI_CASES: list[tuple[list[str], str, int]] = [
     (["results_dir=/proc/harness-res"], "results_dir", 2),
     (["task.env_id=no_such_pkg.envs:MyEnv-v0"], "task.env_id", 2),
     (["task=toy", "estimator=rloo", "++toy.reward=bogus"], "toy.reward", 2),
+    (["logger=wandb"], "logger", 2),
 ]
 
 

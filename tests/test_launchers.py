@@ -5,8 +5,10 @@
   the basic launcher skips them (resume across launchers).
 - ``hydra/launcher=slurm`` (conf/hydra/launcher/slurm.yaml) composes, and the sbatch script
   submitit would submit is rendered, without submitting anything.
-- ``hydra/launcher=ray`` (hydra-ray-launcher) and ``hydra/sweeper=optuna`` run for real when
-  their plugins are installed, and are skipped otherwise.
+- ``hydra/launcher=joblib`` runs the sweep in two worker processes.
+- ``hydra/launcher=ray`` (hydra-ray-launcher, the ``ray`` extra) and ``hydra/sweeper=optuna``
+  (``tune``) run for real when their plugins are installed (the ``test`` extra installs both),
+  and are skipped otherwise.
 """
 from __future__ import annotations
 
@@ -139,8 +141,20 @@ def test_slurm_launcher_composes_and_renders_the_sbatch_script(tmp_path, monkeyp
     assert not (tmp_path / "res").exists()  # nothing ran
 
 
-# ------------------------------------------------------------------ Ray (optional)
-@pytest.mark.skipif(not has_plugin("hydra_ray_launcher"), reason="hydra-ray-launcher not installed (optional)")
+# ------------------------------------------------------------------ joblib
+@pytest.mark.skipif(not has_plugin("hydra_joblib_launcher"), reason="hydra-joblib-launcher not installed")
+def test_joblib_launcher_runs_the_sweep_in_two_processes(tmp_path):
+    # joblib is pinned below 1.6 (constraints.txt) for the Ray launcher's cloudpickle<3: the
+    # launcher must still run jobs in its loky worker processes
+    out = harness_cli(sweep("jl", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"), tmp_path)
+    assert "Joblib.Parallel(n_jobs=2" in out.stdout + out.stderr, out.stdout + out.stderr
+    assert "sweep done: 2 completed" in out.stdout, out.stdout
+    runs = run_dirs(tmp_path / "jl")
+    assert len(runs) == 2 and all(v == ("completed", 2) for v in runs.values()), runs
+
+
+# ------------------------------------------------------------------ Ray (ray extra; in the test extra)
+@pytest.mark.skipif(not has_plugin("hydra_ray_launcher"), reason="hydra-ray-launcher not installed (ray extra)")
 def test_ray_launcher_on_a_local_ray_instance(tmp_path):
     ray = harness_cli(sweep("ray", "hydra/launcher=ray", "+hydra.launcher.ray.init.num_cpus=2",
                             "+hydra.launcher.ray.init.include_dashboard=false"), tmp_path, timeout=400)

@@ -5,15 +5,17 @@ Layout (DESIGN.md, "Outputs")::
     <results_dir>/<task.name>/<estimator>/seed<seed>-<hash>/
         config.yaml        resolved config, written first
         metrics.parquet    one row per iteration (rewritten atomically as the run goes)
+        tb/                the same rows as TensorBoard events (``logger=tensorboard``; harness.io.tblog)
         checkpoint.safetensors  the latest checkpoint (``checkpoint_every``; control and LM runs)
         summary.json       written last: its presence marks the run finished
         .lock              flock'd by the process running the run (pid, host, start time)
 
 ``hash`` covers the resolved config except ``seed`` (in the name), ``results_dir``,
-``population``, ``progress``, ``threads``, ``checkpoint_every`` and ``deterministic``: a
-population member and a lone run of the same seed share a directory, a rerun of the same sweep
+``population``, ``progress``, ``threads``, ``checkpoint_every``, ``deterministic`` and ``logger``:
+a population member and a lone run of the same seed share a directory, a rerun of the same sweep
 finds finished runs and skips them, and switching checkpoints or deterministic kernels on
-(neither changes CPU results: resume is exact) keeps the directory and the hashes of older runs.
+(neither changes CPU results: resume is exact) or TensorBoard logging (a copy of the metric rows,
+``tb/``) keeps the directory and the hashes of older runs.
 
 Fault tolerance (issue 7): a run counts as finished only when ``summary.json`` parses, its
 status is ``completed`` or ``diverged`` and ``metrics.parquet`` reads back with iterations
@@ -52,8 +54,10 @@ except ImportError:  # pragma: no cover - not POSIX: runs are not claimed
 log = logging.getLogger("harness")
 
 FINISHED = ("completed", "diverged")
-# checkpoint_every, deterministic: added after runs existed; neither changes CPU results
-_NOT_HASHED = ("seed", "results_dir", "population", "progress", "threads", "checkpoint_every", "deterministic")
+# checkpoint_every, deterministic: added after runs existed; neither changes CPU results; logger
+# only copies the metric rows elsewhere (harness.io.tblog)
+_NOT_HASHED = ("seed", "results_dir", "population", "progress", "threads", "checkpoint_every", "deterministic",
+               "logger")
 LOCK_FILE = ".lock"
 CHECKPOINT_NAME = "checkpoint.safetensors"  # harness.io.checkpoint.CHECKPOINT_FILE
 # Test-only hook (tests/test_faults.py): seconds to sleep in the middle of every atomic write,

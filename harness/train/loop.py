@@ -9,7 +9,8 @@ One iteration, the same for every task and estimator (the loop asks the
 3. ``source.advantage_batch(ro)`` -> ``spec(batch, params)`` -> advantages (and critic targets);
 4. :func:`harness.train.update.update` on ``source.update_batch(...)``;
 5. per member: adaptive KL beta, divergence guard, budget, evaluation schedule, metric row
-   (common columns here, the family's own from ``source.row_extras``), finish, checkpoint, flush.
+   (common columns here, the family's own from ``source.row_extras``; appended to the run and
+   handed to the ``logger``, :mod:`harness.io.tblog`), finish, checkpoint, flush.
 
 Seeds are a leading population axis ``P`` (control: batched weights; LM and toy: ``P = 1``, the
 members train one after another). Everything per member is the member's own: learning-rate
@@ -39,6 +40,7 @@ from ..config import member_configs
 from ..estimators import AdvantageBatch, EstimatorParams, get_estimator
 from ..io import RunDir, atomic_write_bytes, config_hash
 from ..io import checkpoint as ckpt
+from ..io.tblog import NoLog, make_logger
 from ..losses import adaptive_kl_beta
 from .update import MemberOptimizer, UpdateBatch, UpdateSettings, update
 
@@ -145,6 +147,7 @@ class Loop:
         self.outcome: list[dict | None] = [None] * self.P
         self.last_eval = [0] * self.P
         self.init: dict = {}
+        self.logger = NoLog()  # run() opens cfg.logger's
         self.checkpoint_every = int(cfg.get("checkpoint_every", 0) or 0)
         # plain copies of what the hot loop reads
         self.lr0 = float(cfg.lr)
@@ -195,6 +198,7 @@ class Loop:
                    desc=f"{cfg.task.name}/{cfg.estimator} seed={src.seeds[0]}" + (f"+{self.P - 1}" if self.P > 1 else ""),
                    dynamic_ncols=True, leave=False)
         try:
+            self.logger = make_logger(cfg, self.runs)  # logger=tensorboard: the rows the runs start with, again
             while bool((self.active & self.writable).any()):
                 iteration += 1
                 lr = self.member_lr()
@@ -236,6 +240,7 @@ class Loop:
                                     float(lr[p]), float(beta_used[p]))
                     rows.append(row)
                     r.log(row)
+                    self.logger.write(p, row)
                     if reasons[p] is not None or done[p]:
                         status = "diverged" if reasons[p] is not None else "completed"
                         reason = f"{reasons[p]} at iteration {iteration}" if reasons[p] is not None else None
@@ -251,6 +256,7 @@ class Loop:
                 bar.refresh()
         finally:
             bar.close()
+            self.logger.close()
             src.close()
 
     def _stop_all(self, reason: str, wall: float) -> None:
@@ -264,6 +270,7 @@ class Loop:
         r = self.runs[p]
         if getattr(r, "writable", True):
             self.source.on_finish(p, r, iteration)
+        self.logger.close_member(p)  # its events on disk before summary.json marks it finished
         r.finish(status, reason, wall, extra={**self.source.summary_extra(p), **self.init} or None)
         r.remove_checkpoint()  # finished: summary.json is the record now
 
