@@ -1,4 +1,4 @@
-"""claims.md / claims.json, the verdicts of every seed offset side by side, README's table."""
+"""claims.md / claims.json, every seed offset's verdicts side by side, the claims table and summary blocks."""
 from __future__ import annotations
 
 import json
