@@ -66,7 +66,7 @@ def test_register_adds_to_the_registry(monkeypatch):
 
 # ------------------------------------------------------------------------- policy losses
 def test_the_design_policy_losses_are_registered():
-    assert {"pg", "clip"} <= set(POLICY_LOSSES)  # DESIGN.md: update: pg | clip
+    assert {"pg", "clip"} <= set(POLICY_LOSSES)  # docs/design.md: update: pg | clip
     assert get_policy_loss("pg") is pg_loss
     assert get_policy_loss("clip") is losses.clipped_surrogate_loss
 
