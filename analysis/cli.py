@@ -204,20 +204,24 @@ def _run_rliable(args) -> int:
 
 
 def _readme_file(text: str) -> Path:
+    from .claims.report import markers_in
+
     path = Path(text)
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"{text} is not a file; allowed: an existing markdown file with the "
-                                         "<!-- claims-table:start --> and <!-- claims-table:end --> markers")
-    if "<!-- claims-table:start -->" not in path.read_text(errors="replace"):
-        raise argparse.ArgumentTypeError(f"{text} has no <!-- claims-table:start --> marker; allowed: a markdown "
-                                         "file with the claims-table start and end markers")
+                                         "<!-- claims-table:start/end --> or <!-- claims-summary:start/end --> "
+                                         "markers")
+    if not markers_in(path.read_text(errors="replace")):
+        raise argparse.ArgumentTypeError(f"{text} has no <!-- claims-table:start --> ... <!-- claims-table:end --> "
+                                         "nor <!-- claims-summary:start --> ... <!-- claims-summary:end --> markers; "
+                                         "allowed: a markdown file with either pair")
     return path
 
 
 def _add_claims(sub) -> None:
     p = sub.add_parser("claims", help="verdicts for the claims from the runs in DIR (claims.md)",
-                       description="Verdicts for the claims of conf/claims.yaml (CLAIMS.md) from runs the harness "
-                                   "produced in DIR: DIR/claims.md, DIR/claims.json and DIR/claims_figures/. "
+                       description="Verdicts for the claims of conf/claims.yaml (docs/claims_list.md) from runs the "
+                                   "harness produced in DIR: DIR/claims.md, DIR/claims.json and DIR/claims_figures/. "
                                    "With --run, first runs what is missing (every claim experiment's sweep and "
                                    "the exact claims' tests).")
     p.add_argument("results", metavar="DIR", type=_claims_folder,
@@ -238,9 +242,10 @@ def _add_claims(sub) -> None:
     p.add_argument("--budget-min", type=_int_at_least(0), default=None, metavar="MIN",
                    help="with --run: the time budget in minutes for both stages; an undecided claim's experiment is "
                         "extended only when its estimated time fits what is left (default 45; 2 with --quick)")
-    p.add_argument("--readme", type=_readme_file, default=None, metavar="FILE",
-                   help="also rewrite FILE's claims table (between its claims-table markers) from the reports "
-                        "of every offset in DIR")
+    p.add_argument("--readme", type=_readme_file, action="append", default=None, metavar="FILE",
+                   help="also rewrite the claims blocks of the markdown file FILE (README.md, docs/claims.md, any "
+                        "page) from the reports of every offset in DIR: the table between its claims-table markers, "
+                        "the verdict counts between its claims-summary markers; may be given more than once")
     p.set_defaults(func=_run_claims)
 
 
@@ -296,12 +301,13 @@ def _run_claims(args) -> int:
         print(f"{res.missing} run director{'y' if res.missing == 1 else 'ies'} not run yet (python -m analysis "
               f"claims {args.results} --run{' --quick' if args.quick else ''}"
               f"{f' --seed-offset {args.seed_offset}' if args.seed_offset else ''}{' --only ' + ids if ids else ''})")
-    if args.readme is not None:
-        from .claims.report import readme_table, update_readme
+    if args.readme:
+        from .claims.report import update_pages
 
-        cmd = f"python -m analysis claims {args.results}{' --quick' if args.quick else ''} --readme {args.readme}"
-        update_readme(args.readme, readme_table(Path(args.results).resolve(), args.quick, cmd))
-        print(f"claims table: {args.readme}")
+        cmd = (f"python -m analysis claims {args.results}{' --quick' if args.quick else ''} "
+               + " ".join(f"--readme {f}" for f in args.readme))
+        for written in update_pages(args.readme, Path(args.results).resolve(), args.quick, cmd):
+            print(f"claims block: {written}")
     print(f"report: {out}")
     return 0
 

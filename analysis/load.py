@@ -5,7 +5,7 @@ A results folder holds run directories at any depth (usually
 ``metrics.parquet`` (one row per training iteration) and, once the run has ended, a
 ``summary.json`` whose ``status`` is ``completed``, ``diverged`` or ``failed``.
 
-Rules (the output contract in DESIGN.md "Outputs"):
+Rules (the output contract in docs/design.md "Outputs"):
 
 * only *finished* runs are loaded (one definition, shared with the harness's skip-or-rerun:
   :func:`harness.io.finished.check_run`: summary.json a JSON object with a string status

@@ -16,7 +16,9 @@ The machine is shared: interleaving spreads its noise over both sides; read rati
 Usage::
 
     git worktree add /tmp/base <commit>
-    python benchmarks/checkout_speed.py --base /tmp/base [--rounds 3] [--lm-iterations 30]
+    python benchmarks/checkout_speed.py --base /tmp/base [--rounds 3] [--lm-iterations 30] [--docs]
+
+``--docs`` also writes the medians as a table into docs/benchmarks.md (block ``checkout-speed``).
 """
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._docs import write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = ["task=cartpole", "estimator=ppo_gae", "progress=false", "eval_every=0", "threads=1"]  # conf/tuned preset
@@ -66,6 +71,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--control-steps", type=int, default=50_000)
     ap.add_argument("--cache", type=Path, default=None, help="LM pipeline cache (default: a temporary folder)")
+    ap.add_argument("--docs", action="store_true", help="also write the medians into docs/benchmarks.md's "
+                    "checkout-speed block, stamped with this command and today's date")
     args = ap.parse_args()
     cache = args.cache or Path(tempfile.mkdtemp(prefix="lm-cache-"))
     sides = {"base": args.base.resolve(), "this": ROOT}
@@ -83,9 +90,14 @@ def main() -> None:
                 times.setdefault(("control ppo_gae training s", side), []).append(t)
                 print(f"round {r} {side}: control ppo_gae {args.control_steps} steps {t:.2f} s", flush=True)
     print(f"\nmedians over {args.rounds} rounds (base = {sides['base']}):")
+    md = [f"Medians over {args.rounds} rounds; base: `{sides['base']}`.", "",
+          "| measurement | base | this | this / base |", "| --- | --- | --- | --- |"]
     for what in dict.fromkeys(k for k, _ in times):
         b, t = statistics.median(times[what, "base"]), statistics.median(times[what, "this"])
         print(f"{what}: base {b:.4f}, this {t:.4f}, this / base = {t / b:.3f}")
+        md.append(f"| {what} | {b:.4f} | {t:.4f} | {t / b:.3f} |")
+    if args.docs:
+        print(f"wrote {write_block('docs/benchmarks.md', 'checkout-speed', chr(10).join(md))}")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ Runs (each seed group as one population, 2 joblib workers; a rerun reuses finish
   100k env steps: the issue's ">= 475 at 100k, median of 10 seeds" check.
 
 The value "at S steps" is the eval logged at the first iteration whose env_steps >= S
-(the final eval for S = budget). Prints a Markdown table for the README.
+(the final eval for S = budget). Prints a Markdown table; ``--docs`` also writes it into
+docs/benchmarks.md (block ``control-learning``).
 
-Usage: python benchmarks/control_learning.py [--out results/learning] [--seeds 5] [--table-only]
+Usage: python benchmarks/control_learning.py [--out results/learning] [--seeds 5] [--table-only] [--docs]
            [--tasks cartpole,acrobot] [--estimators ppo_gae,...] [--skip-ppo100k]
 
 ``--tasks``/``--estimators`` rerun part of the long sweep (e.g. the rows a change affects) into
@@ -26,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._docs import write_block  # noqa: E402
 from harness.estimators import estimator_names  # noqa: E402  (after the sys.path line)
 
 ESTIMATORS = estimator_names()  # every registered estimator, in registration order
@@ -77,12 +79,18 @@ def main() -> None:
     ap.add_argument("--tasks", default="cartpole,acrobot")
     ap.add_argument("--estimators", default=",".join(ESTIMATORS))
     ap.add_argument("--skip-ppo100k", action="store_true")
+    ap.add_argument("--docs", action="store_true",
+                    help="also write the table into docs/benchmarks.md's control-learning block, "
+                         "stamped with this command and today's date")
     args = ap.parse_args()
     if not args.table_only:
         if not args.skip_ppo100k:
             sweep(f"{args.out}/ppo100k", "cartpole", "ppo_gae", 10, 100_000)
         sweep(f"{args.out}/long", args.tasks, args.estimators, args.seeds, 500_000)
-    print(table(args.out))
+    md = table(args.out)
+    print(md)
+    if args.docs:
+        print(f"wrote {write_block('docs/benchmarks.md', 'control-learning', md)}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@
    16 seeds as a 2-worker joblib sweep of lone runs (``python -m harness -m ...
    hydra/launcher=joblib``), timed end to end.
 
-Usage: python benchmarks/control_speed.py [--steps 100000] [--skip-sb3] [--skip-joblib]
-Prints each timing and the ratios; absolute times drift on a shared machine, ratios less.
+Usage: python benchmarks/control_speed.py [--steps 100000] [--skip-sb3] [--skip-joblib] [--docs]
+Prints each timing and the ratios; absolute times drift on a shared machine, ratios less. ``--docs``
+also writes them as a table into docs/benchmarks.md (block ``control-speed``).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._docs import write_block  # noqa: E402
 from harness.config import member_configs  # noqa: E402
 from harness.io import RunDir  # noqa: E402
 from harness.tasks.control import env_info, evaluate  # noqa: E402
@@ -98,27 +100,43 @@ def main() -> None:
     ap.add_argument("--population", type=int, default=16)
     ap.add_argument("--skip-sb3", action="store_true")
     ap.add_argument("--skip-joblib", action="store_true")
+    ap.add_argument("--docs", action="store_true",
+                    help="also write the table into docs/benchmarks.md's control-speed block, "
+                         "stamped with this command and today's date")
     args = ap.parse_args()
+    head = (f"ppo_gae on CartPole-v1, {args.steps} env steps per seed, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads; training wall time only.")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} env steps per seed")
 
+    rows = [("| comparison | measured | goal |", "| --- | --- | --- |")]
     t1, r1 = ours(args.steps, 1)
     print(f"ours ppo_gae population=1: {t1:.1f} s, final return {r1[0]:.1f}")
+    rows.append((f"| ours, population=1 | {t1:.1f} s, final return {r1[0]:.1f} | |",))
     if not args.skip_sb3:
         initial_threads = torch.get_num_threads()
         for threads in sorted({initial_threads, 1}, reverse=True):
             ts, rs = sb3(args.steps, threads)
             print(f"SB3 PPO (same settings, {threads} thread(s)): {ts:.1f} s, final return {rs:.1f}")
             print(f"-> ours / SB3 ({threads} thread(s)) wall time = {t1 / ts:.2f} (goal <= 0.50)")
+            rows.append((f"| stable-baselines3 PPO, same settings, {threads} thread(s) | {ts:.1f} s, final return "
+                         f"{rs:.1f} | |", f"| ours / SB3 wall time ({threads} thread(s)) | {t1 / ts:.2f} | <= 0.50 |"))
     tp, rp = ours(args.steps, args.population)
     P = args.population
     print(f"ours population={P}: {tp:.1f} s for {P} seeds = {tp / P:.2f} s/seed; "
           f"final returns median {sorted(rp)[P // 2]:.1f} (min {min(rp):.1f})")
     print(f"-> per-seed speed-up vs population=1: {t1 / (tp / P):.2f}x (goal >= 2.5x); "
           f"{P} seeds take {tp / t1:.2f}x one seed's time (goal <= 6.4x)")
+    rows.append((f"| population={P}: per-seed speed-up vs population=1 | {t1 / (tp / P):.2f}x ({tp:.1f} s for {P} "
+                 f"seeds) | >= 2.5x |",))
     if not args.skip_joblib:
         tj = joblib_sweep(args.steps, P)
         print(f"{P} lone runs as a 2-worker joblib sweep: {tj:.1f} s")
         print(f"-> population={P} / joblib sweep wall time = {tp / tj:.2f} (goal < 1)")
+        rows.append((f"| {P} seeds as population={P} vs a 2-worker joblib sweep of {P} lone runs | {tp:.1f} s vs "
+                     f"{tj:.1f} s (ratio {tp / tj:.2f}) | < 1 |",))
+    if args.docs:
+        md = "\n".join(line for r in rows for line in r)
+        print(f"wrote {write_block('docs/benchmarks.md', 'control-speed', head + chr(10) + chr(10) + md)}")
 
 
 if __name__ == "__main__":

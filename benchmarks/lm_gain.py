@@ -10,7 +10,8 @@ and prints, per estimator, each seed's gold score of the SFT policy it started f
 both scored by the same evaluation (``lm.eval_prompts`` held-out prompts x ``lm.eval_samples``
 sampled responses, one eval seed shared by all runs), then the mean gain with a 95% Student-t
 interval over seeds. "beats SFT" means the interval's lower bound is above 0. The greedy-decoding
-gold (``eval_gold_greedy``) is reported beside it, judged the same way.
+gold (``eval_gold_greedy``) is reported beside it, judged the same way. ``--docs`` also writes the
+markdown table into docs/lm.md (block ``lm-gain``).
 
 :func:`final_rows` and :func:`gain_markdown` take the metrics to compare (a column of the
 evaluation rows whose starting value is ``<column>_init`` in summary.json), so other LM tasks
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.load import load_runs  # noqa: E402
+from benchmarks._docs import write_block  # noqa: E402
 
 #: (label, column): what this script compares for task=lm_summarize
 GOLD_METRICS = (("sampled", "eval_return"), ("greedy", "eval_gold_greedy"))
@@ -97,10 +99,14 @@ def gain_markdown(df: pd.DataFrame, metrics, start: str = "SFT") -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder")
+    ap.add_argument("--docs", action="store_true",
+                    help="also write the table into docs/lm.md's lm-gain block, "
+                         "stamped with this command and today's date")
     args = ap.parse_args()
     df = final_rows(args.folder)
     if df.empty:
         raise SystemExit(f"{args.folder}: no LM runs with eval_return_init (run the harness first)")
+    md = gain_markdown(df, (("gold, sampled", "eval_return"), ("gold, greedy", "eval_gold_greedy")))
     df = df.rename(columns={"eval_return_init": "sft", "eval_return": "final", "eval_gold_greedy_init": "sft_greedy",
                             "eval_gold_greedy": "final_greedy"}).drop(columns="wall_s")
     pd.set_option("display.width", 160)
@@ -112,6 +118,10 @@ def main() -> None:
             verdict = "beats SFT" if lo > 0 else "does not beat SFT"
             print(f"{est:8s} {label:7s} gold: SFT {g[b].mean():.3f} -> {g[a].mean():.3f}; gain {m:+.3f} "
                   f"[{lo:+.3f}, {hi:+.3f}] (95% t, n={len(g)}): {verdict}")
+    print()
+    print(md)
+    if args.docs:
+        print(f"wrote {write_block('docs/lm.md', 'lm-gain', md)}")
 
 
 if __name__ == "__main__":

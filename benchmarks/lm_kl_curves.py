@@ -6,7 +6,7 @@ kl.beta=0,0.05,0.2 seed=0,1 budget.tokens=800000 eval_every=25 results_dir=resul
 draws three panels against sampled tokens: the optimized proxy reward (training batches, rolling
 mean), the gold score of the policy (``eval_return``: held-out prompts, sampled responses) and the
 KL to the reference (nats per response, rolling mean); one line per seed. Prints the first and
-last values per beta.
+last values per beta; ``--docs`` also writes that table into docs/lm.md (block ``lm-c10-kl``).
 
     python benchmarks/lm_kl_curves.py results/gpu/c10 --out docs/figures/lm_c10_kl.png
 """
@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.load import load  # noqa: E402
+from benchmarks._docs import write_block  # noqa: E402
 
 
 def main() -> None:
@@ -34,6 +35,9 @@ def main() -> None:
     ap.add_argument("folder")
     ap.add_argument("--out", default=None, help="PNG path (default: FOLDER/kl_curves.png)")
     ap.add_argument("--window", type=int, default=50, help="rolling window (iterations) for reward and KL")
+    ap.add_argument("--docs", action="store_true",
+                    help="also write the first/last table into docs/lm.md's lm-c10-kl block, "
+                         "stamped with this command and today's date")
     args = ap.parse_args()
     df = load(args.folder)
     df = df[df.task == "lm_summarize"].sort_values(["run_dir", "seed", "iteration"])
@@ -73,9 +77,15 @@ def main() -> None:
                      "gold eval first": ev.eval_return.iloc[0], "gold eval last": ev.eval_return.iloc[-1],
                      "gold eval max": ev.eval_return.max(), "KL last": x.kl_ref.tail(k * 5).mean()})
     pd.set_option("display.width", 200)
-    print(pd.DataFrame(rows).drop(columns="run").round(3).to_string(index=False))
-    print(f"(first = mean of the first {k} iterations or the first eval; last = mean of the last {5 * k} "
-          "iterations or the last eval)")
+    table = pd.DataFrame(rows).drop(columns="run").round(3)
+    note = (f"(first = mean of the first {k} iterations or the first eval; last = mean of the last {5 * k} "
+            "iterations or the last eval)")
+    print(table.to_string(index=False))
+    print(note)
+    if args.docs:
+        md = "\n".join(["| " + " | ".join(table.columns) + " |", "|" + " --- |" * len(table.columns)]
+                       + ["| " + " | ".join(f"{v:g}" for v in row) + " |" for row in table.itertuples(index=False)])
+        print(f"wrote {write_block('docs/lm.md', 'lm-c10-kl', md + chr(10) + chr(10) + note + f' Figure: `{out}`.')}")
 
 
 if __name__ == "__main__":

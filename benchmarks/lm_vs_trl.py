@@ -72,6 +72,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._docs import write_block  # noqa: E402
 from harness.app import run as harness_run
 from harness.config import register_configs
 from harness.tasks.lm import gold_score
@@ -289,6 +290,8 @@ def main() -> None:
     ap.add_argument("--cache", default=None, help="LM pipeline cache folder (default: a fresh temporary one)")
     ap.add_argument("--scratch", default=None, help="folder for run outputs (default: a fresh temporary one)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--docs", action="store_true", help="also write the table and the medians into docs/lm.md's "
+                    "lm-vs-trl block, stamped with this command and today's date")
     args = ap.parse_args()
     if args.iterations <= args.warmup:
         ap.error("--iterations must exceed --warmup")
@@ -388,37 +391,41 @@ def main() -> None:
     def line(cells) -> str:
         return "| " + " | ".join(str(c) for c in cells) + " |"
 
-    print()
-    print(f"Sampled tokens/s of a whole RL iteration (sample + score + update), iterations {args.warmup + 1}-"
-          f"{args.iterations} of each run.")
-    print("wall = in-iteration wall time; cycle = wall clock of the whole loop (logging included); "
-          "CPU = this process's CPU time in the iteration. ratio = harness / TRL.")
-    print()
+    md: list[str] = []
+    md.append("")
+    md.append(f"Sampled tokens/s of a whole RL iteration (sample + score + update), iterations {args.warmup + 1}-"
+              f"{args.iterations} of each run.")
+    md.append("wall = in-iteration wall time; cycle = wall clock of the whole loop (logging included); "
+              "CPU = this process's CPU time in the iteration. ratio = harness / TRL.")
+    md.append("")
     cols = ["beta", "round", "order", "harness wall", "TRL wall", "ratio wall", "ratio cycle", "harness CPU",
             "TRL CPU", "ratio CPU", "tok/completion h / TRL", "s/iter wall h / TRL", "s/iter CPU h / TRL"]
-    print(line(cols))
-    print(line(["---"] * len(cols)))
+    md.append(line(cols))
+    md.append(line(["---"] * len(cols)))
     for r in runs:
         h, t = r["harness"], r["trl"]
-        print(line([f"{r['beta']:g}", r["round"], r["order"], f"{h['tok_per_s_step']:.0f}", f"{t['tok_per_s_step']:.0f}",
-                    f"{r['ratio_step']:.2f}", f"{r['ratio_cycle']:.2f}", f"{h['tok_per_s_cpu_step']:.0f}",
-                    f"{t['tok_per_s_cpu_step']:.0f}", f"{r['ratio_cpu_step']:.2f}",
-                    f"{h['tokens_per_completion']:.2f} / {t['tokens_per_completion']:.2f}",
-                    f"{h['s_per_iter_step']:.3f} / {t['s_per_iter_step']:.3f}",
-                    f"{h['cpu_s_per_iter_step']:.3f} / {t['cpu_s_per_iter_step']:.3f}"]))
+        md.append(line([f"{r['beta']:g}", r["round"], r["order"], f"{h['tok_per_s_step']:.0f}", f"{t['tok_per_s_step']:.0f}",
+                        f"{r['ratio_step']:.2f}", f"{r['ratio_cycle']:.2f}", f"{h['tok_per_s_cpu_step']:.0f}",
+                        f"{t['tok_per_s_cpu_step']:.0f}", f"{r['ratio_cpu_step']:.2f}",
+                        f"{h['tokens_per_completion']:.2f} / {t['tokens_per_completion']:.2f}",
+                        f"{h['s_per_iter_step']:.3f} / {t['s_per_iter_step']:.3f}",
+                        f"{h['cpu_s_per_iter_step']:.3f} / {t['cpu_s_per_iter_step']:.3f}"]))
     for beta, s in summary.items():
-        print(line([beta, "median", "", f"{s['harness_tok_per_s_step']:.0f}", f"{s['trl_tok_per_s_step']:.0f}",
-                    f"{s['ratio_step_median']:.2f}", f"{s['ratio_cycle_median']:.2f}",
-                    f"{s['harness_tok_per_s_cpu_step']:.0f}", f"{s['trl_tok_per_s_cpu_step']:.0f}",
-                    f"{s['ratio_cpu_step_median']:.2f}",
-                    f"{s['harness_tokens_per_completion']:.2f} / {s['trl_tokens_per_completion']:.2f}",
-                    f"{s['harness_s_per_iter_step']:.3f} / {s['trl_s_per_iter_step']:.3f}",
-                    f"{s['harness_cpu_s_per_iter_step']:.3f} / {s['trl_cpu_s_per_iter_step']:.3f}"]))
-    print()
+        md.append(line([beta, "median", "", f"{s['harness_tok_per_s_step']:.0f}", f"{s['trl_tok_per_s_step']:.0f}",
+                        f"{s['ratio_step_median']:.2f}", f"{s['ratio_cycle_median']:.2f}",
+                        f"{s['harness_tok_per_s_cpu_step']:.0f}", f"{s['trl_tok_per_s_cpu_step']:.0f}",
+                        f"{s['ratio_cpu_step_median']:.2f}",
+                        f"{s['harness_tokens_per_completion']:.2f} / {s['trl_tokens_per_completion']:.2f}",
+                        f"{s['harness_s_per_iter_step']:.3f} / {s['trl_s_per_iter_step']:.3f}",
+                        f"{s['harness_cpu_s_per_iter_step']:.3f} / {s['trl_cpu_s_per_iter_step']:.3f}"]))
+    md.append("")
     for beta, s in summary.items():
-        print(f"beta={beta}: harness / TRL tokens/s, median over {args.rounds} rounds: wall {s['ratio_step_median']:.2f}x "
-              f"(range {s['ratio_step_min']:.2f}-{s['ratio_step_max']:.2f}), CPU time {s['ratio_cpu_step_median']:.2f}x "
-              f"(range {s['ratio_cpu_step_min']:.2f}-{s['ratio_cpu_step_max']:.2f}); goal >= 2x")
+        md.append(f"- beta={beta}: harness / TRL tokens/s, median over {args.rounds} rounds: wall {s['ratio_step_median']:.2f}x "
+                  f"(range {s['ratio_step_min']:.2f}-{s['ratio_step_max']:.2f}), CPU time {s['ratio_cpu_step_median']:.2f}x "
+                  f"(range {s['ratio_cpu_step_min']:.2f}-{s['ratio_cpu_step_max']:.2f}); goal >= 2x")
+    print("\n".join(md))
+    if args.docs:
+        print(f"wrote {write_block('docs/lm.md', 'lm-vs-trl', chr(10).join(md), command=header['command'])}")
     print(f"command: {header['command']}")
     print(f"total wall time: {total:.0f} s")
     report = {**header, "runs": runs, "summary": summary, "total_wall_s": total}

@@ -1,4 +1,4 @@
-"""``python -m harness [overrides]`` — see README."""
+"""``python -m harness [overrides]`` — see README.md and docs/running.md."""
 import re
 import sys
 

@@ -10,7 +10,8 @@ import pytest
 
 from analysis import claims as C
 from analysis.claims import kinds as K
-from analysis.claims.report import README_END, README_START, readme_table, update_readme
+from analysis.claims.report import (README_END, README_START, SUMMARY_END, SUMMARY_START, readme_table, update_pages,
+                                    update_readme)
 from analysis.claims.rules import POWER_FACTOR, Rule, judge_part, needed_n
 from analysis.claims.spec import load_claims
 from analysis.stats import HYPERPARAMETERS
@@ -290,6 +291,35 @@ def test_stability_flags_a_verdict_that_flips(tmp_path):
     text = readme.read_text()
     assert "old" not in text and text.startswith("intro\n") and text.endswith("outro\n")
     assert "| C18 |" in text and "**unstable**" in text and "**not reproduced**" in text and "seeds +1000" in text
+
+
+def test_the_claims_blocks_go_into_any_page_with_their_markers(tmp_path, capsys):
+    """--readme takes any markdown file, more than once: the table where a page has claims-table
+    markers (docs/claims.md), the verdict counts where it has claims-summary markers (README.md)."""
+    from analysis.cli import build_parser
+
+    _report(tmp_path, 0, {"C3": "supported", "C18": "supported", "C8": "inconclusive", "C15": "refuted"})
+    _report(tmp_path, 1000, {"C3": "supported", "C18": "refuted", "C8": "supported", "C15": "refuted"})
+    page = tmp_path / "docs" / "claims.md"
+    page.parent.mkdir()
+    page.write_text(f"# Claims\n\n{README_START}\nold\n{README_END}\n")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{SUMMARY_START}\nold\n{SUMMARY_END}\noutro\n")
+    assert update_pages([readme, page], tmp_path, False, "cmd") == [f"{readme}: claims-summary",
+                                                                     f"{page}: claims-table"]
+    table, summary = page.read_text(), readme.read_text()
+    assert "old" not in table and "| C18 |" in table and "**unstable**" in table and table.startswith("# Claims")
+    assert "old" not in summary and summary.startswith("intro\n") and summary.endswith("outro\n")
+    assert "4 claims, judged at seed offsets 0, 1000" in summary and "| C18 |" not in summary
+    assert "- seeds +0: 2 supported, 1 refuted, 1 inconclusive" in summary
+    assert "- seeds +1000: 2 supported, 2 refuted, 0 inconclusive" in summary and "1 unstable" in summary
+    args = build_parser().parse_args(["claims", str(tmp_path), "--readme", str(readme), "--readme", str(page)])
+    assert args.readme == [readme, page]
+    plain = tmp_path / "plain.md"
+    plain.write_text("no markers here\n")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["claims", str(tmp_path), "--readme", str(plain)])
+    assert "claims-summary:start" in capsys.readouterr().err
 
 
 def test_a_report_compares_its_own_offset_with_the_others(tmp_path):

@@ -1,4 +1,4 @@
-"""Layers point down (DESIGN.md): config < estimators, losses, io < tasks, models < train, probes <
+"""Layers point down (docs/design.md): config < estimators, losses, io < tasks, models < train, probes <
 app (__main__, validation, tune, callbacks, experiments) < analysis. Nothing imports upward,
 imports inside functions included; harness never imports analysis; analysis never launches
 training.

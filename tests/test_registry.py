@@ -66,7 +66,7 @@ def test_register_adds_to_the_registry(monkeypatch):
 
 # ------------------------------------------------------------------------- policy losses
 def test_the_design_policy_losses_are_registered():
-    assert {"pg", "clip"} <= set(POLICY_LOSSES)  # DESIGN.md: update: pg | clip
+    assert {"pg", "clip"} <= set(POLICY_LOSSES)  # docs/design.md: update: pg | clip
     assert get_policy_loss("pg") is pg_loss
     assert get_policy_loss("clip") is losses.clipped_surrogate_loss
 
@@ -98,14 +98,20 @@ def test_registering_a_policy_loss_twice_raises():
 
 
 # ---------------------------------------------------------------------- docs follow them
-def test_readme_lists_exactly_the_registered_names():
+def test_the_docs_list_exactly_the_registered_names():
+    """docs/running.md names every estimator and policy loss in its option lists; the README's and
+    docs/estimators.md's tables have one row per registered estimator and policy loss."""
     import re
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    (est,) = re.findall(r"`estimator=([a-z_0-9|]+)`", readme)
+    root = Path(__file__).resolve().parents[1]
+    running = (root / "docs" / "running.md").read_text()
+    (est,) = re.findall(r"`estimator=([a-z_0-9|]+)`", running)
     assert est.split("|") == estimator_names()
-    (upd,) = re.findall(r"`update=([a-z_0-9|]+)`", readme)
+    (upd,) = re.findall(r"`update=([a-z_0-9|]+)`", running)
     assert upd.split("|") == list(POLICY_LOSSES)
+    for page in (root / "README.md", root / "docs" / "estimators.md"):
+        rows = re.findall(r"^\| \[?`([a-z_0-9]+)`", page.read_text(), flags=re.M)
+        assert sorted(rows) == sorted(estimator_names() + list(POLICY_LOSSES)), page
 
 
 # ------------------------------------------- config validation enumerates the registries (issue 14)

@@ -1,4 +1,4 @@
-"""claims.md / claims.json, the verdicts of every seed offset side by side, README's table."""
+"""claims.md / claims.json, every seed offset's verdicts side by side, the claims table and summary blocks."""
 from __future__ import annotations
 
 import json
@@ -243,10 +243,12 @@ def stability_table(stab: dict) -> str:
 
 
 README_START, README_END = "<!-- claims-table:start -->", "<!-- claims-table:end -->"
+SUMMARY_START, SUMMARY_END = "<!-- claims-summary:start -->", "<!-- claims-summary:end -->"
+BLOCKS = {"claims-table": (README_START, README_END), "claims-summary": (SUMMARY_START, SUMMARY_END)}
 
 
 def readme_table(root: Path, quick: bool, command: str) -> str:
-    """README's claims section body: every claim's short text, each offset's verdict and statistic."""
+    """The claims table (docs/claims.md): every claim's short text, each offset's verdict and statistic."""
     stab = stability(root, quick)
     if not stab["offsets"]:
         raise FileNotFoundError(f"no {'quick ' if quick else ''}claims report in {root}: run python -m analysis "
@@ -265,13 +267,52 @@ def readme_table(root: Path, quick: bool, command: str) -> str:
     return "\n".join(lines)
 
 
-def update_readme(readme: Path, body: str) -> None:
+def summary_block(root: Path, quick: bool, command: str) -> str:
+    """The claims summary (README): how many claims, each offset's verdict counts, the stability line."""
+    stab = stability(root, quick)
+    if not stab["offsets"]:
+        raise FileNotFoundError(f"no {'quick ' if quick else ''}claims report in {root}: run python -m analysis "
+                                f"claims {root} first")
+    lines = [f"Written by `{command}` on {time.strftime('%Y-%m-%d')}.", "",
+             f"{len(stab['rows'])} claims{' (quick budgets)' if quick else ''}, judged at seed "
+             f"offset{'s' if len(stab['offsets']) > 1 else ''} {', '.join(str(o) for o in stab['offsets'])}:", ""]
+    for o in stab["offsets"]:
+        labels = [r["verdicts"][o] for r in stab["rows"]]
+        not_run = sum(lab.startswith("inconclusive — not run") or lab == "—" for lab in labels)
+        counts = {v: sum(lab == v for lab in labels) for v in ("supported", "refuted")}
+        undecided = len(labels) - not_run - sum(counts.values())
+        lines.append(f"- seeds +{o}: {counts['supported']} supported, {counts['refuted']} refuted, "
+                     f"{undecided} inconclusive" + (f", {not_run} not run" if not_run else ""))
+    lines += ["", stab["summary"]]
+    return "\n".join(lines)
+
+
+def markers_in(text: str) -> list[str]:
+    """The claims blocks (``claims-table``, ``claims-summary``) whose start and end markers ``text`` holds."""
+    return [name for name, (start, end) in BLOCKS.items() if start in text and end in text]
+
+
+def update_readme(readme: Path, body: str, block: str = "claims-table") -> None:
+    """Replace what lies between ``block``'s markers in the markdown file ``readme`` (any page) by ``body``."""
+    start, end = BLOCKS[block]
     text = readme.read_text()
-    if README_START not in text or README_END not in text:
-        raise ValueError(f"{readme}: no {README_START} ... {README_END} markers")
-    new = re.sub(re.escape(README_START) + r".*?" + re.escape(README_END),
-                 lambda _: f"{README_START}\n{body}\n{README_END}", text, flags=re.S)
+    if start not in text or end not in text:
+        raise ValueError(f"{readme}: no {start} ... {end} markers")
+    new = re.sub(re.escape(start) + r".*?" + re.escape(end),
+                 lambda _: f"{start}\n{body}\n{end}", text, flags=re.S)
     atomic_write_text(readme, new)
+
+
+def update_pages(pages: list[Path], root: Path, quick: bool, command: str) -> list[str]:
+    """Write every claims block each page has markers for (``claims-table``: the table,
+    ``claims-summary``: the counts); returns ``"page: block"`` for each block written."""
+    bodies = {"claims-table": readme_table, "claims-summary": summary_block}
+    done = []
+    for page in pages:
+        for block in markers_in(page.read_text()):
+            update_readme(page, bodies[block](root, quick, command), block)
+            done.append(f"{page}: {block}")
+    return done
 
 
 # ============================================================================ entry points

@@ -121,7 +121,7 @@ def get_estimator(name: str) -> EstimatorSpec:
 
 # ---------------------------------------------------------------------------------------
 # Adapters from the batch to the pure functions. Scores of whole-episode estimators are
-# undiscounted episode returns R_i = sum_t r_t over the trajectory (DESIGN.md, Estimators).
+# undiscounted episode returns R_i = sum_t r_t over the trajectory (docs/design.md, Estimators).
 
 
 def episode_scores(batch: AdvantageBatch) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Per-step returns and advantages over time-major ``[T, B]`` rollouts.
 
-Conventions (DESIGN.md, "Tensor conventions"):
+Conventions (docs/design.md, "Tensor conventions"):
 
 * ``rewards[t]`` is the reward received after the action at step ``t``.
 * ``values[t] = V(s_t)``; ``next_values[t] = V(s_{t+1})`` of the *real* next observation

@@ -4,7 +4,7 @@
 (:mod:`harness.experiments.run`); this package's top only describes and composes them, so
 :mod:`analysis.claims` can find the evidence without importing anything that trains.
 
-Each claim of CLAIMS.md that needs data has one or more experiments, ``conf/experiment/
+Each claim of docs/claims_list.md that needs data has one or more experiments, ``conf/experiment/
 claim_*.yaml``: a Hydra sweep over ``hydra.sweeper.params``. This module expands each sweep with
 Hydra's own machinery (its override parser and the basic sweeper's cartesian product), composes
 every config with ``results_dir=DIR/<experiment>``, and runs what is not finished yet through

@@ -1,6 +1,6 @@
 """Run directories: path from the resolved config, atomic files, completion marker.
 
-Layout (DESIGN.md, "Outputs")::
+Layout (docs/design.md, "Outputs")::
 
     <results_dir>/<task.name>/<estimator>/seed<seed>-<hash>/
         config.yaml        resolved config, written first

@@ -3,7 +3,7 @@
 One module for the writer (:class:`harness.io.RunDir` writes every column below, null where
 a value does not apply, plus any extra keys a trainer logs) and the reader
 (:func:`analysis.load`, which gives every column below to the loaded frame, null for files
-written before a column existed). DESIGN.md, "Outputs": missing values are null, not absent.
+written before a column existed). docs/design.md, "Outputs": missing values are null, not absent.
 
 Groups (the order is the column order of the written file):
 

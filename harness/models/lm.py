@@ -1,6 +1,6 @@
 """Language-model policies, value functions and decoding, for any transformers causal LM.
 
-Layout of a batch (DESIGN.md, tensor conventions, ``[B, L]`` with a response mask):
+Layout of a batch (docs/design.md, tensor conventions, ``[B, L]`` with a response mask):
 
 * prompts are **left**-padded to ``[B, P]`` (``prompt_mask``), so every response starts at
   column ``P``;

@@ -15,7 +15,7 @@ is a finite sum. :meth:`ToyTask.values` evaluates it by the backward recursion
 ``Q(s, a) = R(leaf) or V(child(s, a))``, ``V(s) = sum_a pi(a|s) Q(s, a)`` (exact, and
 differentiable); :meth:`ToyTask.exact_gradient` is its autograd gradient. Every estimator
 and loss of the harness runs on samples from the same policy, so bias is measured against
-the truth, not a guess (DESIGN.md, "Tasks: toy").
+the truth, not a guess (docs/design.md, "Tasks: toy").
 
 Task shape (vocabulary, length, prompts and their reward tables) is a named preset
 (``task.env_id``, see :data:`PRESETS`); an optional ``toy`` config node overrides fields.

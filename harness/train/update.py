@@ -2,7 +2,7 @@
 value loss, entropy bonus and KL penalty, per-member gradient clipping, per-member learning
 rates and the divergence guard. Every task family (control, LM, toy) calls :func:`update`.
 
-Layout (DESIGN.md, "Tensor conventions"): every tensor of an :class:`UpdateBatch` is
+Layout (docs/design.md, "Tensor conventions"): every tensor of an :class:`UpdateBatch` is
 ``[P, T, B]``: ``P`` population members (1 for the LM and toy tasks, whose members train one
 after another), ``T`` steps of a column, ``B`` columns. Minibatches are drawn over the ``B``
 columns, per member from the member's own generator. The LM and toy tasks put one sequence

@@ -1,0 +1,57 @@
+"""Benchmark tables in the docs pages are written by the scripts that measure them, never typed.
+
+A page marks the place of each table with a pair of HTML comments::
+
+    <!-- control-learning:start -->
+    ...
+    <!-- control-learning:end -->
+
+and a script run with ``--docs`` calls :func:`write_block`, which replaces what lies between them
+with a line naming the command and the date, then the script's markdown. Everything outside the
+markers is left as it is.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+def this_command(argv: list[str] | None = None) -> str:
+    """The command line that ran this script, its path relative to the repository when inside it."""
+    argv = list(sys.argv if argv is None else argv)
+    script = Path(argv[0]).resolve()
+    if script.is_relative_to(ROOT):
+        argv[0] = str(script.relative_to(ROOT))
+    return "python " + " ".join(shlex.quote(a) for a in argv)
+
+
+def write_block(page: str | Path, name: str, markdown: str, command: str | None = None,
+                date: str | None = None) -> Path:
+    """Replace the ``name`` block of the markdown file ``page`` (relative paths: from the repository
+    root) by ``markdown``, stamped ``Written by `command` on date.``; ``command`` defaults to this
+    process's command line, ``date`` to today. Raises ``ValueError`` when the page lacks the markers."""
+    page = Path(page)
+    if not page.is_absolute():
+        page = ROOT / page
+    start, end = markers(name)
+    text = page.read_text()
+    i, j = text.find(start), text.find(end)
+    if i < 0 or j < i:
+        raise ValueError(f"{page}: no {start} ... {end} markers")
+    stamp = f"Written by `{command or this_command()}` on {date or time.strftime('%Y-%m-%d')}."
+    new = f"{text[:i]}{start}\n{stamp}\n\n{markdown.strip()}\n{end}{text[j + len(end):]}"
+    fd, tmp = tempfile.mkstemp(dir=page.parent, prefix=f".{page.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(new)
+    os.replace(tmp, page)
+    return page
