@@ -55,10 +55,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from harness.io import schema
-from harness.io.finished import MISSING, check_run
+from harness.io.finished import MISSING, check_run, read_parquet, safe_load_yaml
 
 __all__ = [
     "AnalysisWarning",
@@ -186,10 +185,7 @@ def _read_config(run_dir: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        import yaml  # shipped with omegaconf/hydra
-
-        with open(path, encoding="utf-8") as fh:
-            cfg = yaml.safe_load(fh)
+        cfg = safe_load_yaml(path.read_text(encoding="utf-8"))
     except Exception:  # noqa: BLE001 - any parse failure means "no config" (check_run names it)
         return {}
     if not isinstance(cfg, dict):
@@ -219,7 +215,7 @@ def _read_config(run_dir: Path) -> dict:
 def _read_metrics(path: Path) -> tuple[pa.Table | None, str | None]:
     """``(table, None)``, or ``(None, why)`` for a file that does not read in full."""
     try:
-        table = pq.read_table(path)
+        table = read_parquet(path)
         table.validate(full=True)
         return table, None
     except Exception as err:  # noqa: BLE001 - ArrowInvalid, OSError, ...: any means corrupt
@@ -421,11 +417,16 @@ def label_variants(df: pd.DataFrame) -> pd.DataFrame:
     name = df["estimator_name"].astype(object)
     vals = {k: df[k].astype(object).where(df[k].notna(), "null").astype(str) for k in keys}
     n_values = {k: vals[k].groupby(name.to_numpy()).transform("nunique").to_numpy() for k in keys}
+    # one label per distinct (name, settings, which differ) combination, not per row
+    combo = pd.DataFrame({"name": name.to_numpy(), **{k: vals[k].to_numpy() for k in keys},
+                          **{f"_n_{k}": n_values[k] > 1 for k in keys}})
+    codes, uniques = pd.factorize(pd.MultiIndex.from_frame(combo))
     labels = []
-    for i in range(len(df)):
-        differ = [f"{k}={vals[k].iat[i]}" for k in keys if n_values[k][i] > 1]
-        labels.append(f"{name.iat[i]}[{', '.join(differ)}]" if differ else name.iat[i])
-    df["estimator"] = labels
+    for u in uniques:
+        rec = dict(zip(combo.columns, u))
+        differ = [f"{k}={rec[k]}" for k in keys if rec[f"_n_{k}"]]
+        labels.append(f"{rec['name']}[{', '.join(differ)}]" if differ else rec["name"])
+    df["estimator"] = np.asarray(labels, dtype=object)[codes]
     return df
 
 
@@ -435,10 +436,10 @@ def _fill_identity(df: pd.DataFrame, runs: pd.DataFrame, root: Path) -> pd.DataF
         cfg_col = f"config_{col}"
         if cfg_col in info.columns:
             df[col] = df[col].where(df[col].notna(), df["run_dir"].map(info[cfg_col]))
-    # Layout fallback: RESULTS/<task>/<estimator>/<run_name>/
-    parts = df["run_dir"].map(lambda p: Path(p).parts)
-    layout_task = parts.map(lambda p: p[-3] if len(p) >= 3 else None)
-    layout_est = parts.map(lambda p: p[-2] if len(p) >= 3 else None)
+    # Layout fallback: RESULTS/<task>/<estimator>/<run_name>/ (parsed once per run, not per row)
+    parts = {d: Path(d).parts for d in df["run_dir"].unique()}
+    layout_task = df["run_dir"].map({d: p[-3] if len(p) >= 3 else None for d, p in parts.items()})
+    layout_est = df["run_dir"].map({d: p[-2] if len(p) >= 3 else None for d, p in parts.items()})
     df["task"] = df["task"].where(df["task"].notna(), layout_task)
     df["estimator"] = df["estimator"].where(df["estimator"].notna(), layout_est)
     df["task"] = df["task"].where(df["task"].notna(), "unknown_task")

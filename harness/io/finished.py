@@ -78,6 +78,22 @@ def read_summary(path: Path) -> tuple[dict | None, str | None]:
     return summary, None
 
 
+def read_parquet(path: Path, columns: list[str] | None = None):
+    """One parquet file as an Arrow table: ``ParquetFile.read`` on one thread (about 5x less
+    overhead per file than ``pq.read_table``, which sets up a dataset scan and a thread pool;
+    analysis reads thousands of small files)."""
+    with pq.ParquetFile(path) as f:
+        return f.read(columns=columns, use_threads=False)
+
+
+def safe_load_yaml(text: str):
+    """``yaml.safe_load`` with libyaml's C parser where PyYAML was built with it (the same safe
+    subset, about 10x faster: analysis reads one config.yaml per run of a results folder)."""
+    import yaml  # PyYAML, shipped with omegaconf
+
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def _budget_iterations(path: Path) -> tuple[int | None, str | None]:
     """``budget.iterations`` of config.yaml when it is an int; ``(None, reason)`` if the file
     exists but does not parse."""
@@ -85,9 +101,7 @@ def _budget_iterations(path: Path) -> tuple[int | None, str | None]:
     if not cfg_path.exists():
         return None, None
     try:
-        import yaml  # PyYAML, shipped with omegaconf
-
-        cfg = yaml.safe_load(cfg_path.read_text(encoding="utf-8"))
+        cfg = safe_load_yaml(cfg_path.read_text(encoding="utf-8"))
     except Exception as exc:  # noqa: BLE001 - any parse failure means unreadable
         return None, f"unreadable {CONFIG_FILE} ({_err(exc)})"
     budget = cfg.get("budget") if isinstance(cfg, dict) else None
@@ -125,7 +139,7 @@ def check_run(path: Path) -> RunCheck:
         return RunCheck(False, status, f"{SUMMARY_FILE} says {n} iterations, over budget.iterations={limit} "
                                        f"in {CONFIG_FILE}", CORRUPT, n, SUMMARY_FILE)
     try:
-        its = pq.read_table(path / METRICS_FILE, columns=["iteration"]).column("iteration").to_pylist()
+        its = read_parquet(path / METRICS_FILE, columns=["iteration"]).column("iteration").to_pylist()
     except Exception as exc:  # noqa: BLE001 - ArrowInvalid, OSError, KeyError...: any means corrupt
         return RunCheck(False, status, f"unreadable {METRICS_FILE} ({_err(exc)})", CORRUPT, n, METRICS_FILE)
     if its != list(range(1, n + 1)):
