@@ -1,0 +1,88 @@
+"""How long analysis takes at sweep scale (issue 16): ``analysis.load`` against a plain pyarrow
+dataset read of the same metrics files, side by side in one process, on a synthetic results folder.
+
+    python benchmarks/analysis_load.py --runs 10000 [--report] [--rounds 3]
+
+The folder is built once under ``--folder`` (default a temp dir): one real run of the harness
+(``task=cartpole estimator=ppo_gae``, 400 iterations, a few seconds), copied ``--runs`` times as
+``cartpole/ppo_gae/seed<i>-copy<i>/``. Each round times ``analysis.load`` (every run checked by the
+harness's finished definition, read, labelled and stacked) and ``pyarrow.dataset(files).to_table()``
+(the same parquet files, no checks), interleaved; the median ratio is printed. ``--report`` also
+times ``python -m analysis report`` on the folder as a whole process.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TEMPLATE = ["task=cartpole", "estimator=ppo_gae", "seed=0", "budget.iterations=400", "task.num_envs=2",
+            "task.rollout_steps=16", "eval_every=20", "eval_episodes=1", "progress=false", "task.hidden=[16]",
+            "threads=1"]
+
+
+def build(folder: Path, runs: int) -> Path:
+    """``folder/r`` with ``runs`` copies of one real run (made once, kept for later calls)."""
+    results = folder / "r"
+    have = len(glob.glob(str(results / "cartpole/ppo_gae/*/metrics.parquet")))
+    if have == runs:
+        return results
+    shutil.rmtree(results, ignore_errors=True)
+    src_root = folder / "template"
+    if not list(src_root.glob("cartpole/ppo_gae/*/metrics.parquet")):
+        subprocess.run([sys.executable, "-m", "harness", *TEMPLATE, f"results_dir={src_root}"], check=True, cwd=ROOT)
+    (src,) = src_root.glob("cartpole/ppo_gae/*/")
+    for i in range(runs):
+        d = results / "cartpole" / "ppo_gae" / f"seed{i}-copy{i}"
+        d.mkdir(parents=True)
+        for name in ("metrics.parquet", "summary.json", "config.yaml"):
+            shutil.copyfile(src / name, d / name)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=10000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--folder", default=None, help="where to build (and keep) the synthetic folder")
+    ap.add_argument("--report", action="store_true", help="also time `python -m analysis report` on it")
+    args = ap.parse_args(argv)
+    folder = Path(args.folder or tempfile.mkdtemp(prefix="analysis-load-"))
+    results = build(folder, args.runs)
+
+    import pyarrow.dataset as ds
+
+    from analysis.load import load
+    files = sorted(glob.glob(str(results / "**/metrics.parquet"), recursive=True))
+    ratios = []
+    for r in range(args.rounds):
+        t = time.perf_counter()
+        df = load(results)
+        t_load = time.perf_counter() - t
+        t = time.perf_counter()
+        table = ds.dataset(files, format="parquet").to_table()
+        t_ds = time.perf_counter() - t
+        ratios.append(t_load / t_ds)
+        print(f"round {r + 1}: analysis.load {t_load:.2f} s ({len(df)} rows), pyarrow dataset {t_ds:.2f} s "
+              f"({table.num_rows} rows): ratio {t_load / t_ds:.2f}")
+    print(f"{args.runs} runs: analysis.load / pyarrow dataset read, median of {args.rounds}: "
+          f"{statistics.median(ratios):.2f} (goal <= 1.5)")
+    if args.report:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "analysis", "report", str(results), "--out", str(folder / "report")],
+                       check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        print(f"python -m analysis report: {time.perf_counter() - t:.1f} s (goal < 120 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
