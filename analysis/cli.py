@@ -11,6 +11,7 @@ unreadable file) is printed with its path and reason, and listed in report.md / 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import warnings
 from pathlib import Path
@@ -110,24 +111,33 @@ def _print_left_out(left_out: list, file=None) -> None:
             print(f"  left out: {line}", file=file)
 
 
-def _run_report(args) -> int:
+@contextlib.contextmanager
+def _warnings_after():
+    """Warnings raised inside the block, printed when it ends (after its error line, if it returns
+    one): an :class:`AnalysisWarning` as one ``warning: ...`` line (one per skipped file, without
+    warnings' source line), any other as Python shows it."""
     caught: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", AnalysisWarning)
-            t = build_report(args.results, args.out, x=args.x, last_n=args.last_n,
-                             reps=args.reps, seed=args.seed, diverged=args.diverged, progress=print)
-    except (NoRunsError, FileNotFoundError, NotADirectoryError) as err:
-        _print_left_out(getattr(err, "left_out", []))
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+            yield
     finally:
-        # Printed after the fact, one line per skipped file, without warnings' source line.
         for w in caught:
             if issubclass(w.category, AnalysisWarning):
                 print(f"warning: {w.message}", file=sys.stderr)
             else:
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+def _run_report(args) -> int:
+    with _warnings_after():
+        try:
+            t = build_report(args.results, args.out, x=args.x, last_n=args.last_n,
+                             reps=args.reps, seed=args.seed, diverged=args.diverged, progress=print)
+        except (NoRunsError, FileNotFoundError, NotADirectoryError) as err:
+            _print_left_out(getattr(err, "left_out", []))
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     runs = t.runs
     st = runs["status"].value_counts()
     print(f"{len(runs)} runs scored, {runs['task'].nunique()} task(s), {runs['estimator'].nunique()} "
@@ -173,25 +183,17 @@ def _add_rliable(sub) -> None:
 
 
 def _run_rliable(args) -> int:
-    caught: list[warnings.WarningMessage] = []
     left_out: list = []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", AnalysisWarning)
+    with _warnings_after():
+        try:
             df = load(args.results)
             left_out = df.attrs.get("left_out", [])
             scores, tasks = score_matrices(df, last_n=args.last_n, diverged=args.diverged,
                                            normalize=args.normalize, ragged=args.ragged)
-    except (ValueError, FileNotFoundError, NotADirectoryError) as err:
-        _print_left_out(left_out)
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    finally:
-        for w in caught:
-            if issubclass(w.category, AnalysisWarning):
-                print(f"warning: {w.message}", file=sys.stderr)
-            else:
-                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        except (ValueError, FileNotFoundError, NotADirectoryError) as err:
+            _print_left_out(left_out)
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     out = args.out if args.out is not None else Path(args.results) / "rliable_scores.npz"
     write_rliable_npz(out, scores, tasks)
     _print_left_out(left_out)
