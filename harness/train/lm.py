@@ -181,7 +181,8 @@ class Rollout:
     def cat(parts: list["Rollout"], pad_token_id: int) -> "Rollout":
         """Rollouts of several generation batches as one (DAPO's dynamic sampling): prompts are
         left-padded to the longest of them (masked: a left pad changes no position or attention),
-        responses already share the width ``lm.max_response_len``; counters add up."""
+        responses already share the width ``lm.max_response_len``. The counters are the first
+        part's: the caller sets them from every batch drawn, kept or not."""
         width = max(r.prompt_ids.shape[1] for r in parts)
 
         def pad(r: Rollout) -> Rollout:
@@ -191,9 +192,7 @@ class Rollout:
             f = torch.nn.functional.pad
             return dataclasses.replace(r, prompt_ids=f(r.prompt_ids, (extra, 0), value=pad_token_id),
                                        prompt_mask=f(r.prompt_mask, (extra, 0), value=0))
-        out = cat_rows([pad(r) for r in parts])
-        return dataclasses.replace(out, sampled_tokens=sum(r.sampled_tokens for r in parts),
-                                   prompts_truncated=sum(r.prompts_truncated for r in parts))
+        return cat_rows([pad(r) for r in parts])
 
 
 class LMLearner:
