@@ -41,14 +41,14 @@ def planned_runs() -> int:
     return len(estimator_names()) * len(LOSSES) * SEEDS
 
 
-def tables(results: Path) -> tuple[pd.DataFrame, pd.DataFrame, float, object]:
-    """``(pairs, runs, sft, report_tables)``: per estimator x loss the report's IQM and interval;
+def tables(results: Path) -> tuple[pd.DataFrame, pd.DataFrame, float]:
+    """``(pairs, runs, sft)``: per estimator x loss the report's IQM and interval;
     per run its estimator, loss, seed and score; the SFT start's mean score."""
     t = build_report(results)
     runs = t.runs.assign(base=t.runs["estimator"].str.split("[").str[0])
     pairs = t.scores.merge(runs[["estimator", "base", "update"]].drop_duplicates(), on="estimator")
     sft = float(final_rows(str(results))["eval_return_init"].mean())
-    return pairs, runs, sft, t
+    return pairs, runs, sft
 
 
 def paired_difference(runs: pd.DataFrame, a: str = "gspo", b: str = "clip") -> tuple[tuple[float, float, float], int, int, int]:
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", action="store_true", help="write the figure, README's lm-compare block and docs/lm.md's table")
     args = ap.parse_args(argv)
     results = Path(args.results)
-    pairs, runs, sft, t = tables(results)
+    pairs, runs, sft = tables(results)
     budget = float(runs["budget"].max())
     readme = readme_block(pairs, runs, sft, budget)
     table = table_block(pairs)
