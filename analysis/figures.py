@@ -169,7 +169,8 @@ def _draw_bands(ax, bands: pd.DataFrame, palette: Mapping[str, str]) -> None:
 
 
 def _task_x(df: pd.DataFrame, x: str) -> str:
-    if x == "env_steps" and not df["env_steps"].notna().any() and df["tokens"].notna().any():
+    # an LM task's env_steps count its sampled tokens: label the axis by what it counts
+    if x == "env_steps" and "tokens" in df.columns and df["tokens"].notna().any():
         return "tokens"
     return x
 
@@ -274,14 +275,15 @@ def plot_final_scores(table: pd.DataFrame, runs: pd.DataFrame, path: Path,
                                                [row["iqm_high"] - row["iqm"]]],
                         fmt="o", color=c, capsize=4, lw=2, ms=6, zorder=3)
         ax.set_yticks(range(len(estimators)), estimators)
+        for label in ax.get_yticklabels():
+            label.set_color(palette.get(label.get_text(), "black"))
         ax.set_ylim(len(estimators) - 0.5, -0.5)
         ax.set_title(_budget_title(name, budgets), fontsize="medium")
         ax.set_xlabel("normalised score (0 = worst run, 1 = best)" if name not in tasks
                       else "final return (IQM, 95% CI; dots = runs)")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle(title)
-    _legend(fig, palette, estimators, marker="o")
+    fig.suptitle(title)  # no legend: the y axis names each estimator, in its colour
     return _save(fig, path)
 
 

@@ -365,8 +365,9 @@ def is_collapsed(returns, shift: float = 0.0) -> bool:
 
 
 def _x_column(df: pd.DataFrame) -> str:
-    """Sample axis of a frame: env_steps, else tokens (LM), else iteration."""
-    for col in ("env_steps", "tokens", "iteration"):
+    """Sample axis of a frame: sampled tokens where logged (LM tasks, whose env_steps count the
+    same tokens), else env_steps, else iteration."""
+    for col in ("tokens", "env_steps", "iteration"):
         if col in df.columns and df[col].notna().any():
             return col
     return "iteration"
