@@ -46,7 +46,6 @@ not finished by the shared definition and is left out, named.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import warnings
@@ -55,9 +54,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
 from harness.io import schema
-from harness.io.finished import MISSING, check_run, read_parquet, safe_load_yaml
+from harness.io.finished import (CORRUPT, MISSING, RunCheck, check_iterations, check_parts, read_config,
+                                 read_parquet, read_summary, unreadable_metrics)
 
 __all__ = [
     "AnalysisWarning",
@@ -145,31 +148,6 @@ def _rel(run_dir: Path, root: Path) -> str:
     return run_dir.relative_to(root).as_posix()
 
 
-def _read_summary(run_dir: Path) -> dict:
-    """status/reason/run_id of one run plus the shared finished check (no warning: a run
-    that is not finished is named in ``left_out`` instead)."""
-    check = check_run(run_dir)
-    summary = None
-    if check.status is not None:
-        try:
-            summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):  # changed under our feet: the check's verdict stands
-            summary = None
-    if check.kind == MISSING:
-        status = "incomplete"
-    elif check.status in ("completed", "diverged", "failed"):
-        status = check.status
-    else:
-        status = "unknown"
-    reason = summary.get("reason") if isinstance(summary, dict) else None
-    run_id = summary.get("run_id") if isinstance(summary, dict) else None
-    if status == "unknown" and check.status is None:
-        reason = check.reason
-    return {"status": status, "reason": None if reason is None else str(reason),
-            "summary_run_id": None if run_id is None else str(run_id),
-            "finished": check.finished, "left_out": None if check.finished else check.reason}
-
-
 def _get(cfg, *keys):
     for key in keys:
         if not isinstance(cfg, dict) or key not in cfg:
@@ -178,16 +156,10 @@ def _get(cfg, *keys):
     return cfg
 
 
-def _read_config(run_dir: Path) -> dict:
-    """task/estimator/seed from config.yaml, used only to fill nulls in the metrics, and
-    ``task.worst_return`` (a finite number, else absent)."""
-    path = run_dir / CONFIG_FILE
-    if not path.exists():
-        return {}
-    try:
-        cfg = safe_load_yaml(path.read_text(encoding="utf-8"))
-    except Exception:  # noqa: BLE001 - any parse failure means "no config" (check_run names it)
-        return {}
+def _identity(cfg: dict | None) -> dict:
+    """task/estimator/seed/variant settings of a run's config (:func:`harness.io.finished.
+    read_config`), used only to fill nulls in the metrics, and ``task.worst_return`` (a
+    finite number, else absent)."""
     if not isinstance(cfg, dict):
         return {}
     out = {}
@@ -212,33 +184,77 @@ def _read_config(run_dir: Path) -> dict:
     return out
 
 
-def _read_metrics(path: Path) -> tuple[pa.Table | None, str | None]:
-    """``(table, None)``, or ``(None, why)`` for a file that does not read in full."""
-    try:
-        table = read_parquet(path)
-        table.validate(full=True)
-        return table, None
-    except Exception as err:  # noqa: BLE001 - ArrowInvalid, OSError, ...: any means corrupt
-        return None, f"unreadable {METRICS_FILE} ({type(err).__name__}: {err})".splitlines()[0]
+def _survey(root: Path) -> list[dict]:
+    """One record per run directory, from one read of its summary.json and its config
+    (summary.json's ``config``, or config.yaml for older runs): rules 1-2 of the finished
+    definition (:func:`harness.io.finished.check_parts`), status, identity. Rule 3 (the
+    metrics' iterations) is left to the caller, which reads metrics.parquet anyway."""
+    recs = []
+    for run_dir in find_run_dirs(root):
+        summary, bad = read_summary(run_dir)
+        cfg, cfg_bad = read_config(run_dir, summary)
+        parts = check_parts(summary, bad, cfg, cfg_bad)
+        if parts.kind == MISSING:
+            status = "incomplete"
+        elif parts.status in ("completed", "diverged", "failed"):
+            status = parts.status
+        else:
+            status = "unknown"
+        reason = summary.get("reason") if summary is not None else None
+        run_id = summary.get("run_id") if summary is not None else None
+        if status == "unknown" and parts.status is None:
+            reason = parts.reason
+        recs.append({
+            "run_dir": _rel(run_dir, root),
+            "status": status,
+            "reason": None if reason is None else str(reason),
+            "run_id": None if run_id is None else str(run_id),
+            "has_metrics": (run_dir / METRICS_FILE).exists(),
+            "finished": parts.finished,  # rules 1-2 so far
+            "left_out": None if parts.finished else parts.reason,
+            **{f"config_{k}": v for k, v in _identity(cfg).items()},
+            "_parts": parts,
+        })
+    return recs
 
 
-def _concat(tables: list[pa.Table]) -> pd.DataFrame:
-    """Stack per-run tables: Arrow permissive promotion, pandas as the fallback."""
+def _stack(tables: list[pa.Table]) -> pa.Table:
+    """Stack per-run tables with Arrow's permissive promotion (int -> float, a column absent in
+    an older run -> null). A column that is a string in one run and a number in another (which
+    no promotion unifies) is read as strings in every run, with a warning."""
     # Dictionary-encoded columns (pandas categoricals) do not promote against plain ones.
-    tables = [t.unify_dictionaries() if any(pa.types.is_dictionary(f.type) for f in t.schema) else t
-              for t in tables]
     decoded = []
     for t in tables:
-        cols = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in t.columns]
-        decoded.append(pa.table(cols, names=t.column_names))
+        if any(pa.types.is_dictionary(f.type) for f in t.schema):
+            t = pa.table([c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in t.columns],
+                         names=t.column_names)
+        decoded.append(t)
     try:
-        table = pa.concat_tables(decoded, promote_options="permissive")
-        return table.to_pandas()
+        return pa.concat_tables(decoded, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
-        # e.g. a column that is a string in one run and a float in another.
-        _warn(f"metrics schemas do not unify in Arrow ({err}); stacking with pandas instead")
-        frames = [t.to_pandas() for t in decoded]
-        return pd.concat([f for f in frames if len(f.columns)], ignore_index=True, sort=False)
+        types: dict[str, set] = {}
+        for t in decoded:
+            for f in t.schema:
+                types.setdefault(f.name, set()).add(f.type)
+        mixed = []
+        for name, ts in types.items():
+            try:
+                pa.unify_schemas([pa.schema([pa.field(name, t)]) for t in ts], promote_options="permissive")
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                mixed.append(name)
+        _warn(f"metrics schemas do not unify in Arrow ({err}); column(s) {', '.join(sorted(mixed))} read as "
+              f"strings")
+        out = []
+        for t in decoded:
+            for name in mixed:
+                if name in t.column_names:
+                    i = t.column_names.index(name)
+                    try:
+                        t = t.set_column(i, name, t.column(name).cast(pa.string()))
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                        t = t.remove_column(i)
+            out.append(t)
+        return pa.concat_tables(out, promote_options="permissive")
 
 
 def _empty_frame() -> pd.DataFrame:
@@ -253,6 +269,66 @@ def _empty_frame() -> pd.DataFrame:
 _RUNS_COLUMNS = ["run_dir", "status", "reason", "run_id", "has_metrics", "finished", "left_out"]
 
 
+def _runs_frame(recs: list[dict]) -> pd.DataFrame:
+    rows = [{k: v for k, v in r.items() if k != "_parts"} for r in recs]
+    return pd.DataFrame(rows, columns=None if rows else _RUNS_COLUMNS)
+
+
+def _read_metrics(path: Path) -> tuple[pa.Table | None, str | None]:
+    """``(table, None)``, or ``(None, why)`` for a file that does not read in full."""
+    try:
+        table = read_parquet(path)
+        table.validate(full=True)
+        return table, None
+    except Exception as err:  # noqa: BLE001 - ArrowInvalid, OSError, ...: any means corrupt
+        return None, f"unreadable {METRICS_FILE} ({type(err).__name__}: {err})".splitlines()[0]
+
+
+def _finish_check(rec: dict, table: pa.Table | None, why: str | None) -> None:
+    """Rule 3 on one run whose metrics were read on their own (``table``, or ``why`` not)."""
+    parts = rec["_parts"]
+    if table is None:
+        check = RunCheck(False, parts.status, why, CORRUPT, parts.iterations, METRICS_FILE)
+    elif "iteration" not in table.column_names:
+        check = unreadable_metrics(parts, KeyError("iteration"))
+    else:
+        check = check_iterations(parts, table.column("iteration").to_pylist())
+    rec["finished"], rec["left_out"] = check.finished, check.reason
+
+
+def _scan(paths: list[Path], ns: list[int]) -> pa.Table | None:
+    """Every file of ``paths`` in one pyarrow dataset scan (schemas unified permissively, in
+    order), or None where that is not the whole story and each file must be read on its own to
+    name the one at fault: a file that does not read, schemas that do not unify, or an
+    ``iteration`` column that is not ``1..n`` for each file's ``n`` of ``ns`` (rule 3 of the
+    finished definition, checked for all files at once)."""
+    if not paths:
+        return None
+    try:
+        factory = ds.FileSystemDatasetFactory(pafs.LocalFileSystem(), [str(p) for p in paths],
+                                              ds.ParquetFileFormat())
+        schema_ = factory.inspect(promote_options="permissive", fragments=None)  # None: every file
+        if any(pa.types.is_dictionary(f.type) for f in schema_) or "iteration" not in schema_.names:
+            return None
+        table = factory.finish(schema_).to_table()
+        table.validate(full=True)
+    except Exception:  # noqa: BLE001 - any failure: per-file reads name the file
+        return None
+    its = table.column("iteration")
+    counts = np.asarray(ns, dtype=np.int64)
+    if table.num_rows != int(counts.sum()) or its.null_count:
+        return None
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    expected = np.arange(table.num_rows, dtype=np.int64) - starts + 1
+    try:
+        got = its.to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if got.dtype.kind not in "iuf" or not np.array_equal(got, expected):
+        return None
+    return table
+
+
 def load_runs(path: str | os.PathLike) -> pd.DataFrame:
     """One row per run directory: ``run_dir, status, reason, run_id, has_metrics, finished,
     left_out`` (``finished``: :func:`harness.io.finished.check_run`, the harness's definition;
@@ -262,20 +338,16 @@ def load_runs(path: str | os.PathLike) -> pd.DataFrame:
     so they can be counted even though they contribute no metrics.
     """
     root = Path(path)
-    rows = []
-    for run_dir in find_run_dirs(root):
-        info = _read_summary(run_dir)
-        rows.append({
-            "run_dir": _rel(run_dir, root),
-            "status": info["status"],
-            "reason": info["reason"],
-            "run_id": info["summary_run_id"],
-            "has_metrics": (run_dir / METRICS_FILE).exists(),
-            "finished": info["finished"],
-            "left_out": info["left_out"],
-            **{f"config_{k}": v for k, v in _read_config(run_dir).items()},
-        })
-    return pd.DataFrame(rows, columns=None if rows else _RUNS_COLUMNS)
+    recs = _survey(root)
+    for rec in recs:
+        if rec["finished"]:
+            try:
+                its = read_parquet(root / rec["run_dir"] / METRICS_FILE, columns=["iteration"])
+                check = check_iterations(rec["_parts"], its.column("iteration").to_pylist())
+            except Exception as exc:  # noqa: BLE001 - any failure means corrupt
+                check = unreadable_metrics(rec["_parts"], exc)
+            rec["finished"], rec["left_out"] = check.finished, check.reason
+    return _runs_frame(recs)
 
 
 def nonfinite_score(table: pa.Table | pd.DataFrame) -> str | None:
@@ -313,15 +385,20 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
     Columns: every column of the output contract (null where a run did not log it), any
     extra columns runs logged, and ``run_dir`` (relative to ``path``), ``status``
     (completed | diverged; with ``finished_only=False`` also failed | incomplete | unknown),
-    ``reason`` and ``worst_return`` (the run's config.yaml ``task.worst_return``, NaN if none).
+    ``reason`` and ``worst_return`` (the run's ``task.worst_return``, NaN if none).
 
-    Missing task/estimator/seed values are filled from the run's config.yaml, then from the
+    Missing task/estimator/seed values are filled from the run's config, then from the
     ``<task>/<estimator>/<run>`` layout; a missing run_id from summary.json, then run_dir.
     ``df.attrs["left_out"]`` names every run directory not loaded: a list of ``{"run_dir",
     "path", "reason", "task", "estimator"}`` (not finished by the harness's definition, a
     ±inf score, a symlink not followed, an unreadable file). ``df.attrs["skipped"]`` lists
     the unreadable metrics files among them; ``df.attrs["runs"]`` is :func:`load_runs` of
     the folder.
+
+    Each file is read once: summary.json and the run's config (summary.json's ``config``;
+    config.yaml only for runs written before it) per run, then the finished runs' metrics in
+    one pyarrow dataset scan, which also checks their iterations; where that scan fails or a
+    file's iterations are off, every file is read on its own so the ones at fault are named.
 
     Raises FileNotFoundError / NotADirectoryError for a missing path or a file.
     """
@@ -331,67 +408,87 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
     if not root.is_dir():
         raise NotADirectoryError(f"{root} is not a folder")
 
-    runs = load_runs(root)
-    tables, skipped, left_out = [], [], []
+    recs = _survey(root)
+    cands = [r for r in recs if r["finished"]]
+    table = _scan([root / r["run_dir"] / METRICS_FILE for r in cands], [r["_parts"].iterations for r in cands])
+    parts: list[tuple[dict, pa.Table | None]] = []  # (run, its metrics) in folder order
+    if table is not None:
+        offset = 0
+        for rec in cands:
+            n = rec["_parts"].iterations
+            parts.append((rec, table.slice(offset, n)))
+            offset += n
+        whole = {id(rec) for rec in cands}
+    else:
+        whole = set()
+    read_alone = {}
+    for rec in recs:
+        if id(rec) in whole:
+            continue
+        if rec["finished"] or (not finished_only and rec["has_metrics"]):
+            t, why = _read_metrics(root / rec["run_dir"] / METRICS_FILE)
+            read_alone[id(rec)] = (t, why)
+            if rec["finished"]:
+                _finish_check(rec, t, why)
+    runs = _runs_frame(recs)
+    skipped, left_out = [], []
 
-    def leave_out(rec: dict, why: str) -> None:
-        parts = Path(rec["run_dir"]).parts
+    def leave_out(i: int, rec: dict, why: str) -> None:
+        parts_ = Path(rec["run_dir"]).parts
         task, est = rec.get("config_task"), rec.get("config_estimator")
         left_out.append({"run_dir": rec["run_dir"], "path": (root / rec["run_dir"]).as_posix(), "reason": why,
-                         "task": task if isinstance(task, str) else (parts[-3] if len(parts) >= 3 else None),
-                         "estimator": est if isinstance(est, str) else (parts[-2] if len(parts) >= 3 else None)})
-        runs.loc[runs["run_dir"] == rec["run_dir"], "left_out"] = why
+                         "task": task if isinstance(task, str) else (parts_[-3] if len(parts_) >= 3 else None),
+                         "estimator": est if isinstance(est, str) else (parts_[-2] if len(parts_) >= 3 else None)})
+        runs.at[i, "left_out"] = why
 
-    for rec in runs.to_dict("records"):
+    kept: list[tuple[int, dict, pa.Table]] = []
+    sliced = {id(rec): t for rec, t in parts}
+    for i, rec in enumerate(recs):
         if finished_only and not rec["finished"]:
-            leave_out(rec, rec["left_out"])
+            leave_out(i, rec, rec["left_out"])
             if str(rec["left_out"]).startswith(f"unreadable {METRICS_FILE}"):
                 skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
             continue
         if not rec["has_metrics"]:
-            leave_out(rec, rec["left_out"] or f"no {METRICS_FILE}")
+            leave_out(i, rec, rec["left_out"] or f"no {METRICS_FILE}")
             continue
-        run_dir = root / rec["run_dir"]
-        reason = rec["reason"] if isinstance(rec["reason"], str) else None  # NaN from pandas
-        table, why = _read_metrics(run_dir / METRICS_FILE)
-        if table is None:
-            skipped.append((run_dir / METRICS_FILE).as_posix())
-            leave_out(rec, why)
+        if id(rec) in sliced:
+            t = sliced[id(rec)]
+        else:
+            t, why = read_alone[id(rec)]
+            if t is None:
+                skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
+                leave_out(i, rec, why)
+                continue
+        kept.append((i, rec, t))
+    # ±inf scores: one vectorised look over the scanned table, the per-run message for the few
+    bad_runs = _nonfinite_runs(table, parts) if table is not None else set()
+    final = []
+    for i, rec, t in kept:
+        if id(rec) in sliced and id(rec) not in bad_runs:
+            final.append((i, rec, t))
             continue
-        bad = nonfinite_score(table)
+        bad = nonfinite_score(t)
         if bad is not None:
-            leave_out(rec, bad)
+            leave_out(i, rec, bad)
             continue
-        n = table.num_rows
-        worst = rec.get("config_worst_return")
-        worst = float(worst) if isinstance(worst, (int, float)) and math.isfinite(worst) else None  # NaN: none
-        table = table.drop_columns([c for c in ("run_dir", "status", "reason", "worst_return")
-                                    if c in table.column_names])
-        table = table.append_column("run_dir", pa.array([rec["run_dir"]] * n, pa.string()))
-        table = table.append_column("status", pa.array([rec["status"]] * n, pa.string()))
-        table = table.append_column("reason", pa.array([reason] * n, pa.string()))
-        table = table.append_column("worst_return", pa.array([worst] * n, pa.float64()))
-        tables.append((rec, table))
+        final.append((i, rec, t))
     for link in left_out_links(root):
         left_out.append({**link, "task": None, "estimator": None})
 
-    if not tables:
+    if not final:
         df = _empty_frame()
+        df["estimator_name"] = df["estimator"]
     else:
-        df = _concat([t for _, t in tables])
-        for c in METRIC_COLUMNS:
-            if c not in df.columns:
-                df[c] = None if c in _STRING_COLUMNS else np.nan
-        df = _fill_identity(df, runs, root)
-    df["estimator_name"] = df["estimator"]
-
+        df = _frame(final, root)
     for c in METRIC_COLUMNS:
         if c not in _STRING_COLUMNS:
-            df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
+            if df[c].dtype != np.float64:
+                df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
         else:
             df[c] = df[c].astype(object).where(df[c].notna(), None)
     df["estimator_name"] = df["estimator_name"].astype(object)
-    df = label_variants(df)
+    _label_variants_in_place(df)
     lead = ["run_dir", "status"] + METRIC_COLUMNS + ["estimator_name"]
     df = df[lead + [c for c in df.columns if c not in lead]]
     sort_cols = ["task", "estimator", "run_dir", "seed", "iteration"]
@@ -402,6 +499,75 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
     return df
 
 
+def _nonfinite_runs(table: pa.Table, parts: list[tuple[dict, pa.Table]]) -> set[int]:
+    """ids of the runs of the scanned ``table`` whose scoring columns hold ±inf, or whose
+    scoring columns are not numeric (each then gets :func:`nonfinite_score`'s message)."""
+    counts = np.asarray([t.num_rows for _, t in parts], dtype=np.int64)
+    row_run = np.repeat(np.arange(len(parts)), counts)
+    bad = np.zeros(table.num_rows, dtype=bool)
+    for col in SCORE_VALUE_COLUMNS:
+        if col not in table.column_names:
+            continue
+        try:
+            vals = table.column(col).cast(pa.float64()).to_numpy(zero_copy_only=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return {id(rec) for rec, _ in parts}
+        bad |= np.isinf(vals)
+    return {id(parts[k][0]) for k in np.unique(row_run[bad])}
+
+
+def _frame(final: list[tuple[int, dict, pa.Table]], root: Path) -> pd.DataFrame:
+    """The kept runs' tables stacked, with per-run columns (run_dir, status, reason,
+    worst_return) and identity filled from each run's config, then its layout; built in Arrow
+    from one value per run (taken to the rows), converted to pandas once."""
+    counts = np.asarray([t.num_rows for _, _, t in final], dtype=np.int64)
+    idx = pa.array(np.repeat(np.arange(len(final), dtype=np.int32), counts))
+    own = ("run_dir", "status", "reason", "worst_return")
+    tables = []
+    for _, _, t in final:
+        names = set(t.schema.names)
+        tables.append(t.drop_columns([c for c in own if c in names]) if names.intersection(own) else t)
+    table = _stack(tables)
+    recs = [rec for _, rec, _ in final]
+
+    def per_run(values: list, typ: pa.DataType = pa.string()) -> pa.Array:
+        return pa.array(values, typ).take(idx)
+
+    def fill(table: pa.Table, col: str, values: list) -> pa.Table:
+        """``col``'s nulls filled with each run's value of ``values``."""
+        have = table.column(col)
+        if pa.types.is_null(have.type):  # a column that is null in every run: take the config's type
+            fallback = pa.array(values).take(idx)
+            return table.set_column(table.column_names.index(col), col, fallback)
+        try:
+            fallback = per_run(values, have.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # e.g. a config seed of another type
+            have, fallback = have.cast(pa.string()), per_run([None if v is None else str(v) for v in values])
+        return table.set_column(table.column_names.index(col), col, pc.coalesce(have, fallback))
+
+    table = table.append_column("run_dir", per_run([r["run_dir"] for r in recs]))
+    table = table.append_column("status", per_run([r["status"] for r in recs]))
+    table = table.append_column("reason", per_run([r["reason"] if isinstance(r["reason"], str) else None
+                                                   for r in recs]))
+    table = table.append_column("worst_return", per_run([r.get("config_worst_return") for r in recs],
+                                                        pa.float64()))
+    for c, typ in schema.METRIC_COLUMNS.items():
+        if c not in table.column_names:
+            table = table.append_column(c, pa.nulls(table.num_rows, typ))
+    for col in ["task", "estimator", "seed", *VARIANT_KEYS]:
+        values = [r.get(f"config_{col}") for r in recs]
+        if any(v is not None for v in values):
+            table = fill(table, col, values)
+    # Layout fallback: RESULTS/<task>/<estimator>/<run_name>/
+    layout = [Path(r["run_dir"]).parts for r in recs]
+    for col, k, default in (("task", -3, "unknown_task"), ("estimator", -2, "unknown_estimator")):
+        table = fill(table, col, [p[k] if len(p) >= 3 else default for p in layout])
+    table = fill(table, "run_id", [r["run_id"] if r["run_id"] is not None else r["run_dir"] for r in recs])
+    df = table.to_pandas()
+    df["estimator_name"] = df["estimator"]
+    return df
+
+
 def label_variants(df: pd.DataFrame) -> pd.DataFrame:
     """Give runs of one estimator that differ in a :data:`VARIANT_KEYS` setting their own
     ``estimator`` label, ``name[key=value, ...]`` (only the keys that differ for that name,
@@ -409,41 +575,32 @@ def label_variants(df: pd.DataFrame) -> pd.DataFrame:
     not record the setting). Names run with one setting keep the plain name. The registered
     name is (or stays) in ``estimator_name``. Returns a new frame."""
     df = df.copy()
+    _label_variants_in_place(df)
+    return df
+
+
+def _label_variants_in_place(df: pd.DataFrame) -> None:
+    """:func:`label_variants` on ``df`` itself (load's frame is new already: no copy)."""
     if "estimator_name" not in df.columns:
         df["estimator_name"] = df["estimator"]
     keys = [k for k in VARIANT_KEYS if k in df.columns]
     if not keys or df.empty:
-        return df
-    name = df["estimator_name"].astype(object)
-    vals = {k: df[k].astype(object).where(df[k].notna(), "null").astype(str) for k in keys}
-    n_values = {k: vals[k].groupby(name.to_numpy()).transform("nunique").to_numpy() for k in keys}
-    # one label per distinct (name, settings, which differ) combination, not per row
-    combo = pd.DataFrame({"name": name.to_numpy(), **{k: vals[k].to_numpy() for k in keys},
-                          **{f"_n_{k}": n_values[k] > 1 for k in keys}})
-    codes, uniques = pd.factorize(pd.MultiIndex.from_frame(combo))
+        return
+    # one label per distinct (name, settings) combination, worked out on the few combinations:
+    # each column factorized on its own, the codes combined into one integer per row
+    cols = [df["estimator_name"], *(df[k] for k in keys)]
+    combined = np.zeros(len(df), dtype=np.int64)
+    for col in cols:
+        c, u = pd.factorize(col, use_na_sentinel=False)
+        combined = combined * (len(u) + 1) + c
+    first, codes = np.unique(combined, return_index=True, return_inverse=True)[1:]
+    combos = pd.DataFrame({"name": cols[0].to_numpy(dtype=object)[first]})
+    for k, col in zip(keys, cols[1:]):
+        vals = col.to_numpy(dtype=object)[first]
+        combos[k] = pd.Series(vals, dtype=object).where(pd.notna(vals), "null").astype(str).to_numpy()
+    differs = {k: combos.groupby("name", dropna=False)[k].transform("nunique").to_numpy() > 1 for k in keys}
     labels = []
-    for u in uniques:
-        rec = dict(zip(combo.columns, u))
-        differ = [f"{k}={rec[k]}" for k in keys if rec[f"_n_{k}"]]
+    for j, rec in enumerate(combos.to_dict("records")):
+        differ = [f"{k}={rec[k]}" for k in keys if differs[k][j]]
         labels.append(f"{rec['name']}[{', '.join(differ)}]" if differ else rec["name"])
     df["estimator"] = np.asarray(labels, dtype=object)[codes]
-    return df
-
-
-def _fill_identity(df: pd.DataFrame, runs: pd.DataFrame, root: Path) -> pd.DataFrame:
-    info = runs.set_index("run_dir")
-    for col in ["task", "estimator", "seed", *VARIANT_KEYS]:
-        cfg_col = f"config_{col}"
-        if cfg_col in info.columns:
-            df[col] = df[col].where(df[col].notna(), df["run_dir"].map(info[cfg_col]))
-    # Layout fallback: RESULTS/<task>/<estimator>/<run_name>/ (parsed once per run, not per row)
-    parts = {d: Path(d).parts for d in df["run_dir"].unique()}
-    layout_task = df["run_dir"].map({d: p[-3] if len(p) >= 3 else None for d, p in parts.items()})
-    layout_est = df["run_dir"].map({d: p[-2] if len(p) >= 3 else None for d, p in parts.items()})
-    df["task"] = df["task"].where(df["task"].notna(), layout_task)
-    df["estimator"] = df["estimator"].where(df["estimator"].notna(), layout_est)
-    df["task"] = df["task"].where(df["task"].notna(), "unknown_task")
-    df["estimator"] = df["estimator"].where(df["estimator"].notna(), "unknown_estimator")
-    df["run_id"] = df["run_id"].where(df["run_id"].notna(), df["run_dir"].map(info["run_id"]))
-    df["run_id"] = df["run_id"].where(df["run_id"].notna(), df["run_dir"])
-    return df

@@ -190,3 +190,101 @@ def test_runs_differing_in_update_or_loss_agg_get_separate_labels(tmp_path):
     assert sorted(df["estimator_name"].unique()) == ["a2c", "grpo", "ppo_gae"]
     from analysis.load import label_variants
     assert label_variants(df)["estimator"].tolist() == df["estimator"].tolist()  # idempotent
+
+
+# ---------------------------------------------------------------- reading each file once (issue 16)
+def _folder_of_clean_runs(root, n=3):
+    for s in range(n):
+        write_run(root / TASK / "ppo_gae" / f"s{s}", _cols("ppo_gae", s),
+                  summary={**_summary(f"r{s}", "completed", 6),
+                           "config": {"task": {"name": TASK, "worst_return": -7.0}, "estimator": "ppo_gae",
+                                      "seed": s, "budget": {"iterations": 6}}},
+                  config="task: {name: [")  # a torn config.yaml: summary.json's config is read instead
+
+
+def test_summary_config_stands_in_for_config_yaml_and_each_file_is_read_once(tmp_path, monkeypatch):
+    """A run whose summary.json records its config (the harness writes it since issue 16) is
+    loaded without config.yaml (torn here, so a YAML read would leave it out), and a folder of
+    clean runs is read in one dataset scan: no file read on its own."""
+    import importlib
+
+    load_mod = importlib.import_module("analysis.load")
+    _folder_of_clean_runs(tmp_path)
+    monkeypatch.setattr(load_mod, "_read_metrics", lambda path: pytest.fail(f"read on its own: {path}"))
+    df = analysis.load(tmp_path)
+    assert df.attrs["left_out"] == []
+    assert len(df) == 18 and sorted(df["run_dir"].unique()) == [f"{TASK}/ppo_gae/s{s}" for s in range(3)]
+    assert (df["worst_return"] == -7.0).all()                    # from summary.json's config
+    # each run's rows are its own file's, in order: iterations 1..6, its seed's curve
+    for s in range(3):
+        rows = df[df.run_dir == f"{TASK}/ppo_gae/s{s}"]
+        assert rows["iteration"].tolist() == list(range(1, 7))
+        np.testing.assert_array_equal(rows["episode_return"].to_numpy(), _cols("ppo_gae", s)["episode_return"])
+
+
+def test_summary_config_budget_is_checked(tmp_path):
+    _folder_of_clean_runs(tmp_path, n=2)
+    p = tmp_path / TASK / "ppo_gae" / "s1" / "summary.json"
+    summary = json.loads(p.read_text())
+    summary["config"]["budget"]["iterations"] = 5                # 6 iterations logged: over budget
+    p.write_text(json.dumps(summary))
+    df = analysis.load(tmp_path)
+    assert set(df["run_dir"]) == {f"{TASK}/ppo_gae/s0"}
+    (out,) = df.attrs["left_out"]
+    assert out["reason"] == "summary.json says 6 iterations, over budget.iterations=5 in summary.json's config"
+
+
+@pytest.mark.parametrize("fault", ["rows_off", "torn_file"])
+def test_one_bad_file_among_clean_ones_is_named_and_the_rest_load(tmp_path, fault):
+    """The one-scan path falls back to reading each file on its own to name the one at fault:
+    a file whose iterations do not match its summary (it reads fine), or one that does not read."""
+    _folder_of_clean_runs(tmp_path, n=4)
+    bad = tmp_path / TASK / "ppo_gae" / "s2" / "metrics.parquet"
+    if fault == "rows_off":
+        write_run(bad.parent, _cols("ppo_gae", 2, iterations=5))  # summary still says 6
+        why = "metrics.parquet holds iterations [1..5] (5 rows), summary.json says 6"
+    else:
+        bad.write_bytes(bad.read_bytes()[:-40])
+        why = "unreadable metrics.parquet ("
+    df = analysis.load(tmp_path)
+    assert sorted(df["run_dir"].unique()) == [f"{TASK}/ppo_gae/s{s}" for s in (0, 1, 3)]
+    (out,) = df.attrs["left_out"]
+    assert out["run_dir"] == f"{TASK}/ppo_gae/s2" and out["reason"].startswith(why)
+    assert len(df) == 18
+
+
+def test_a_column_string_in_one_run_and_number_in_another_is_read_as_strings(tmp_path):
+    a, b = _cols("ppo_gae", 0), _cols("rloo", 1)
+    a["note"], b["note"] = np.arange(6.0), np.array(["x"] * 6)
+    write_run(tmp_path / TASK / "ppo_gae" / "s0", a, summary=_summary("a", "completed", 6))
+    write_run(tmp_path / TASK / "rloo" / "s1", b, summary=_summary("b", "completed", 6))
+    with pytest.warns(AnalysisWarning, match="column\\(s\\) note read as strings"):
+        df = analysis.load(tmp_path)
+    assert df.loc[df.estimator == "ppo_gae", "note"].tolist() == ["0", "1", "2", "3", "4", "5"]
+    assert df.loc[df.estimator == "rloo", "note"].tolist() == ["x"] * 6
+
+
+def test_the_harness_writes_the_config_analysis_reads_into_summary_json(tmp_path):
+    """summary.json's ``config`` is config.yaml's values, so a folder loads the same either way."""
+    import shutil
+    import subprocess
+    import sys
+
+    import yaml
+
+    subprocess.run([sys.executable, "-m", "harness", "task=cartpole", "estimator=rloo", "seed=3",
+                    "budget.iterations=2", "progress=false", "eval_every=0", f"results_dir={tmp_path / 'r'}"],
+                   check=True, capture_output=True)
+    (run,) = (tmp_path / "r").glob("*/*/*/summary.json")
+    cfg = yaml.safe_load((run.parent / "config.yaml").read_text())
+    got = json.loads(run.read_text())["config"]
+    assert got == {"task": {"name": "cartpole", "env_id": "CartPole-v1", "worst_return": cfg["task"]["worst_return"]},
+                   "estimator": "rloo", "seed": 3, "update": cfg["update"], "loss_agg": cfg["loss_agg"],
+                   "budget": {"iterations": 2}}
+    with_summary = analysis.load(tmp_path / "r")
+    legacy = tmp_path / "legacy"
+    shutil.copytree(tmp_path / "r", legacy)
+    (p,) = legacy.glob("*/*/*/summary.json")
+    p.write_text(json.dumps({k: v for k, v in json.loads(p.read_text()).items() if k != "config"}))
+    import pandas as pd
+    pd.testing.assert_frame_equal(with_summary, analysis.load(legacy))

@@ -7,8 +7,10 @@ when all of these hold:
 
 1. ``summary.json`` parses as a JSON object whose ``status`` is a string, ``completed`` or
    ``diverged`` (``failed`` and anything else: not finished);
-2. its ``iterations`` is an int ``>= 0`` (not a bool), and when ``config.yaml`` sets
-   ``budget.iterations`` to an int, no more than that (``config.yaml``, when present, must parse);
+2. its ``iterations`` is an int ``>= 0`` (not a bool), and when the run's config sets
+   ``budget.iterations`` to an int, no more than that. The config is summary.json's ``config``
+   (:func:`config_subset`, written by the harness since issue 16); for a run whose summary has
+   none, ``config.yaml``, which must then parse when present;
 3. ``metrics.parquet`` reads, and its ``iteration`` column is exactly ``1..n`` with ``n`` the
    summary's ``iterations``.
 
@@ -24,7 +26,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 __all__ = ["FINISHED", "SUMMARY_FILE", "METRICS_FILE", "CONFIG_FILE", "RunCheck", "check_run",
-           "read_summary"]
+           "check_parts", "check_iterations", "config_subset", "read_config", "read_summary",
+           "budget_iterations", "unreadable_metrics"]
 
 FINISHED = ("completed", "diverged")
 SUMMARY_FILE = "summary.json"
@@ -94,9 +97,41 @@ def safe_load_yaml(text: str):
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
-def _budget_iterations(path: Path) -> tuple[int | None, str | None]:
-    """``budget.iterations`` of config.yaml when it is an int; ``(None, reason)`` if the file
-    exists but does not parse."""
+def config_subset(cfg) -> dict:
+    """The part of a run's resolved config that analysis and this module read, with
+    config.yaml's nesting: ``task`` (its ``name``/``env_id``/``id`` and ``worst_return``),
+    ``estimator``, ``seed``, the variant settings (:data:`harness.io.schema.VARIANTS`) and
+    ``budget.iterations``. The harness writes it into summary.json (``config``), so reading a
+    results folder parses one small JSON file per run instead of a YAML file (a YAML parse,
+    even with libyaml, costs about 20x a JSON one: issue 16)."""
+    from .schema import VARIANTS
+
+    if not isinstance(cfg, dict):
+        return {}
+    out: dict = {}
+    task = cfg.get("task")
+    if isinstance(task, dict):
+        out["task"] = {k: task[k] for k in ("name", "env_id", "id", "worst_return") if k in task}
+    elif task is not None:
+        out["task"] = task
+    for key in ("estimator", "seed", *VARIANTS):
+        if key in cfg:
+            out[key] = cfg[key]
+    if isinstance(out.get("estimator"), dict):
+        out["estimator"] = {k: v for k, v in out["estimator"].items() if k == "name"}
+    budget = cfg.get("budget")
+    if isinstance(budget, dict) and "iterations" in budget:
+        out["budget"] = {"iterations": budget["iterations"]}
+    return out
+
+
+def read_config(path: Path, summary: dict | None = None) -> tuple[dict | None, str | None]:
+    """``(cfg, None)``: the run's :func:`config_subset`, from summary.json's ``config`` when it
+    records one (runs written since issue 16), else parsed from config.yaml; ``(None, None)``
+    when neither exists; ``(None, reason)`` when config.yaml must be read and does not parse
+    (or is not a mapping)."""
+    if isinstance(summary, dict) and isinstance(summary.get("config"), dict):
+        return summary["config"], None
     cfg_path = Path(path) / CONFIG_FILE
     if not cfg_path.exists():
         return None, None
@@ -104,25 +139,32 @@ def _budget_iterations(path: Path) -> tuple[int | None, str | None]:
         cfg = safe_load_yaml(cfg_path.read_text(encoding="utf-8"))
     except Exception as exc:  # noqa: BLE001 - any parse failure means unreadable
         return None, f"unreadable {CONFIG_FILE} ({_err(exc)})"
+    return (config_subset(cfg), None) if isinstance(cfg, dict) else ({}, None)
+
+
+def budget_iterations(cfg: dict | None) -> int | None:
+    """``budget.iterations`` of a run's config when it is an int, else None."""
     budget = cfg.get("budget") if isinstance(cfg, dict) else None
     limit = budget.get("iterations") if isinstance(budget, dict) else None
     if isinstance(limit, int) and not isinstance(limit, bool):
-        return limit, None
-    return None, None
+        return limit
+    return None
 
 
 def _span(its: list) -> str:
     return f"[{its[0]}..{its[-1]}] ({len(its)} rows)" if its else "no rows"
 
 
-def check_run(path: Path) -> RunCheck:
-    """Is the run directory ``path`` finished? See the module docstring. Never raises."""
-    path = Path(path)
-    summary, bad = read_summary(path)
+def check_parts(summary: dict | None, summary_bad: str | None, cfg: dict | None,
+                cfg_bad: str | None) -> RunCheck:
+    """Rules 1 and 2 of the module docstring on a run's already-read summary.json
+    (:func:`read_summary`) and config (:func:`read_config`). A failure is final; a pass
+    returns ``RunCheck(True, status, iterations=n)``, which still needs rule 3
+    (:func:`check_iterations`) before the run counts as finished."""
     if summary is None:
-        if bad is None:
+        if summary_bad is None:
             return RunCheck(False, reason=f"no {SUMMARY_FILE} (not run, still running or killed)", kind=MISSING)
-        return RunCheck(False, reason=bad, kind=CORRUPT, file=SUMMARY_FILE)
+        return RunCheck(False, reason=summary_bad, kind=CORRUPT, file=SUMMARY_FILE)
     status = summary["status"]
     if status not in FINISHED:
         why = summary.get("reason")
@@ -132,17 +174,42 @@ def check_run(path: Path) -> RunCheck:
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         return RunCheck(False, status, f"{SUMMARY_FILE} iterations {n!r} is not an int >= 0", CORRUPT,
                         file=SUMMARY_FILE)
-    limit, bad = _budget_iterations(path)
-    if bad is not None:
-        return RunCheck(False, status, bad, CORRUPT, n, CONFIG_FILE)
+    if cfg_bad is not None:
+        return RunCheck(False, status, cfg_bad, CORRUPT, n, CONFIG_FILE)
+    limit = budget_iterations(cfg)
     if limit is not None and n > limit:
+        where = "summary.json's config" if isinstance(summary.get("config"), dict) else CONFIG_FILE
         return RunCheck(False, status, f"{SUMMARY_FILE} says {n} iterations, over budget.iterations={limit} "
-                                       f"in {CONFIG_FILE}", CORRUPT, n, SUMMARY_FILE)
+                                       f"in {where}", CORRUPT, n, SUMMARY_FILE)
+    return RunCheck(True, status, iterations=n)
+
+
+def check_iterations(parts: RunCheck, its: list) -> RunCheck:
+    """Rule 3 on a run that passed :func:`check_parts`: its metrics.parquet ``iteration``
+    column ``its`` must be exactly ``1..n``."""
+    n = parts.iterations
+    if its != list(range(1, n + 1)):
+        return RunCheck(False, parts.status, f"{METRICS_FILE} holds iterations {_span(its)}, {SUMMARY_FILE} says {n}",
+                        CORRUPT, n, METRICS_FILE)
+    return parts
+
+
+def unreadable_metrics(parts: RunCheck, exc: BaseException) -> RunCheck:
+    """Rule 3 failed because metrics.parquet does not read."""
+    return RunCheck(False, parts.status, f"unreadable {METRICS_FILE} ({_err(exc)})", CORRUPT, parts.iterations,
+                    METRICS_FILE)
+
+
+def check_run(path: Path) -> RunCheck:
+    """Is the run directory ``path`` finished? See the module docstring. Never raises."""
+    path = Path(path)
+    summary, bad = read_summary(path)
+    cfg, cfg_bad = read_config(path, summary) if summary is not None else (None, None)
+    parts = check_parts(summary, bad, cfg, cfg_bad)
+    if not parts.finished:
+        return parts
     try:
         its = read_parquet(path / METRICS_FILE, columns=["iteration"]).column("iteration").to_pylist()
     except Exception as exc:  # noqa: BLE001 - ArrowInvalid, OSError, KeyError...: any means corrupt
-        return RunCheck(False, status, f"unreadable {METRICS_FILE} ({_err(exc)})", CORRUPT, n, METRICS_FILE)
-    if its != list(range(1, n + 1)):
-        return RunCheck(False, status, f"{METRICS_FILE} holds iterations {_span(its)}, {SUMMARY_FILE} says {n}",
-                        CORRUPT, n, METRICS_FILE)
-    return RunCheck(True, status, iterations=n)
+        return unreadable_metrics(parts, exc)
+    return check_iterations(parts, its)

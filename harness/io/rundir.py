@@ -45,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import results_path
 from . import schema
+from .finished import config_subset
 
 try:
     import fcntl
@@ -314,6 +315,8 @@ class RunDir:
         summary = {
             "run_id": self.run_id, "status": status, "reason": reason, "final": final,
             "wall_time_s": wall_time_s, "iterations": len(self.rows), "versions": versions(),
-            "git_commit": git_commit(), **(extra or {}),
+            "git_commit": git_commit(),
+            # what analysis reads of config.yaml, so loading a folder needs no YAML parse
+            "config": config_subset(OmegaConf.to_container(self.cfg, resolve=True)), **(extra or {}),
         }
         atomic_write_json(self.path / "summary.json", summary)
