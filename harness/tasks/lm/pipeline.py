@@ -321,16 +321,18 @@ class LMTask:
 def _sample_texts(model, tokenizer, split: EncodedSplit, indices: list[int], n: int, max_response_len: int,
                   temperature: float, greedy: bool, gen: torch.Generator, device, dtype,
                   batch_size: int = 256) -> tuple[list[int], list[str], list[bool]]:
-    """``n`` responses per prompt (grouped), as ``(example indices, texts, ended with EOS)``."""
+    """``n`` responses per prompt (grouped), as ``(example indices, texts, ended with EOS)``, decoded
+    ``batch_size // n`` prompts at a time (each prompt run once, its cache shared by its ``n`` rows)."""
     rows = [i for i in indices for _ in range(n)]
     texts: list[str] = []
     finished: list[bool] = []
-    for s in range(0, len(rows), batch_size):
-        chunk = rows[s:s + batch_size]
+    per_chunk = max(1, batch_size // n)
+    for s in range(0, len(indices), per_chunk):
+        chunk = indices[s:s + per_chunk]
         ids, mask = left_pad([split.prompt_ids[i] for i in chunk], tokenizer.pad_token_id, device)
         with autocast(device, dtype):
             g = generate(model, ids, mask, max_response_len, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                         temperature=temperature, greedy=greedy, generator=gen)
+                         temperature=temperature, greedy=greedy, generator=gen, samples=n)
         texts += decode_responses(tokenizer, g.tokens, g.mask)
         finished += g.has_eos.tolist()
     return rows, texts, finished
