@@ -258,3 +258,60 @@ def test_dynamic_sampling_runs_end_to_end_and_logs_its_draws(tmp_path):
     assert summary["status"] == "completed" and df.sample_draws.between(1, 3).all()
     per_iter = df.tokens.diff().fillna(df.tokens.iloc[0])
     assert (per_iter >= df.response_len * PROMPTS * GROUP - 1e-6).all()
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "remax"])
+def test_each_prompt_is_sampled_once_and_the_samples_are_those_of_per_row_decoding(tmp_path, estimator, monkeypatch):
+    """The source prefills each prompt of the batch once (one prompt forward per distinct prompt,
+    shared by its ``group_size`` samples and, for ReMax, its greedy response), and draws from the
+    run's generator exactly the responses that decoding every row alone draws (the decoder the
+    sampler replaced: tests/test_lm_model.py's reference), greedy responses included."""
+    import torch
+
+    from harness.tasks.lm.data import decode_responses
+    from harness.tasks.lm.pipeline import build_task
+    from harness.train.lm import LMSource
+
+    from .test_lm_model import _decode_rows_alone
+
+    cfg = compose(f"estimator={estimator}", "lm.prompts_per_iter=3", "group_size=3", results_dir=tmp_path)
+    task = build_task(cfg)
+    src = LMSource(cfg, task)
+    src.kl_beta_now = torch.full((1,), 0.05)
+    prompt_rows = []
+    forward = type(src.policy.lm).forward
+
+    def counted(self, *args, **kwargs):  # the rows of every forward pass that sees a whole prompt
+        if self is src.policy.lm and kwargs["input_ids"].shape[1] > 1:
+            prompt_rows.append(kwargs["input_ids"].shape[0])
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(src.policy.lm), "forward", counted)
+    state, py_state = src.gen.get_state(), src.rng.getstate()
+    ro = src._draw()
+    assert prompt_rows == [3]  # 3 distinct prompts once, for 9 samples (+ 3 greedy responses)
+    monkeypatch.undo()
+    src.gen.set_state(state)
+    split = task.train
+    src.rng.setstate(py_state)
+    idx = [src.rng.randrange(len(split)) for _ in range(3)]
+    rows = [split.prompt_ids[i] for i in idx for _ in range(3)]
+    want, want_lp = _decode_rows_alone(src.policy.lm, rows, int(cfg.lm.max_response_len), float(cfg.lm.temperature),
+                                       src.gen, eos=src.tok.eos_token_id, pad=src.tok.pad_token_id)
+    assert len({tuple(w) for w in want}) > 3
+    for r, (w, lp) in enumerate(zip(want, want_lp)):
+        assert ro.tokens[r, :len(w)].tolist() == w and int(ro.mask[r].sum()) == len(w)
+        assert ro.old_logp[r, :len(w)].tolist() == pytest.approx(lp, abs=1e-5)
+    if estimator == "remax":
+        greedy, _ = _decode_rows_alone(src.policy.lm, [split.prompt_ids[i] for i in idx], int(cfg.lm.max_response_len),
+                                       float(cfg.lm.temperature), None, greedy=True, eos=src.tok.eos_token_id)
+        tok = torch.full((3, max(map(len, greedy))), src.tok.pad_token_id)
+        mask = torch.zeros_like(tok)
+        for i, w in enumerate(greedy):
+            tok[i, :len(w)], mask[i, :len(w)] = torch.tensor(w), 1
+        has_eos = torch.tensor([w[-1] == src.tok.eos_token_id for w in greedy])
+        want_reward = task.reward([split.examples[i] for i in idx], decode_responses(src.tok, tok, mask),
+                                  has_eos.tolist()).float()
+        assert ro.greedy_rewards.tolist() == pytest.approx(want_reward.tolist(), abs=1e-6)
+        assert ro.sampled_tokens == int(ro.mask.sum()) + sum(map(len, greedy))
+

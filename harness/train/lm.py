@@ -48,7 +48,7 @@ from omegaconf import DictConfig
 from ..estimators import AdvantageBatch, get_estimator, kl_estimate
 from ..io import RunDir
 from ..io import checkpoint as ckpt
-from ..models.lm import NonFiniteError, PolicyWithValue, ValueModel, generate, response_forward
+from ..models.lm import NonFiniteError, PolicyWithValue, ValueModel, generate_groups, response_forward
 from ..tasks.lm.data import decode_responses, left_pad
 from ..tasks.lm.metrics import length_by_correctness, mean_pass_at_k, zero_std_fraction
 from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_scores, uses_bf16
@@ -223,7 +223,8 @@ class LMLearner:
         i = slice(None) if idx is None else idx[0]
         mask = ro.mask[i].long()
         with s.ac():
-            out, values = s.policy(ro.prompt_ids[i], ro.prompt_mask[i], ro.tokens[i], mask, s.temperature)
+            out, values = s.policy(ro.prompt_ids[i], ro.prompt_mask[i], ro.tokens[i], mask, s.temperature,
+                                   share_prompts=True)
             if s.spec.needs_critic:
                 values = s.values(ro.prompt_ids[i], ro.prompt_mask[i], ro.tokens[i], mask, values)
         s.sample_memory()
@@ -317,7 +318,7 @@ class LMSource(Source):
         return reward, score
 
     def _ref_logp(self, p_ids, p_mask, tokens, mask) -> torch.Tensor:
-        return response_forward(self.ref, p_ids, p_mask, tokens, mask, self.temperature).logp
+        return response_forward(self.ref, p_ids, p_mask, tokens, mask, self.temperature, share_prompts=True).logp
 
     # ------------------------------------------------------------------ collect
     def collect(self) -> Rollout:
@@ -353,16 +354,20 @@ class LMSource(Source):
         rows = [i for i in prompt_idx for _ in range(k)]  # group-major
         examples = [split.examples[i] for i in rows]
         truncated = sum(split.truncated[i] for i in rows)
-        p_ids, p_mask = left_pad([split.prompt_ids[i] for i in rows], self.tok.pad_token_id, self.device)
+        # each prompt once (generate_groups shares its KV cache with its k samples and greedy row)
+        u_ids, u_mask = left_pad([split.prompt_ids[i] for i in prompt_idx], self.tok.pad_token_id, self.device)
+        per_row = torch.arange(len(prompt_idx), device=self.device).repeat_interleave(k)
+        p_ids, p_mask = u_ids[per_row], u_mask[per_row]
         with self.ac():
-            g = generate(self.policy.lm, p_ids, p_mask, lm.max_response_len, self.tok.eos_token_id,
-                         self.tok.pad_token_id, temperature=lm.temperature, generator=self.gen)
+            g, gg = generate_groups(self.policy.lm, u_ids, u_mask, lm.max_response_len, self.tok.eos_token_id,
+                                    self.tok.pad_token_id, temperature=lm.temperature, samples=k,
+                                    with_greedy=self.spec.needs_greedy, generator=self.gen)
         mask = g.mask.float()
         with self.ac():
             if self.reuse_sampler_logp:
                 old_logp, values = g.logp * mask, None
             else:
-                out, values = self.policy(p_ids, p_mask, g.tokens, g.mask, lm.temperature)
+                out, values = self.policy(p_ids, p_mask, g.tokens, g.mask, lm.temperature, share_prompts=True)
                 old_logp = out.logp
             ref = self._ref_logp(p_ids, p_mask, g.tokens, g.mask)
             if self.spec.needs_critic:
@@ -375,10 +380,6 @@ class LMSource(Source):
 
         greedy_scores = greedy_rewards = None
         if self.spec.needs_greedy:
-            gp_ids, gp_mask = left_pad([split.prompt_ids[i] for i in prompt_idx], self.tok.pad_token_id, self.device)
-            with self.ac():
-                gg = generate(self.policy.lm, gp_ids, gp_mask, lm.max_response_len, self.tok.eos_token_id,
-                              self.tok.pad_token_id, temperature=lm.temperature, greedy=True)
             g_texts = decode_responses(self.tok, gg.tokens, gg.mask)
             g_reward, g_score = self._score([split.examples[i] for i in prompt_idx], g_texts, gg.has_eos,
                                             gg.mask.sum(-1))
@@ -387,8 +388,8 @@ class LMSource(Source):
             if self.cfg.kl.in_reward and self.beta > 0:
                 # the greedy return carries its own KL penalty, like every sampled return
                 with self.ac():
-                    g_out, _ = self.policy(gp_ids, gp_mask, gg.tokens, gg.mask, lm.temperature)
-                    g_ref = self._ref_logp(gp_ids, gp_mask, gg.tokens, gg.mask)
+                    g_out, _ = self.policy(u_ids, u_mask, gg.tokens, gg.mask, lm.temperature)
+                    g_ref = self._ref_logp(u_ids, u_mask, gg.tokens, gg.mask)
                 g_kl = self._sequence_kl(g_out.logp, g_ref, gg.mask.float()).sum(-1)
                 greedy_scores = greedy_scores - self.beta * g_kl
             sampled += int(gg.mask.sum())
