@@ -315,3 +315,40 @@ def test_each_prompt_is_sampled_once_and_the_samples_are_those_of_per_row_decodi
         assert ro.greedy_rewards.tolist() == pytest.approx(want_reward.tolist(), abs=1e-6)
         assert ro.sampled_tokens == int(ro.mask.sum()) + sum(map(len, greedy))
 
+
+def test_at_beta_zero_the_reference_runs_only_for_the_kl_ref_columns_every_kl_ref_every_iterations(tmp_path,
+                                                                                                   monkeypatch):
+    """At kl.beta = 0 training never reads log pi_ref: the reference runs on iterations 1, 1 + k,
+    1 + 2k, ... (k = lm.kl_ref_every) for the kl_ref / kl_ref_token columns, which are null in
+    between, and training is the same as with the reference every iteration (k = 1)."""
+    import harness.train.lm as lm_mod
+
+    calls = []
+    ref_logp = lm_mod.LMSource._ref_logp
+
+    def counted(self, *args):
+        calls.append(self.iteration)
+        return ref_logp(self, *args)
+
+    monkeypatch.setattr(lm_mod.LMSource, "_ref_logp", counted)
+    opts = ["estimator=grpo", "kl.beta=0", "budget.iterations=7", "eval_every=0"]
+    _, every3, _ = run_one(tmp_path / "k3", *opts, "lm.kl_ref_every=3")
+    assert calls == [1, 4, 7]
+    calls.clear()
+    _, every1, _ = run_one(tmp_path / "k1", *opts, "lm.kl_ref_every=1")
+    assert calls == list(range(1, 8))
+    calls.clear()
+    _, never, _ = run_one(tmp_path / "k0", *opts, "lm.kl_ref_every=0")
+    assert calls == [] and never.kl_ref.isna().all()
+    measured = every3.iteration.isin([1, 4, 7])
+    assert every3.kl_ref[measured].notna().all() and every3.kl_ref[~measured].isna().all()
+    assert every3.kl_ref_token[~measured].isna().all() and every1.kl_ref.notna().all()
+    assert every3.kl_ref[measured].tolist() == every1.kl_ref[measured].tolist()
+    assert every1.kl_ref.iloc[0] == pytest.approx(0.0, abs=1e-6)  # the policy starts as the reference
+    for col in ("reward", "gold_reward", "policy_loss", "entropy", "approx_kl", "grad_norm", "tokens"):
+        assert every3[col].tolist() == every1[col].tolist() == never[col].tolist(), col
+    # with beta > 0 the reference runs every iteration whatever lm.kl_ref_every says
+    calls.clear()
+    _, penalised, _ = run_one(tmp_path / "b", "estimator=grpo", "kl.beta=0.1", "budget.iterations=3", "eval_every=0",
+                              "lm.kl_ref_every=3")
+    assert calls == [1, 2, 3] and penalised.kl_ref.notna().all()

@@ -153,7 +153,7 @@ class Rollout:
     tokens: torch.Tensor  # [B, L]
     mask: torch.Tensor  # [B, L] float
     old_logp: torch.Tensor  # [B, L]
-    ref_logp: torch.Tensor  # [B, L]
+    ref_logp: torch.Tensor | None  # [B, L]; None where the reference was not run (kl.beta = 0, LMSource.needs_ref)
     values: torch.Tensor | None  # [B, L]
     score: torch.Tensor  # [B] optimized score incl. the no-EOS penalty
     reward: torch.Tensor  # [B] reward-model (or gold) score
@@ -275,6 +275,8 @@ class LMSource(Source):
         # head, whose values need that pass anyway.
         self.reuse_sampler_logp = not uses_bf16(self.device, task.dtype) and not critic_head
         self.tok = task.tokenizer
+        self.kl_ref_every = int(self.lm.get("kl_ref_every", 1))
+        self.iteration = 0  # collects so far (the loop's iteration), for lm.kl_ref_every
         self.tokens = 0
         self.truncated_total = 0
         self.drawn = None  # dynamic sampling: what the last collect drew (harness.train.sampling.Drawn)
@@ -320,9 +322,20 @@ class LMSource(Source):
     def _ref_logp(self, p_ids, p_mask, tokens, mask) -> torch.Tensor:
         return response_forward(self.ref, p_ids, p_mask, tokens, mask, self.temperature, share_prompts=True).logp
 
+    def needs_ref(self) -> bool:
+        """Whether this iteration runs the reference: always where training uses ``log pi_ref``
+        (``kl.beta > 0`` or ``kl.adaptive``); at ``kl.beta = 0`` only for the ``kl_ref`` /
+        ``kl_ref_token`` columns, on iterations 1, 1 + ``lm.kl_ref_every``, ... (0: never), which
+        are null in between. The reference pass draws no random numbers, so this never changes
+        training."""
+        if self.cfg.kl.adaptive or self.beta > 0:
+            return True
+        return self.kl_ref_every > 0 and (self.iteration - 1) % self.kl_ref_every == 0
+
     # ------------------------------------------------------------------ collect
     def collect(self) -> Rollout:
         self.t_iteration = time.time()
+        self.iteration += 1
         try:
             ro = self._collect()
         except NonFiniteError as exc:  # the last update left weights that decode to NaN
@@ -363,13 +376,15 @@ class LMSource(Source):
                                     self.tok.pad_token_id, temperature=lm.temperature, samples=k,
                                     with_greedy=self.spec.needs_greedy, generator=self.gen)
         mask = g.mask.float()
+        ref = None
         with self.ac():
             if self.reuse_sampler_logp:
                 old_logp, values = g.logp * mask, None
             else:
                 out, values = self.policy(p_ids, p_mask, g.tokens, g.mask, lm.temperature, share_prompts=True)
                 old_logp = out.logp
-            ref = self._ref_logp(p_ids, p_mask, g.tokens, g.mask)
+            if self.needs_ref():
+                ref = self._ref_logp(p_ids, p_mask, g.tokens, g.mask)
             if self.spec.needs_critic:
                 values = self.values(p_ids, p_mask, g.tokens, g.mask, values)
         self.sample_memory()
@@ -393,16 +408,16 @@ class LMSource(Source):
                 g_kl = self._sequence_kl(g_out.logp, g_ref, gg.mask.float()).sum(-1)
                 greedy_scores = greedy_scores - self.beta * g_kl
             sampled += int(gg.mask.sum())
-        return Rollout(p_ids, p_mask, g.tokens, mask, old_logp.float(), ref.float(),
+        return Rollout(p_ids, p_mask, g.tokens, mask, old_logp.float(), None if ref is None else ref.float(),
                        None if values is None else values.float(), score.to(self.device), reward, gold,
                        g.has_eos, greedy_scores, greedy_rewards, sampled, truncated)
 
     # ------------------------------------------------------------------ advantages
     def advantage_batch(self, ro: Rollout) -> AdvantageBatch:
         B, L = ro.tokens.shape
-        ro.kl_tok = self._sequence_kl(ro.old_logp, ro.ref_logp, ro.mask)  # [B, L]
+        ro.kl_tok = None if ro.ref_logp is None else self._sequence_kl(ro.old_logp, ro.ref_logp, ro.mask)  # [B, L]
         rewards = torch.zeros(B, L, device=self.device)
-        if self.cfg.kl.in_reward:
+        if self.cfg.kl.in_reward and ro.kl_tok is not None:  # absent only at beta = 0
             rewards = rewards - self.beta * ro.kl_tok
         last = (ro.mask.sum(-1).long() - 1).clamp(min=0)  # index of the final response token
         ar = torch.arange(B, device=self.device)
@@ -426,7 +441,9 @@ class LMSource(Source):
             mask_tm = mask_tm * ro.has_eos.to(mask_tm.device, mask_tm.dtype).view(1, -1)
         one = lambda x: None if x is None else x.unsqueeze(0)  # noqa: E731
         old = ro.old_logp.transpose(0, 1)
-        target = ro.ref_logp.transpose(0, 1) if self.cfg.kl.target == "ref" else old
+        target = old
+        if self.cfg.kl.target == "ref":  # None at beta = 0 on iterations without the reference (no KL term then)
+            target = None if ro.ref_logp is None else ro.ref_logp.transpose(0, 1)
         return UpdateBatch(adv=one(adv * mask_tm), mask=one(mask_tm), old_logp=one(old), inputs=ro,
                            returns=one(returns), old_values=one(values), kl_target=one(target))
 
@@ -434,7 +451,9 @@ class LMSource(Source):
         """``[1]``: mean over responses of the k1 KL (nats per response) of pi_old to the reference."""
         return torch.tensor([self._kl_ref(ro)])
 
-    def _kl_ref(self, ro: Rollout) -> float:
+    def _kl_ref(self, ro: Rollout) -> float | None:
+        if ro.ref_logp is None:
+            return None
         return float(kl_estimate("k1", ro.old_logp, ro.ref_logp).mul(ro.mask).sum(-1).mean())
 
     # ------------------------------------------------------------------ eval
@@ -500,7 +519,7 @@ class LMSource(Source):
             "response_len": float(lengths.mean()), "tokens": int(self.tokens),
             "score": float(ro.score.mean()),
             "return_mean": float(ro.rewards.mul(ro.mask).sum(-1).mean()),
-            "kl_ref_token": float(ro.kl_tok.sum() / ro.mask.sum().clamp(min=1.0)),
+            "kl_ref_token": None if ro.kl_tok is None else float(ro.kl_tok.sum() / ro.mask.sum().clamp(min=1.0)),
             "no_eos_frac": float((~ro.has_eos).float().mean()),
             "greedy_reward": None if ro.greedy_rewards is None else float(ro.greedy_rewards.mean()),
             "prompts_truncated": int(ro.prompts_truncated),
@@ -523,20 +542,21 @@ class LMSource(Source):
 
     # ------------------------------------------------------------------ checkpoints
     def state(self):
-        return {}, {"prompt_rng": ckpt.random_state(self.rng), "tokens": int(self.tokens),
+        return {}, {"prompt_rng": ckpt.random_state(self.rng), "tokens": int(self.tokens), "iteration": self.iteration,
                     "prompts_truncated": int(self.truncated_total),
                     "mem_peak": float(self.memory.peak_now() - self.memory.base)}
 
     def load_state(self, tensors, meta):
         try:
             tokens, truncated, peak = meta["tokens"], meta["prompts_truncated"], meta["mem_peak"]
-            state = meta["prompt_rng"]
+            state, iteration = meta["prompt_rng"], meta["iteration"]
         except (KeyError, TypeError) as exc:
             raise ckpt.CheckpointError(f"LM source state: missing {exc}") from None
-        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (tokens, truncated)):
-            raise ckpt.CheckpointError(f"LM source state: tokens {tokens!r}, prompts_truncated {truncated!r}")
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (tokens, truncated, iteration)):
+            raise ckpt.CheckpointError(f"LM source state: tokens {tokens!r}, prompts_truncated {truncated!r}, "
+                                       f"iteration {iteration!r}")
         ckpt.set_random_state(self.rng, state)
-        self.tokens, self.truncated_total = tokens, truncated
+        self.tokens, self.truncated_total, self.iteration = tokens, truncated, iteration
         # the peak above baseline before the interruption, carried over onto this process's baseline
         self.memory.peak = max(self.memory.peak, self.memory.base + float(peak))
 
