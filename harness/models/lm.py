@@ -321,9 +321,10 @@ class Generation:
 def generate(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
              eos_token_id: int, pad_token_id: int, temperature: float = 1.0, greedy: bool = False,
              generator: torch.Generator | None = None, use_cache: bool = True, samples: int = 1) -> Generation:
-    """Sample (or, with ``greedy``, take the argmax) token by token until EOS or ``max_new_tokens``:
-    ``samples`` responses to each prompt row of ``prompt_ids [n, P]``, as ``n * samples`` rows,
-    group-major (row ``i * samples + j`` is sample ``j`` of prompt ``i``); :func:`generate_groups`."""
+    """Sample token by token until EOS or ``max_new_tokens``: ``samples`` responses to each prompt
+    row of ``prompt_ids [n, P]``, as ``n * samples`` rows, group-major (row ``i * samples + j`` is
+    sample ``j`` of prompt ``i``); with ``greedy`` one argmax response per prompt (``samples`` is
+    then ignored). The decoder is :func:`generate_groups`."""
     if greedy:
         return generate_groups(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id,
                                temperature, samples=0, with_greedy=True, use_cache=use_cache)[1]
