@@ -6,9 +6,14 @@ estimator (:mod:`.loop` asks the :class:`EstimatorSpec` what it needs and never 
 1. ``lm.prompts_per_iter`` training prompts, each sampled ``group_size`` times: columns are
    group-major (column ``g * group_size + j`` is sample ``j`` of prompt ``g``). Every estimator
    sees the same batch; the group estimators use the grouping, the others ignore it.
-2. ``spec.needs_greedy``: one greedy response per prompt as well (ReMax's baseline).
-3. One teacher-forced forward each of the policy (``log pi_old``, values from the head), the
-   frozen reference (``log pi_ref``) and, with ``lm.critic=model``, the critic.
+2. ``spec.needs_greedy``: one greedy response per prompt as well (ReMax's baseline), decoded
+   with the samples: each prompt is prefilled once and its KV cache shared by its rows
+   (:func:`harness.models.lm.generate_groups`).
+3. One teacher-forced forward each of the policy (``log pi_old``, values from the head; in fp32
+   without a head the sampler's log-probs stand in), the frozen reference (``log pi_ref``; at
+   ``kl.beta = 0`` only every ``lm.kl_ref_every`` iterations, for the ``kl_ref`` columns:
+   :meth:`LMSource.needs_ref`) and, with ``lm.critic=model``, the critic. The policy's and the
+   reference's passes (and the update's) run each distinct prompt once (``share_prompts``).
 4. The score (reward model or gold) of each response sits on its final token, minus
    ``lm.no_eos_penalty`` when it has no EOS. With ``kl.in_reward`` every token also gets
    ``-beta * k(log pi_old, log pi_ref)`` (InstructGPT); otherwise ``beta * k`` is a loss term
