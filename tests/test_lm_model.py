@@ -237,3 +237,36 @@ def test_shared_prompt_teacher_forcing_equals_one_pass_with_its_gradient(arch):
     assert torch.allclose(shared.hidden[m], full.hidden[m], atol=1e-5, rtol=0)
     assert max(float((a - b).abs().max() / (a.abs().max() + 1e-12)) for a, b in zip(full_grad, shared_grad)) < 1e-4
     assert any(float(a.abs().max()) > 0 for a in full_grad)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_fused_gelu_is_gpt2s_gelu_to_float_rounding(arch):
+    """``fuse_gelu`` swaps GPT-2's Python ``gelu_new`` modules for the fused tanh-GELU kernel and
+    nothing else: on a batch of random inputs it equals 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    written out, and the model's logits and gradients move by float rounding only (Llama's SiLU:
+    unchanged)."""
+    import copy
+    import math
+
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    from harness.models.lm import fuse_gelu
+
+    model = _tiny(arch)
+    fused = fuse_gelu(copy.deepcopy(model))
+    kinds = lambda m: [type(x).__name__ for x in m.modules()]  # noqa: E731
+    if arch == "gpt2":
+        assert NewGELUActivation.__name__ in kinds(model) and NewGELUActivation.__name__ not in kinds(fused)
+        assert kinds(fused).count(GELUTanh.__name__) == kinds(model).count(NewGELUActivation.__name__) == 2
+        x = torch.randn(4096) * 4
+        by_hand = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+        assert torch.allclose(GELUTanh()(x), by_hand, atol=1e-6, rtol=1e-6)
+    else:
+        assert kinds(fused) == kinds(model)
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 3], [4, 5]], 0)
+    a, b = model(input_ids=ids, attention_mask=mask).logits, fused(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(a, b, atol=1e-5, rtol=0)
+    a.square().sum().backward()
+    b.square().sum().backward()
+    for p, q in zip(model.parameters(), fused.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-4 * float(p.grad.abs().max()) + 1e-7, rtol=0)

@@ -82,6 +82,21 @@ def disable_dropout(model: nn.Module) -> None:
             m.p = 0.0
 
 
+def fuse_gelu(model: nn.Module) -> nn.Module:
+    """Swap transformers' Python tanh-approximate GELU (``NewGELUActivation``, GPT-2's ``gelu_new``:
+    eight elementwise kernels forward and more backward, a third of a tiny GPT-2's forward time on
+    a CPU) for ``GELUTanh`` (``F.gelu(approximate="tanh")``, one fused kernel): the same function,
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), equal to float rounding (tested). Other
+    activations are left as they are. Returns the model (changed in place)."""
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    for module in model.modules():
+        for name, child in list(module.named_children()):
+            if type(child) is NewGELUActivation:
+                setattr(module, name, GELUTanh())
+    return model
+
+
 # --------------------------------------------------------------------------- forward helpers
 def positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)

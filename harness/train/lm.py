@@ -53,7 +53,8 @@ from omegaconf import DictConfig
 from ..estimators import AdvantageBatch, get_estimator, kl_estimate
 from ..io import RunDir
 from ..io import checkpoint as ckpt
-from ..models.lm import NonFiniteError, PolicyWithValue, ValueModel, generate_groups, response_forward
+from ..models.lm import (NonFiniteError, PolicyWithValue, ValueModel, fuse_gelu, generate_groups,
+                         response_forward)
 from ..tasks.lm.data import decode_responses, left_pad
 from ..tasks.lm.metrics import length_by_correctness, mean_pass_at_k, zero_std_fraction
 from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_scores, uses_bf16
@@ -263,8 +264,9 @@ class LMSource(Source):
         self.cpu_gen = torch.Generator().manual_seed(self.seed)
         self.rng = random.Random(self.seed)
         critic_head = self.spec.needs_critic and self.lm.critic == "head"
-        self.policy = PolicyWithValue(task.load_policy(), value_head=critic_head).to(self.device)
-        self.ref = task.load_policy()
+        # GPT-2's Python GELU as one fused kernel (fuse_gelu: the same function to float rounding)
+        self.policy = PolicyWithValue(fuse_gelu(task.load_policy()), value_head=critic_head).to(self.device)
+        self.ref = fuse_gelu(task.load_policy())
         for p in self.ref.parameters():
             p.requires_grad_(False)
         self.critic = None
