@@ -44,7 +44,9 @@ both take ``log pi_old`` without an extra policy pass (the harness from its samp
 ``num_generations`` completions and prefilled per completion) and runs its teacher-forced passes
 over every completion's full sequence; the harness prefills each distinct prompt once and shares
 its KV cache with the group, in its own decode loop, and its teacher-forced passes (reference,
-update) run each distinct prompt once as well.
+update) run each distinct prompt once as well; the harness runs GPT-2's ``gelu_new`` as PyTorch's
+fused tanh-GELU (``harness.models.lm.fuse_gelu``, the same function to float rounding), TRL as
+transformers' Python ``NewGELUActivation``.
 
 Usage::
 
