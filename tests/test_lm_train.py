@@ -266,6 +266,8 @@ def test_each_prompt_is_sampled_once_and_the_samples_are_those_of_per_row_decodi
     shared by its ``group_size`` samples and, for ReMax, its greedy response), and draws from the
     run's generator exactly the responses that decoding every row alone draws (the decoder the
     sampler replaced: tests/test_lm_model.py's reference), greedy responses included."""
+    import functools
+
     import torch
 
     from harness.tasks.lm.data import decode_responses
@@ -283,6 +285,7 @@ def test_each_prompt_is_sampled_once_and_the_samples_are_those_of_per_row_decodi
     prompt_rows = []
     forward = type(src.policy.lm).forward
 
+    @functools.wraps(forward)  # keeps forward's signature (harness.models.lm reads its cache argument's name)
     def counted(self, *args, **kwargs):  # the rows of every forward pass that sees a whole prompt
         if self is src.policy.lm and kwargs["input_ids"].shape[1] > 1:
             prompt_rows.append(kwargs["input_ids"].shape[0])
