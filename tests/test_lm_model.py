@@ -169,6 +169,8 @@ def test_shared_prompt_decoding_draws_the_samples_of_decoding_each_row_alone(arc
         assert (s.tokens[i, n:] == 0).all()
         assert torch.allclose(s.logp[i, :n], torch.tensor(lp), atol=1e-5, rtol=0)
     assert torch.equal(gen.get_state(), ref_gen.get_state())  # the same draws, no more
+    # decoded under inference_mode, returned as ordinary tensors (the update embeds the tokens with autograd on)
+    assert not any(x.is_inference() for part in (s, g) for x in (part.tokens, part.mask, part.logp, part.has_eos))
     greedy, greedy_lp = _decode_rows_alone(model, prompts, 12, T, None, greedy=True)
     for i, (w, lp) in enumerate(zip(greedy, greedy_lp)):
         assert g.tokens[i, :len(w)].tolist() == w and int(g.mask[i].sum()) == len(w)

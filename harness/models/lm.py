@@ -147,7 +147,7 @@ def _preallocated_layer():
     """A full-attention KV cache layer (a transformers ``DynamicLayer``) whose keys and values
     live in buffers preallocated for the whole response: a decoding step writes its columns in
     place and attends to a view, instead of concatenating the whole cache again. Made from a
-    filled layer by :func:`preallocate_cache`; only used under ``torch.no_grad``."""
+    filled layer by :func:`preallocate_cache`; only used without autograd (decoding)."""
     from transformers.cache_utils import DynamicLayer
 
     class PreallocatedLayer(DynamicLayer):
@@ -347,7 +347,6 @@ def generate(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
                            samples=samples, generator=generator, use_cache=use_cache)[0]
 
 
-@torch.no_grad()
 def generate_groups(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
                     eos_token_id: int, pad_token_id: int, temperature: float = 1.0, samples: int = 1,
                     with_greedy: bool = False, generator: torch.Generator | None = None,
@@ -366,7 +365,33 @@ def generate_groups(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: tor
     the draws of plain per-row decoding, so the samples equal those of sampling each row alone
     (tested), the greedy rows draw nothing. Each returned part is cut at its longest response.
     ``use_cache=False`` recomputes the whole prefix every step (the slow reference decoder).
+
+    The loop runs under ``torch.inference_mode`` (less bookkeeping per operation than ``no_grad``);
+    what it returns is copied out of it, since inference tensors may not be saved for a backward
+    pass (the tokens are the update's input ids).
     """
+    tokens, logps, alive_at, finished, t = _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id,
+                                                   pad_token_id, temperature, samples, with_greedy, generator,
+                                                   use_cache)
+    with torch.no_grad():
+        tokens, logps, alive_at, finished = (x.clone() for x in (tokens, logps, alive_at, finished))
+    n_s = prompt_ids.shape[0] * samples
+
+    def part(lo: int, hi: int) -> Generation | None:
+        if hi == lo:
+            return None
+        mask = alive_at[lo:hi, :t + 1].long()
+        width = int(mask.sum(-1).max())  # plain decoding stops when its last row has finished
+        return Generation(tokens=tokens[lo:hi, :width], mask=mask[:, :width], logp=logps[lo:hi, :width],
+                          has_eos=finished[lo:hi])
+    return part(0, n_s), part(n_s, tokens.shape[0])
+
+
+@torch.inference_mode()
+def _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id, temperature, samples,
+            with_greedy, generator, use_cache):
+    """The decode loop of :func:`generate_groups`: ``(tokens, log-probs, alive, finished, last step)``
+    over all rows (sampled, then greedy), uncut."""
     n, P = prompt_ids.shape
     device = prompt_ids.device
     n_s, n_g = n * samples, (n if with_greedy else 0)
@@ -424,14 +449,7 @@ def generate_groups(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: tor
             break
         attn[:, P + t] = alive.to(attn.dtype)
 
-    def part(lo: int, hi: int) -> Generation | None:
-        if hi == lo:
-            return None
-        mask = alive_at[lo:hi, :t + 1].long()
-        width = int(mask.sum(-1).max())  # plain decoding stops when its last row has finished
-        return Generation(tokens=tokens[lo:hi, :width], mask=mask[:, :width], logp=logps[lo:hi, :width],
-                          has_eos=finished[lo:hi])
-    return part(0, n_s), part(n_s, R)
+    return tokens, logps, alive_at, finished, t
 
 
 # --------------------------------------------------------------------------- reward model
