@@ -248,6 +248,7 @@ class LMLearner:
 class LMSource(Source):
     cost_unit = "tok"
     uses_groups = True  # every estimator samples group_size responses per prompt
+    fused_adam = True  # one Adam kernel for all parameters (as the control source), not one loop per tensor
     EVAL_SEED_OFFSET = 7919  # eval noise: seeded by lm.pipeline_seed only, shared by every run and estimator
 
     def __init__(self, cfg: DictConfig, task: LMTask):
