@@ -272,3 +272,34 @@ def test_fused_gelu_is_gpt2s_gelu_to_float_rounding(arch):
     b.square().sum().backward()
     for p, q in zip(model.parameters(), fused.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-4 * float(p.grad.abs().max()) + 1e-7, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_critic_and_reward_model_share_prompts_with_the_one_pass_values_and_gradients(arch):
+    """The separate critic (``ValueModel``) and the pooled reward model read a trunk's hidden states
+    at the columns that predict the response (``trunk_states``): with ``share_prompts`` each distinct
+    prompt runs once, in any row order, and values, rewards and their gradients equal one pass."""
+    from harness.models.lm import PooledRewardModel, ValueModel
+
+    trunk = _tiny(arch).base_model
+    prompts = [[5, 6, 7, 8, 9, 3], [4, 5], [5, 6, 7, 8, 9, 3], [9, 8, 7, 6], [4, 5], [4, 5]]
+    ids, mask = left_pad(prompts, 0)
+    resp, rmask = right_pad([[3, 4, 2], [7], [8, 8, 8, 8], [2], [6, 5], [9, 9, 9]], 0)
+    for net in (ValueModel(trunk), PooledRewardModel(trunk)):
+        with torch.no_grad():  # a non-zero head, so the gradient reaches the trunk
+            for name, p in net.named_parameters():
+                if not name.startswith("backbone."):
+                    p.add_(torch.linspace(-0.5, 0.5, p.numel()).view_as(p))
+
+        def run(share):
+            net.zero_grad()
+            out = net(ids, mask, resp, rmask, share_prompts=share)
+            (out * (rmask if out.dim() == 2 else 1)).square().sum().backward()
+            return out.detach(), [p.grad.clone() for p in net.parameters()]
+
+        full, full_grad = run(False)
+        shared, shared_grad = run(True)
+        m = rmask.bool() if full.dim() == 2 else slice(None)
+        assert torch.allclose(shared[m], full[m], atol=1e-5, rtol=0), type(net).__name__
+        assert max(float((a - b).abs().max() / (a.abs().max() + 1e-12)) for a, b in zip(full_grad, shared_grad)) < 1e-4
+        assert all(float(g.abs().max()) > 0 for g in full_grad), [n for (n, _), g in zip(net.named_parameters(), full_grad) if float(g.abs().max()) == 0]

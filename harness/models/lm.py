@@ -189,20 +189,60 @@ def preallocate_cache(cache, capacity: int):
 
 
 def _shared_prompt_cache(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                         rows: torch.Tensor, want_hidden: bool = False):
+                         rows: torch.Tensor, **forward_kwargs):
     """Run the distinct prompts ``prompt_ids [n, P]`` once (``use_cache``) and gather their KV
-    cache to ``rows [R]`` (row ``r`` uses prompt ``rows[r]``). Returns ``(cache, out)``: ``out``'s
-    logits (and last hidden states with ``want_hidden``) are the prompts' own, ``[n, ...]``, of the
-    last column; None when the model's cache cannot be gathered (then the caller runs every row)."""
+    cache to ``rows [R]`` (row ``r`` uses prompt ``rows[r]``). Returns ``(cache, out)``: ``out`` is
+    the prompts' own output (``[n, ...]``; a causal LM's logits of the last column only); None
+    when the model's cache cannot be gathered (then the caller runs every row)."""
     keep = {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(model) else {}
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
-                use_cache=True, output_hidden_states=want_hidden, **keep)
+                use_cache=True, **forward_kwargs, **keep)
     cache = _cache_out(out)
     if not hasattr(cache, "batch_select_indices"):  # a legacy tuple cache (older transformers)
         return None, None
     if rows.numel() != prompt_ids.shape[0] or not torch.equal(rows, torch.arange(len(rows), device=rows.device)):
         cache.batch_select_indices(rows)
     return cache, out
+
+
+def _shared_response_pass(model, prompt_ids, prompt_mask, response_ids, response_mask, shared, read,
+                          **forward_kwargs):
+    """Per-column outputs ``read(out)`` (a tuple of ``[rows, T, ...]`` tensors) at the ``L`` columns
+    ``P - 1 .. P + L - 2`` that predict the response tokens, the distinct prompts (``shared =
+    (first, rows)`` of :func:`distinct_prompts`) run once and their cache gathered to the rows
+    (with its autograd graph): the prompts' last column, then the responses but their last token
+    run on the cache. None when the model's cache cannot be gathered."""
+    first, rows = shared
+    P, L = prompt_ids.shape[1], response_ids.shape[1]
+    cache, pre = _shared_prompt_cache(model, prompt_ids[first], prompt_mask[first], rows, **forward_kwargs)
+    if cache is None:
+        return None
+    parts = [tuple(x[:, -1:][rows] for x in read(pre))]  # the prompt's last column predicts response token 0
+    if L > 1:
+        mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)[:, :P + L - 1]
+        out = model(input_ids=response_ids[:, :-1], attention_mask=mask, position_ids=positions(mask)[:, P:],
+                    use_cache=True, **forward_kwargs, **{_cache_kwarg(model): cache})
+        parts.append(tuple(read(out)))
+    return tuple(torch.cat(xs, dim=1) for xs in zip(*parts))
+
+
+def trunk_states(backbone: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 response_ids: torch.Tensor, response_mask: torch.Tensor, share_prompts: bool = False) -> torch.Tensor:
+    """``[B, L, H]``: a transformer trunk's (``AutoModel``) last hidden states at the columns that
+    predict the response tokens (column ``P - 1 + t`` for token ``t``), from one pass over
+    ``[prompt | response]``, or with ``share_prompts`` each distinct prompt run once (as in
+    :func:`response_forward`; equal to float rounding, tested)."""
+    shared = distinct_prompts(prompt_ids, prompt_mask) if share_prompts else None
+    if shared is not None:
+        out = _shared_response_pass(backbone, prompt_ids, prompt_mask, response_ids, response_mask, shared,
+                                    lambda o: (o.last_hidden_state,))
+        if out is not None:
+            return out[0]
+    P, L = prompt_ids.shape[1], response_ids.shape[1]
+    ids = torch.cat([prompt_ids, response_ids], dim=1)
+    mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
+    out = backbone(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
+    return out.last_hidden_state[:, P - 1:P + L - 1]
 
 
 def response_forward(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -254,21 +294,12 @@ def _full_response_logits(model, prompt_ids, prompt_mask, response_ids, response
 def _shared_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, shared, want_hidden):
     """As :func:`_full_response_logits`, the distinct prompts run once (see :func:`response_forward`);
     None when the model's cache cannot be gathered."""
-    first, rows = shared
-    P, L = prompt_ids.shape[1], response_ids.shape[1]
-    cache, pre = _shared_prompt_cache(model, prompt_ids[first], prompt_mask[first], rows, want_hidden)
-    if cache is None:
+    read = (lambda o: (o.logits, o.hidden_states[-1])) if want_hidden else (lambda o: (o.logits,))  # noqa: E731
+    out = _shared_response_pass(model, prompt_ids, prompt_mask, response_ids, response_mask, shared, read,
+                                output_hidden_states=want_hidden)
+    if out is None:
         return None
-    logits = [pre.logits[:, -1:][rows]]  # the prompt's last column predicts response token 0
-    hidden = [pre.hidden_states[-1][:, -1:][rows]] if want_hidden else None
-    if L > 1:
-        mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)[:, :P + L - 1]
-        out = model(input_ids=response_ids[:, :-1], attention_mask=mask, position_ids=positions(mask)[:, P:],
-                    use_cache=True, output_hidden_states=want_hidden, **{_cache_kwarg(model): cache})
-        logits.append(out.logits)
-        if want_hidden:
-            hidden.append(out.hidden_states[-1])
-    return torch.cat(logits, dim=1), (torch.cat(hidden, dim=1) if want_hidden else None)
+    return out[0], (out[1] if want_hidden else None)
 
 
 # --------------------------------------------------------------------------- policy and critics
@@ -307,12 +338,8 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, prompt_ids, prompt_mask, response_ids, response_mask) -> torch.Tensor:
-        P, L = prompt_ids.shape[1], response_ids.shape[1]
-        ids = torch.cat([prompt_ids, response_ids], dim=1)
-        mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
-        out = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
-        hidden = out.last_hidden_state[:, P - 1:P + L - 1]
+    def forward(self, prompt_ids, prompt_mask, response_ids, response_mask, share_prompts=False) -> torch.Tensor:
+        hidden = trunk_states(self.backbone, prompt_ids, prompt_mask, response_ids, response_mask, share_prompts)
         return self.head(hidden.float()).squeeze(-1)
 
 
@@ -479,12 +506,9 @@ class PooledRewardModel(nn.Module):
         self.w_h = nn.Parameter(torch.zeros(hidden))
         self.bias = nn.Parameter(torch.zeros(()))
 
-    def forward(self, prompt_ids, prompt_mask, response_ids, response_mask) -> torch.Tensor:
-        P, L = prompt_ids.shape[1], response_ids.shape[1]
-        ids = torch.cat([prompt_ids, response_ids], dim=1)
-        mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
-        out = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
-        states = out.last_hidden_state[:, P - 1:P + L - 1].float()  # column P-1+t predicts token t
+    def forward(self, prompt_ids, prompt_mask, response_ids, response_mask, share_prompts=False) -> torch.Tensor:
+        # column P-1+t predicts token t
+        states = trunk_states(self.backbone, prompt_ids, prompt_mask, response_ids, response_mask, share_prompts).float()
         emb = self.backbone.get_input_embeddings()(response_ids).float()
         per_token = (states * emb) @ self.w_e + states @ self.w_h
         keep = response_mask.float()

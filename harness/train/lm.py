@@ -310,7 +310,7 @@ class LMSource(Source):
 
     def values(self, prompt_ids, prompt_mask, tokens, mask, out_values):
         if self.critic is not None:
-            return self.critic(prompt_ids, prompt_mask, tokens, mask)
+            return self.critic(prompt_ids, prompt_mask, tokens, mask, share_prompts=True)
         return out_values
 
     def _sequence_kl(self, logp, ref_logp, mask) -> torch.Tensor:
