@@ -48,7 +48,7 @@ BUDGET=$(( ${TOKS:-1000} * C10_SECONDS * 3 / 4 ))  # the N processes share the G
 echo "budget.tokens=$BUDGET per run"
 for b in $BETAS; do for s in $SEEDS; do
   timeout $(( C10_SECONDS + 120 )) $PY -m harness task=lm_summarize estimator=rloo seed=$s device=$DEVICE \
-      kl.beta=$b budget.tokens=$BUDGET eval_every=25 results_dir="$RESULTS/c10" \
+      kl.beta=$b lm.kl_ref_every=1 budget.tokens=$BUDGET eval_every=25 results_dir="$RESULTS/c10" \
       lm.cache_dir="$RESULTS/.cache/lm" progress=false $EXTRA > "$RESULTS/c10_beta${b}_seed$s.log" 2>&1 &
 done; done
 wait

@@ -40,7 +40,7 @@ def main() -> None:
     if df.empty:
         raise SystemExit(f"{args.folder}: no finished task=lm_arith runs with pass_at_1_init (run the harness first)")
     lines = [gain_markdown(df, METRICS, start="warm start"), "",
-             "| estimator | runs | status | iterations | tokens | wall s per run | kl_ref (last 10 iters) |",
+             "| estimator | runs | status | iterations | tokens | wall s per run | kl_ref (last 10 measured iters) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for est, g in df.groupby("estimator"):
         lines.append(f"| {est} | {len(g)} | {','.join(sorted(set(g.status)))} | {g.iterations.mean():.0f} | "

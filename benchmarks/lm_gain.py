@@ -71,7 +71,7 @@ def final_rows(folder: str, metrics=GOLD_METRICS, task: str | None = None) -> pd
                "wall_s": float(m.wall_time_s.max())}
         for c in cols:
             row[f"{c}_init"], row[c] = float(summary[f"{c}_init"]), float(last[c])
-        row["kl_ref"] = float(m.kl_ref.tail(10).mean())
+        row["kl_ref"] = float(m.kl_ref.dropna().tail(10).mean())  # kl.beta=0: measured every lm.kl_ref_every
         rows.append(row)
     return pd.DataFrame(rows)
 

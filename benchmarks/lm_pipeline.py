@@ -97,7 +97,7 @@ def main() -> None:
             "reward_last20": round(float(df.reward.tail(20).mean()), 3),
             "eval_gold_greedy_first": round(float(evals.iloc[0]), 3) if len(evals) else None,
             "eval_gold_greedy_last": round(float(evals.iloc[-1]), 3) if len(evals) else None,
-            "kl_ref_last20": round(float(df.kl_ref.tail(20).mean()), 3),
+            "kl_ref_last20": round(float(df.kl_ref.dropna().tail(20).mean()), 3),  # measured iterations
             "response_len_last20": round(float(df.response_len.tail(20).mean()), 2),
             "peak_mem_mb": round(float(df.peak_mem_mb.max()), 1),
         }

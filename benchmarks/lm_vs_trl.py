@@ -36,11 +36,17 @@ Rates per side, the first ``--warmup`` iterations of each run excluded:
 Tokens/s also follows the response length each policy drifts to (both start from the SFT
 policy, then sample on their own); the seconds-per-iteration columns are the length-free view.
 
-Work that differs (what each trainer does, not a setting): the harness always runs a
-teacher-forced pass of the reference (its ``kl_ref`` metric), also at ``beta=0``, where TRL loads
-no reference model; in fp32 both take ``log pi_old`` without an extra policy pass (the harness
-from its sampler, TRL because ``num_iterations=1``). TRL samples with ``model.generate``; the
-harness with its own KV-cache loop.
+Work that differs (what each trainer does, not a setting): at ``beta=0`` TRL loads no reference
+model and the harness runs its reference for the ``kl_ref`` column on iterations 1, 11, 21
+(``lm.kl_ref_every=10``, the task default; two of them fall in the timed iterations 6-30); in fp32
+both take ``log pi_old`` without an extra policy pass (the harness from its sampler, TRL because
+``num_iterations=1``). TRL samples with ``model.generate`` (each prompt repeated for its
+``num_generations`` completions and prefilled per completion) and runs its teacher-forced passes
+over every completion's full sequence; the harness prefills each distinct prompt once and shares
+its KV cache with the group, in its own decode loop, and its teacher-forced passes (reference,
+update) run each distinct prompt once as well; the harness runs GPT-2's ``gelu_new`` as PyTorch's
+fused tanh-GELU (``harness.models.lm.fuse_gelu``, the same function to float rounding), TRL as
+transformers' Python ``NewGELUActivation``.
 
 Usage::
 

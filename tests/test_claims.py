@@ -633,3 +633,20 @@ def test_only_one_exact_claim_still_records_every_exact_claim(tmp_path, monkeypa
     monkeypatch.setattr(R, "run_exact_tests", lambda claims, out, progress=print: seen.setdefault("c", list(claims)))
     R.run_claims(tmp_path, only={"C32"}, progress=lambda s: None)
     assert seen["c"] == X.EXACT_CLAIMS and {"C1", "C7", "C32"} <= set(seen["c"])
+
+
+def test_frontier_gap_skips_iterations_without_kl_ref():
+    """A kl.beta=0 LM run measures kl_ref every lm.kl_ref_every iterations (null in between): C21's
+    frontier is drawn through the measured iterations only, so it equals the frontier of runs
+    that logged just those iterations. By hand: frontier gold = sqrt(KL) (KL = it / 12), the
+    penalised runs' gold is 0.1 below it everywhere, so the gap is -0.1 / std(frontier gold)."""
+    def kl_sparse(s, it):
+        return it / 12 if it % 3 == 1 else np.nan
+
+    groups = [({"kl.beta": 0.0}, {"kl_ref": kl_sparse, "gold_reward": lambda s, it: np.sqrt(it / 12)}),
+              ({"kl.beta": 0.05}, {"kl_ref": lambda s, it: it / 24, "gold_reward": lambda s, it: np.sqrt(it / 24) - 0.1})]
+    e = _train_data("claim_c10", groups, seeds=range(2))
+    part = {"a": {"kl.beta": 0.05}, "b": {"kl.beta": 0.0}}
+    stat = K.frontier_gap(e, part)
+    measured = np.sqrt(np.array([1, 4, 7, 10]) / 12)
+    assert stat.point == pytest.approx(-0.1 / np.std(np.tile(measured, 2)), rel=1e-9)

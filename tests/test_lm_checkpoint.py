@@ -87,6 +87,8 @@ CASES = {  # overrides, iterations, checkpoint_every, iteration at which the run
     # metrics were flushed at iteration 10, after the checkpoint at 8: resume truncates them;
     # greedy rollouts (ReMax)
     "remax_truncated_metrics": (["estimator=remax"], 12, 4, 11),
+    # kl.beta=0: kl_ref measured at iterations 1 and 4 only; the resumed run counts on from 2
+    "grpo_beta0_kl_ref_every": (["estimator=grpo", "kl.beta=0", "lm.kl_ref_every=3"], 5, 2, 4),
 }
 
 
@@ -107,6 +109,8 @@ def test_killed_lm_run_resumes_from_checkpoint_with_identical_metrics(case, tmp_
     assert ref.iteration.tolist() == list(range(1, n_iter + 1))
     if "adaptive" in case:
         assert ref.kl_beta.nunique() == n_iter  # beta moves every iteration: a stale one would show
+    if "kl_ref_every" in case:
+        assert ref.kl_ref.notna().tolist() == [True, False, False, True, False]
 
     killed = tmp_path / "killed"
     kill_at(monkeypatch, kill)

@@ -223,6 +223,8 @@ NUMERIC_CASES = [
     ("lm.eval_samples=true", "lm.eval_samples must be an integer >= 1, got True"),
     ("lm.pipeline_seed=-1", "lm.pipeline_seed must be an integer >= 0"),
     ("lm.pipeline_seed=inf", "lm.pipeline_seed must be an integer >= 0"),
+    ("lm.kl_ref_every=-1", "lm.kl_ref_every must be an integer >= 0"),
+    ("lm.kl_ref_every=2.5", "lm.kl_ref_every must be an integer >= 0, got 2.5"),
     ("lm.data.train_size=0", "lm.data.train_size must be an integer >= 1"),
     ("lm.data.train_size=inf", "lm.data.train_size must be an integer >= 1"),
     ("lm.data.eval_size=0", "lm.data.eval_size must be an integer >= 1"),

@@ -114,3 +114,192 @@ def test_entropy_and_greedy_decoding():
     p = torch.softmax(logits, -1)
     assert int(g.tokens[0, 0]) == int(logits.argmax())
     assert float(tf.entropy[0, 0]) == pytest.approx(float(-(p * p.log()).sum()), abs=1e-5)
+
+
+def _decode_rows_alone(model, prompts, max_new, T, gen, greedy=False, eos=2, pad=0):
+    """Per-row decoding as the sampler did before prompts were shared: every row its own prompt
+    (no padding, no cache, one full forward per token and row), one ``multinomial`` over the rows
+    still decoding per step, from one generator; returns ``(tokens, log-probs)`` per row."""
+    rows = [list(p) for p in prompts]
+    out = [[] for _ in prompts]
+    logps = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    with torch.no_grad():
+        for _ in range(max_new):
+            lp = torch.stack([torch.log_softmax(model(input_ids=torch.tensor([r])).logits[0, -1] / T, -1)
+                              for r in rows])
+            nxt = lp.argmax(-1) if greedy else torch.multinomial(lp.exp(), 1, generator=gen).squeeze(-1)
+            for i, y in enumerate(nxt.tolist()):
+                if not done[i]:
+                    out[i].append(y)
+                    logps[i].append(float(lp[i, y]))
+                    rows[i].append(y)
+                    done[i] = y == eos
+            if all(done):
+                break
+    return out, logps
+
+
+@pytest.mark.parametrize("arch,seed,case", [("gpt2", 11, "cap"), ("llama", 11, "cap"), ("gpt2", 1, "greedy_longer")])
+def test_shared_prompt_decoding_draws_the_samples_of_decoding_each_row_alone(arch, seed, case):
+    """``generate_groups`` runs each prompt once and shares its KV cache with the prompt's
+    ``samples`` rows and its greedy row, in one preallocated cache: the sampled rows are token for
+    token those of decoding every row alone from the same generator (log-probabilities to float
+    rounding), the greedy rows those of argmax decoding, and the generator ends in the same state,
+    also when the greedy rows decode on after every sampled row has ended (``greedy_longer``)."""
+    from harness.models.lm import generate_groups
+
+    model, T, k = _tiny(arch), 0.8, 3
+    prompts = [[5, 6, 7, 8, 9, 3], [4, 5], [9, 8, 7, 6]]
+    ids, mask = left_pad(prompts, 0)
+    gen = torch.Generator().manual_seed(seed)
+    s, g = generate_groups(model, ids, mask, 12, 2, 0, temperature=T, samples=k, with_greedy=True, generator=gen)
+    ref_gen = torch.Generator().manual_seed(seed)
+    want, want_lp = _decode_rows_alone(model, [p for p in prompts for _ in range(k)], 12, T, ref_gen)
+    assert any(len(w) < 12 for w in want)  # some end with EOS
+    if case == "cap":
+        assert any(len(w) == 12 for w in want)  # and some at the length cap
+    else:
+        assert max(map(len, want)) < int(g.mask.sum(-1).max())  # every sampled row ends before a greedy one
+    assert len({tuple(w) for w in want}) > len(prompts)  # a group's samples differ
+    assert s.tokens.shape == (len(prompts) * k, max(map(len, want)))
+    for i, (w, lp) in enumerate(zip(want, want_lp)):
+        n = len(w)
+        assert s.tokens[i, :n].tolist() == w and int(s.mask[i].sum()) == n and bool(s.has_eos[i]) == (w[-1] == 2)
+        assert (s.tokens[i, n:] == 0).all()
+        assert torch.allclose(s.logp[i, :n], torch.tensor(lp), atol=1e-5, rtol=0)
+    assert torch.equal(gen.get_state(), ref_gen.get_state())  # the same draws, no more
+    # decoded under inference_mode, returned as ordinary tensors (the update embeds the tokens with autograd on)
+    assert not any(x.is_inference() for part in (s, g) for x in (part.tokens, part.mask, part.logp, part.has_eos))
+    greedy, greedy_lp = _decode_rows_alone(model, prompts, 12, T, None, greedy=True)
+    for i, (w, lp) in enumerate(zip(greedy, greedy_lp)):
+        assert g.tokens[i, :len(w)].tolist() == w and int(g.mask[i].sum()) == len(w)
+        assert torch.allclose(g.logp[i, :len(w)], torch.tensor(lp), atol=1e-5, rtol=0)
+    # greedy=True of generate is the greedy part; sampling alone is the sampled part
+    g2 = generate(model, ids, mask, 12, 2, 0, temperature=T, greedy=True)
+    s2 = generate(model, ids, mask, 12, 2, 0, temperature=T, samples=k, generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(g2.tokens, g.tokens) and torch.equal(s2.tokens, s.tokens)
+
+
+def test_decoding_writes_into_a_preallocated_cache():
+    """The decode loop's cache layers are preallocated (no concatenation per token), and a step
+    on them gives the logits of a step on transformers' growing cache."""
+    from transformers.cache_utils import DynamicCache
+
+    from harness.models.lm import _cache_kwarg, _preallocated_layer, positions, preallocate_cache
+
+    model = _tiny("gpt2")
+    ids, mask = left_pad([[5, 6, 7], [4, 5, 6, 7, 8]], 0)
+    with torch.no_grad():
+        grow = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True).past_key_values
+        pre = preallocate_cache(model(input_ids=ids, attention_mask=mask, position_ids=positions(mask),
+                                      use_cache=True).past_key_values, 4)
+        assert isinstance(grow, DynamicCache) and all(isinstance(layer, _preallocated_layer()) for layer in pre.layers)
+        bufs = [layer.key_buf.data_ptr() for layer in pre.layers]
+        step_mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
+        pos = positions(step_mask)[:, -1:]
+        nxt = torch.tensor([[3], [9]])
+        ckw = _cache_kwarg(model)
+        a = model(input_ids=nxt, attention_mask=step_mask, position_ids=pos, use_cache=True, **{ckw: grow})
+        b = model(input_ids=nxt, attention_mask=step_mask, position_ids=pos, use_cache=True, **{ckw: pre})
+    assert torch.allclose(a.logits, b.logits, atol=1e-6, rtol=0)
+    assert [layer.key_buf.data_ptr() for layer in pre.layers] == bufs  # written in place
+    assert all(layer.keys.shape[-2] == 6 for layer in pre.layers)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_shared_prompt_teacher_forcing_equals_one_pass_with_its_gradient(arch):
+    """``response_forward(share_prompts=True)`` runs each distinct prompt once and gathers its
+    cache (with the autograd graph) to its rows, in any row order: log-probabilities, entropies and
+    hidden states equal the one-pass values, and so does the gradient of a loss on them."""
+    from harness.models.lm import distinct_prompts
+
+    model, T = _tiny(arch), 0.9
+    prompts = [[5, 6, 7, 8, 9, 3], [4, 5], [9, 8, 7, 6], [4, 5], [5, 6, 7, 8, 9, 3], [1, 4], [4, 5]]
+    ids, mask = left_pad(prompts, 0)
+    first, rows = distinct_prompts(ids, mask)
+    assert first.tolist() == [0, 1, 2, 5] and rows.tolist() == [0, 1, 2, 1, 0, 3, 1]
+    assert distinct_prompts(ids[:3], mask[:3]) is None  # nothing shared: the one-pass path
+    g = generate(model, ids, mask, 9, eos_token_id=2, pad_token_id=0, temperature=T,
+                 generator=torch.Generator().manual_seed(5))
+    m = g.mask.bool()
+
+    def run(share):
+        model.zero_grad()
+        out = response_forward(model, ids, mask, g.tokens, g.mask, temperature=T, want_hidden=True,
+                               share_prompts=share)
+        loss = (out.logp * g.mask).sum() + (out.entropy * g.mask).sum() + out.hidden[m].square().mean()
+        loss.backward()
+        return out, [p.grad.clone() for p in model.parameters()]
+
+    full, full_grad = run(False)
+    shared, shared_grad = run(True)
+    assert torch.allclose(shared.logp[m], full.logp[m], atol=1e-5, rtol=0)
+    assert torch.allclose(shared.entropy[m], full.entropy[m], atol=1e-5, rtol=0)
+    assert torch.allclose(shared.hidden[m], full.hidden[m], atol=1e-5, rtol=0)
+    assert max(float((a - b).abs().max() / (a.abs().max() + 1e-12)) for a, b in zip(full_grad, shared_grad)) < 1e-4
+    assert any(float(a.abs().max()) > 0 for a in full_grad)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_fused_gelu_is_gpt2s_gelu_to_float_rounding(arch):
+    """``fuse_gelu`` swaps GPT-2's Python ``gelu_new`` modules for the fused tanh-GELU kernel and
+    nothing else: on a batch of random inputs it equals 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    written out, and the model's logits and gradients move by float rounding only (Llama's SiLU:
+    unchanged)."""
+    import copy
+    import math
+
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    from harness.models.lm import fuse_gelu
+
+    model = _tiny(arch)
+    fused = fuse_gelu(copy.deepcopy(model))
+    kinds = lambda m: [type(x).__name__ for x in m.modules()]  # noqa: E731
+    if arch == "gpt2":
+        assert NewGELUActivation.__name__ in kinds(model) and NewGELUActivation.__name__ not in kinds(fused)
+        assert kinds(fused).count(GELUTanh.__name__) == kinds(model).count(NewGELUActivation.__name__) == 2
+        x = torch.randn(4096) * 4
+        by_hand = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+        assert torch.allclose(GELUTanh()(x), by_hand, atol=1e-6, rtol=1e-6)
+    else:
+        assert kinds(fused) == kinds(model)
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 3], [4, 5]], 0)
+    a, b = model(input_ids=ids, attention_mask=mask).logits, fused(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(a, b, atol=1e-5, rtol=0)
+    a.square().sum().backward()
+    b.square().sum().backward()
+    for p, q in zip(model.parameters(), fused.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-4 * float(p.grad.abs().max()) + 1e-7, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_critic_and_reward_model_share_prompts_with_the_one_pass_values_and_gradients(arch):
+    """The separate critic (``ValueModel``) and the pooled reward model read a trunk's hidden states
+    at the columns that predict the response (``trunk_states``): with ``share_prompts`` each distinct
+    prompt runs once, in any row order, and values, rewards and their gradients equal one pass."""
+    from harness.models.lm import PooledRewardModel, ValueModel
+
+    trunk = _tiny(arch).base_model
+    prompts = [[5, 6, 7, 8, 9, 3], [4, 5], [5, 6, 7, 8, 9, 3], [9, 8, 7, 6], [4, 5], [4, 5]]
+    ids, mask = left_pad(prompts, 0)
+    resp, rmask = right_pad([[3, 4, 2], [7], [8, 8, 8, 8], [2], [6, 5], [9, 9, 9]], 0)
+    for net in (ValueModel(trunk), PooledRewardModel(trunk)):
+        with torch.no_grad():  # a non-zero head, so the gradient reaches the trunk
+            for name, p in net.named_parameters():
+                if not name.startswith("backbone."):
+                    p.add_(torch.linspace(-0.5, 0.5, p.numel()).view_as(p))
+
+        def run(share):
+            net.zero_grad()
+            out = net(ids, mask, resp, rmask, share_prompts=share)
+            (out * (rmask if out.dim() == 2 else 1)).square().sum().backward()
+            return out.detach(), [p.grad.clone() for p in net.parameters()]
+
+        full, full_grad = run(False)
+        shared, shared_grad = run(True)
+        m = rmask.bool() if full.dim() == 2 else slice(None)
+        assert torch.allclose(shared[m], full[m], atol=1e-5, rtol=0), type(net).__name__
+        assert max(float((a - b).abs().max() / (a.abs().max() + 1e-12)) for a, b in zip(full_grad, shared_grad)) < 1e-4
+        assert all(float(g.abs().max()) > 0 for g in full_grad), [n for (n, _), g in zip(net.named_parameters(), full_grad) if float(g.abs().max()) == 0]

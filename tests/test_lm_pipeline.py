@@ -48,6 +48,14 @@ def test_reward_model_is_calibrated_to_gold_units(tmp_path):
     raw = task.reward_model.raw([e.prompt for e in ex], texts, [True] * 4)
     scored = task.reward(ex, texts, [True] * 4)
     assert scored.tolist() == pytest.approx((raw * rm["rm_scale"] + rm["rm_shift"]).tolist(), abs=1e-5)
+    # a group's responses to one prompt (training's layout): task.reward runs each prompt once in the
+    # reward model, the scores of one pass per response to rounding
+    group = [ex[0], ex[0], ex[0], ex[1], ex[1]]
+    answers = [ex[0].reference, "", ex[1].reference, ex[1].reference, ex[0].reference]
+    finished = [True, False, True, True, False]
+    one_pass = task.reward_model.raw([e.prompt for e in group], answers, finished)
+    shared = task.reward(group, answers, finished)
+    assert shared.tolist() == pytest.approx((one_pass * rm["rm_scale"] + rm["rm_shift"]).tolist(), abs=1e-5)
     # reward=gold skips the reward model and returns the gold score itself
     gold_task = build_task(compose("estimator=rloo", "lm.reward=gold", results_dir=tmp_path))
     assert gold_task.reward_model is None and "rm" not in gold_task.meta

@@ -258,3 +258,102 @@ def test_dynamic_sampling_runs_end_to_end_and_logs_its_draws(tmp_path):
     assert summary["status"] == "completed" and df.sample_draws.between(1, 3).all()
     per_iter = df.tokens.diff().fillna(df.tokens.iloc[0])
     assert (per_iter >= df.response_len * PROMPTS * GROUP - 1e-6).all()
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "remax"])
+def test_each_prompt_is_sampled_once_and_the_samples_are_those_of_per_row_decoding(tmp_path, estimator, monkeypatch):
+    """The source prefills each prompt of the batch once (one prompt forward per distinct prompt,
+    shared by its ``group_size`` samples and, for ReMax, its greedy response), and draws from the
+    run's generator exactly the responses that decoding every row alone draws (the decoder the
+    sampler replaced: tests/test_lm_model.py's reference), greedy responses included."""
+    import functools
+
+    import torch
+
+    from harness.tasks.lm.data import decode_responses
+    from harness.tasks.lm.pipeline import build_task
+    from harness.train.lm import LMSource
+
+    from .test_lm_model import _decode_rows_alone
+
+    cfg = compose(f"estimator={estimator}", "lm.prompts_per_iter=3", "group_size=3", results_dir=tmp_path)
+    task = build_task(cfg)
+    src = LMSource(cfg, task)
+    src.kl_beta_now = torch.full((1,), 0.05)
+    # policy and reference run GPT-2's GELU as the fused kernel (harness.models.lm.fuse_gelu)
+    assert not any(type(m).__name__ == "NewGELUActivation" for net in (src.policy, src.ref) for m in net.modules())
+    prompt_rows = []
+    forward = type(src.policy.lm).forward
+
+    @functools.wraps(forward)  # keeps forward's signature (harness.models.lm reads its cache argument's name)
+    def counted(self, *args, **kwargs):  # the rows of every forward pass that sees a whole prompt
+        if self is src.policy.lm and kwargs["input_ids"].shape[1] > 1:
+            prompt_rows.append(kwargs["input_ids"].shape[0])
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(src.policy.lm), "forward", counted)
+    state, py_state = src.gen.get_state(), src.rng.getstate()
+    ro = src._draw()
+    assert prompt_rows == [3]  # 3 distinct prompts once, for 9 samples (+ 3 greedy responses)
+    monkeypatch.undo()
+    src.gen.set_state(state)
+    split = task.train
+    src.rng.setstate(py_state)
+    idx = [src.rng.randrange(len(split)) for _ in range(3)]
+    rows = [split.prompt_ids[i] for i in idx for _ in range(3)]
+    want, want_lp = _decode_rows_alone(src.policy.lm, rows, int(cfg.lm.max_response_len), float(cfg.lm.temperature),
+                                       src.gen, eos=src.tok.eos_token_id, pad=src.tok.pad_token_id)
+    assert len({tuple(w) for w in want}) > 3
+    for r, (w, lp) in enumerate(zip(want, want_lp)):
+        assert ro.tokens[r, :len(w)].tolist() == w and int(ro.mask[r].sum()) == len(w)
+        assert ro.old_logp[r, :len(w)].tolist() == pytest.approx(lp, abs=1e-5)
+    if estimator == "remax":
+        greedy, _ = _decode_rows_alone(src.policy.lm, [split.prompt_ids[i] for i in idx], int(cfg.lm.max_response_len),
+                                       float(cfg.lm.temperature), None, greedy=True, eos=src.tok.eos_token_id)
+        tok = torch.full((3, max(map(len, greedy))), src.tok.pad_token_id)
+        mask = torch.zeros_like(tok)
+        for i, w in enumerate(greedy):
+            tok[i, :len(w)], mask[i, :len(w)] = torch.tensor(w), 1
+        has_eos = torch.tensor([w[-1] == src.tok.eos_token_id for w in greedy])
+        want_reward = task.reward([split.examples[i] for i in idx], decode_responses(src.tok, tok, mask),
+                                  has_eos.tolist()).float()
+        assert ro.greedy_rewards.tolist() == pytest.approx(want_reward.tolist(), abs=1e-6)
+        assert ro.sampled_tokens == int(ro.mask.sum()) + sum(map(len, greedy))
+
+
+def test_at_beta_zero_the_reference_runs_only_for_the_kl_ref_columns_every_kl_ref_every_iterations(tmp_path,
+                                                                                                   monkeypatch):
+    """At kl.beta = 0 training never reads log pi_ref: the reference runs on iterations 1, 1 + k,
+    1 + 2k, ... (k = lm.kl_ref_every) for the kl_ref / kl_ref_token columns, which are null in
+    between, and training is the same as with the reference every iteration (k = 1)."""
+    import harness.train.lm as lm_mod
+
+    calls = []
+    ref_logp = lm_mod.LMSource._ref_logp
+
+    def counted(self, *args):
+        calls.append(self.iteration)
+        return ref_logp(self, *args)
+
+    monkeypatch.setattr(lm_mod.LMSource, "_ref_logp", counted)
+    opts = ["estimator=grpo", "kl.beta=0", "budget.iterations=7", "eval_every=0"]
+    _, every3, _ = run_one(tmp_path / "k3", *opts, "lm.kl_ref_every=3")
+    assert calls == [1, 4, 7]
+    calls.clear()
+    _, every1, _ = run_one(tmp_path / "k1", *opts, "lm.kl_ref_every=1")
+    assert calls == list(range(1, 8))
+    calls.clear()
+    _, never, _ = run_one(tmp_path / "k0", *opts, "lm.kl_ref_every=0")
+    assert calls == [] and never.kl_ref.isna().all()
+    measured = every3.iteration.isin([1, 4, 7])
+    assert every3.kl_ref[measured].notna().all() and every3.kl_ref[~measured].isna().all()
+    assert every3.kl_ref_token[~measured].isna().all() and every1.kl_ref.notna().all()
+    assert every3.kl_ref[measured].tolist() == every1.kl_ref[measured].tolist()
+    assert every1.kl_ref.iloc[0] == pytest.approx(0.0, abs=1e-6)  # the policy starts as the reference
+    for col in ("reward", "gold_reward", "policy_loss", "entropy", "approx_kl", "grad_norm", "tokens"):
+        assert every3[col].tolist() == every1[col].tolist() == never[col].tolist(), col
+    # with beta > 0 the reference runs every iteration whatever lm.kl_ref_every says
+    calls.clear()
+    _, penalised, _ = run_one(tmp_path / "b", "estimator=grpo", "kl.beta=0.1", "budget.iterations=3", "eval_every=0",
+                              "lm.kl_ref_every=3")
+    assert calls == [1, 2, 3] and penalised.kl_ref.notna().all()

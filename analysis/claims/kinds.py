@@ -235,7 +235,9 @@ def prompt_upweighting(e: ExpData, part: dict) -> Stat:
 
 def _lm_curves(e: ExpData, where: dict | None) -> list[np.ndarray]:
     m = e.select(e.metrics, where, "LM metrics")
-    return [g.sort_values("iteration")[["kl_ref", "gold_reward"]].to_numpy() for _, g in m.groupby(["run_dir", "seed"])]
+    # rows without kl_ref (a kl.beta=0 run measures it every lm.kl_ref_every iterations) are no curve points
+    return [g.sort_values("iteration")[["kl_ref", "gold_reward"]].dropna().to_numpy()
+            for _, g in m.groupby(["run_dir", "seed"])]
 
 
 def frontier_gap(e: ExpData, part: dict) -> Stat:

@@ -64,8 +64,9 @@ CHECKPOINT_NAME = "checkpoint.safetensors"  # harness.io.checkpoint.CHECKPOINT_F
 # Test-only hook (tests/test_faults.py): seconds to sleep in the middle of every atomic write,
 # so that a SIGKILL at a random moment often lands inside a write. Unset in normal use.
 WRITE_DELAY_ENV = "HARNESS_TEST_WRITE_DELAY"
-# where a cache lives, and the bound analysis scores diverged runs with, do not change the run
-_NOT_HASHED_NESTED = (("lm", "cache_dir"), ("task", "worst_return"))
+# where a cache lives, the bound analysis scores diverged runs with, and how often a kl.beta=0 LM run
+# measures its kl_ref column (the reference pass draws no random numbers) do not change the run
+_NOT_HASHED_NESTED = (("lm", "cache_dir"), ("task", "worst_return"), ("lm", "kl_ref_every"))
 # Keys added after runs were recorded (the policy losses' knobs, issue 14): left out of the hash
 # at these defaults, so the runs of older sweeps keep their directories; any other value is hashed.
 _HASHED_UNLESS_DEFAULT = {"delta": None, "clip_ratio_c": 3.0, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05,

@@ -12,9 +12,19 @@ column ``P - 1 + t``; :func:`response_forward` returns, from **one teacher-force
 pass**, ``log pi(y_t | x, y_<t)`` and the entropy for every ``t`` at once (claim C12: equal to
 the log-probabilities recorded during sequential decoding, tested). The value of the state
 before token ``t``, ``V(s_t)``, is read from the hidden state at the same column.
+
+Rows that share a prompt (a group: ``group_size`` samples of one prompt, group-major) have the
+same prompt keys and values, so each distinct prompt is run through the model once and its KV
+cache is gathered to every row that uses it (:func:`_shared_prompt_cache`): in decoding
+(:func:`generate` with ``samples``, and ReMax's greedy response in the same batch) and in the
+teacher-forced pass (:func:`response_forward` with ``share_prompts``), where the gathered cache
+keeps its autograd graph, so the prompt's gradient is the sum over the rows, as in one pass over
+every row. Both are tested equal to the per-row computation (tokens exactly, log-probabilities
+and gradients to float rounding).
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from dataclasses import dataclass
@@ -72,6 +82,21 @@ def disable_dropout(model: nn.Module) -> None:
             m.p = 0.0
 
 
+def fuse_gelu(model: nn.Module) -> nn.Module:
+    """Swap transformers' Python tanh-approximate GELU (``NewGELUActivation``, GPT-2's ``gelu_new``:
+    eight elementwise kernels forward and more backward, a third of a tiny GPT-2's forward time on
+    a CPU) for ``GELUTanh`` (``F.gelu(approximate="tanh")``, one fused kernel): the same function,
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), equal to float rounding (tested). Other
+    activations are left as they are. Returns the model (changed in place)."""
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    for module in model.modules():
+        for name, child in list(module.named_children()):
+            if type(child) is NewGELUActivation:
+                setattr(module, name, GELUTanh())
+    return model
+
+
 # --------------------------------------------------------------------------- forward helpers
 def positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -99,32 +124,182 @@ class ResponseForward:
     hidden: torch.Tensor | None  # [B, L, H] last hidden state that predicts y_t (for a value head)
 
 
+def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(first, inverse)``: the row index of the first occurrence of each distinct (prompt, mask)
+    row, in order of first occurrence, and for every row the position of its prompt in ``first``;
+    None when every row is distinct (nothing to share)."""
+    B = prompt_ids.shape[0]
+    key = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    n = int(inverse.max()) + 1 if B else 0
+    if n == B:
+        return None
+    # torch.unique sorts; renumber by first occurrence so the prefill rows keep the batch's order
+    first = torch.full((n,), B, dtype=torch.long, device=prompt_ids.device)
+    first.scatter_reduce_(0, inverse, torch.arange(B, device=prompt_ids.device), reduce="amin")
+    order = torch.empty_like(first)
+    order[first.argsort()] = torch.arange(n, device=prompt_ids.device)
+    return first.sort().values, order[inverse]
+
+
+@functools.cache
+def _preallocated_layer():
+    """A full-attention KV cache layer (a transformers ``DynamicLayer``) whose keys and values
+    live in buffers preallocated for the whole response: a decoding step writes its columns in
+    place and attends to a view, instead of concatenating the whole cache again. Made from a
+    filled layer by :func:`preallocate_cache`; only used without autograd (decoding)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        def fill(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> "PreallocatedLayer":
+            B, H, n, _ = keys.shape
+            self.key_buf = keys.new_empty(B, H, n + capacity, keys.shape[-1])
+            self.value_buf = values.new_empty(B, H, n + capacity, values.shape[-1])
+            self.key_buf[:, :, :n] = keys
+            self.value_buf[:, :, :n] = values
+            self.length = n
+            self.keys, self.values = self.key_buf[:, :, :n], self.value_buf[:, :, :n]
+            self.device, self.is_initialized = keys.device, True
+            return self
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            n, q = self.length, key_states.shape[-2]
+            self.key_buf[:, :, n:n + q] = key_states
+            self.value_buf[:, :, n:n + q] = value_states
+            self.length = n + q
+            self.keys, self.values = self.key_buf[:, :, :n + q], self.value_buf[:, :, :n + q]
+            return self.keys, self.values
+
+    return PreallocatedLayer
+
+
+def preallocate_cache(cache, capacity: int):
+    """Swap each plain full-attention layer of a transformers ``Cache`` for a
+    preallocated one (:func:`_preallocated_layer`) with room for ``capacity`` more tokens (other layer kinds, e.g.
+    sliding-window or recurrent ones, are kept as they are). Returns the cache."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        return cache
+    cache.layers = [_preallocated_layer()().fill(layer.keys, layer.values, capacity)
+                    if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.dim() == 4 else layer
+                    for layer in layers]
+    return cache
+
+
+def _shared_prompt_cache(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                         rows: torch.Tensor, **forward_kwargs):
+    """Run the distinct prompts ``prompt_ids [n, P]`` once (``use_cache``) and gather their KV
+    cache to ``rows [R]`` (row ``r`` uses prompt ``rows[r]``). Returns ``(cache, out)``: ``out`` is
+    the prompts' own output (``[n, ...]``; a causal LM's logits of the last column only); None
+    when the model's cache cannot be gathered (then the caller runs every row)."""
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(model) else {}
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
+                use_cache=True, **forward_kwargs, **keep)
+    cache = _cache_out(out)
+    if not hasattr(cache, "batch_select_indices"):  # a legacy tuple cache (older transformers)
+        return None, None
+    if rows.numel() != prompt_ids.shape[0] or not torch.equal(rows, torch.arange(len(rows), device=rows.device)):
+        cache.batch_select_indices(rows)
+    return cache, out
+
+
+def _shared_response_pass(model, prompt_ids, prompt_mask, response_ids, response_mask, shared, read,
+                          **forward_kwargs):
+    """Per-column outputs ``read(out)`` (a tuple of ``[rows, T, ...]`` tensors) at the ``L`` columns
+    ``P - 1 .. P + L - 2`` that predict the response tokens, the distinct prompts (``shared =
+    (first, rows)`` of :func:`distinct_prompts`) run once and their cache gathered to the rows
+    (with its autograd graph): the prompts' last column, then the responses but their last token
+    run on the cache. None when the model's cache cannot be gathered."""
+    first, rows = shared
+    P, L = prompt_ids.shape[1], response_ids.shape[1]
+    cache, pre = _shared_prompt_cache(model, prompt_ids[first], prompt_mask[first], rows, **forward_kwargs)
+    if cache is None:
+        return None
+    parts = [tuple(x[:, -1:][rows] for x in read(pre))]  # the prompt's last column predicts response token 0
+    if L > 1:
+        mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)[:, :P + L - 1]
+        out = model(input_ids=response_ids[:, :-1], attention_mask=mask, position_ids=positions(mask)[:, P:],
+                    use_cache=True, **forward_kwargs, **{_cache_kwarg(model): cache})
+        parts.append(tuple(read(out)))
+    return tuple(torch.cat(xs, dim=1) for xs in zip(*parts))
+
+
+def trunk_states(backbone: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 response_ids: torch.Tensor, response_mask: torch.Tensor, share_prompts: bool = False) -> torch.Tensor:
+    """``[B, L, H]``: a transformer trunk's (``AutoModel``) last hidden states at the columns that
+    predict the response tokens (column ``P - 1 + t`` for token ``t``), from one pass over
+    ``[prompt | response]``, or with ``share_prompts`` each distinct prompt run once (as in
+    :func:`response_forward`; equal to float rounding, tested)."""
+    shared = distinct_prompts(prompt_ids, prompt_mask) if share_prompts else None
+    if shared is not None:
+        out = _shared_response_pass(backbone, prompt_ids, prompt_mask, response_ids, response_mask, shared,
+                                    lambda o: (o.last_hidden_state,))
+        if out is not None:
+            return out[0]
+    P, L = prompt_ids.shape[1], response_ids.shape[1]
+    ids = torch.cat([prompt_ids, response_ids], dim=1)
+    mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
+    out = backbone(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
+    return out.last_hidden_state[:, P - 1:P + L - 1]
+
+
 def response_forward(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                      response_ids: torch.Tensor, response_mask: torch.Tensor,
-                     temperature: float = 1.0, want_hidden: bool = False) -> ResponseForward:
+                     temperature: float = 1.0, want_hidden: bool = False,
+                     share_prompts: bool = False) -> ResponseForward:
     """Teacher-forced log-probabilities, entropies (and hidden states) of every response token.
 
     One forward over ``[prompt | response]``; only the ``L + 1`` last columns go through the LM
     head (``logits_to_keep``) where the model supports it, so a long prompt costs no vocabulary
     projection.
+
+    ``share_prompts``: rows with the same prompt (a group's samples) share one pass over it: the
+    distinct prompts are run once with ``use_cache``, their cache is gathered to the rows (with
+    its autograd graph), and the responses are run on it; the logits of the prompts' last column
+    predict the first response token. Equal to the one-pass result to float rounding (tested),
+    and falls back to it when every prompt is distinct.
     """
+    shared = distinct_prompts(prompt_ids, prompt_mask) if share_prompts else None
+    if shared is not None:
+        out = _shared_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, shared,
+                                      want_hidden)
+    if shared is None or out is None:
+        out = _full_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, want_hidden)
+    logits, hidden = out
+    logits = logits.float() / temperature
+    logz = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1) - logz
+    probs = torch.softmax(logits, dim=-1)
+    entropy = logz - (probs * logits).sum(-1)
+    return ResponseForward(logp=logp, entropy=entropy, hidden=hidden)
+
+
+def _full_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, want_hidden):
+    """``(logits [B, L, V], hidden [B, L, H] or None)`` of one pass over ``[prompt | response]``."""
     P, L = prompt_ids.shape[1], response_ids.shape[1]
     ids = torch.cat([prompt_ids, response_ids], dim=1)
     mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
     kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=positions(mask),
                   output_hidden_states=want_hidden, use_cache=False)
-    params = _forward_params(model)
-    if "logits_to_keep" in params:
+    if "logits_to_keep" in _forward_params(model):
         kwargs["logits_to_keep"] = L + 1
     out = model(**kwargs)
-    logits = out.logits[:, -(L + 1):-1].float()  # column P-1+t predicts response token t
-    logits = logits / temperature
-    logz = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1) - logz
-    probs = torch.softmax(logits, dim=-1)
-    entropy = logz - (probs * logits).sum(-1)
+    logits = out.logits[:, -(L + 1):-1]  # column P-1+t predicts response token t
     hidden = out.hidden_states[-1][:, P - 1:P + L - 1] if want_hidden else None
-    return ResponseForward(logp=logp, entropy=entropy, hidden=hidden)
+    return logits, hidden
+
+
+def _shared_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, shared, want_hidden):
+    """As :func:`_full_response_logits`, the distinct prompts run once (see :func:`response_forward`);
+    None when the model's cache cannot be gathered."""
+    read = (lambda o: (o.logits, o.hidden_states[-1])) if want_hidden else (lambda o: (o.logits,))  # noqa: E731
+    out = _shared_response_pass(model, prompt_ids, prompt_mask, response_ids, response_mask, shared, read,
+                                output_hidden_states=want_hidden)
+    if out is None:
+        return None
+    return out[0], (out[1] if want_hidden else None)
 
 
 # --------------------------------------------------------------------------- policy and critics
@@ -143,9 +318,9 @@ class PolicyWithValue(nn.Module):
             nn.init.zeros_(self.value_head.weight)
             nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, prompt_ids, prompt_mask, response_ids, response_mask, temperature=1.0):
+    def forward(self, prompt_ids, prompt_mask, response_ids, response_mask, temperature=1.0, share_prompts=False):
         out = response_forward(self.lm, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
-                               want_hidden=self.value_head is not None)
+                               want_hidden=self.value_head is not None, share_prompts=share_prompts)
         values = None
         if self.value_head is not None:
             values = self.value_head(out.hidden.float()).squeeze(-1)
@@ -163,12 +338,8 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, prompt_ids, prompt_mask, response_ids, response_mask) -> torch.Tensor:
-        P, L = prompt_ids.shape[1], response_ids.shape[1]
-        ids = torch.cat([prompt_ids, response_ids], dim=1)
-        mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
-        out = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
-        hidden = out.last_hidden_state[:, P - 1:P + L - 1]
+    def forward(self, prompt_ids, prompt_mask, response_ids, response_mask, share_prompts=False) -> torch.Tensor:
+        hidden = trunk_states(self.backbone, prompt_ids, prompt_mask, response_ids, response_mask, share_prompts)
         return self.head(hidden.float()).squeeze(-1)
 
 
@@ -189,59 +360,123 @@ class Generation:
         return self.mask.sum(-1)
 
 
-@torch.no_grad()
 def generate(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
              eos_token_id: int, pad_token_id: int, temperature: float = 1.0, greedy: bool = False,
-             generator: torch.Generator | None = None, use_cache: bool = True) -> Generation:
-    """Sample (or take the argmax) token by token with a KV cache until EOS or ``max_new_tokens``.
+             generator: torch.Generator | None = None, use_cache: bool = True, samples: int = 1) -> Generation:
+    """Sample token by token until EOS or ``max_new_tokens``: ``samples`` responses to each prompt
+    row of ``prompt_ids [n, P]``, as ``n * samples`` rows, group-major (row ``i * samples + j`` is
+    sample ``j`` of prompt ``i``); with ``greedy`` one argmax response per prompt (``samples`` is
+    then ignored). The decoder is :func:`generate_groups`."""
+    if greedy:
+        return generate_groups(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id,
+                               temperature, samples=0, with_greedy=True, use_cache=use_cache)[1]
+    return generate_groups(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id, temperature,
+                           samples=samples, generator=generator, use_cache=use_cache)[0]
+
+
+def generate_groups(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
+                    eos_token_id: int, pad_token_id: int, temperature: float = 1.0, samples: int = 1,
+                    with_greedy: bool = False, generator: torch.Generator | None = None,
+                    use_cache: bool = True) -> tuple[Generation | None, Generation | None]:
+    """``samples`` sampled responses to each of the ``n`` prompts ``prompt_ids [n, P]`` (group-major,
+    ``n * samples`` rows) and, with ``with_greedy``, one greedy (argmax) response to each, decoded
+    together with a KV cache until EOS or ``max_new_tokens``. Returns ``(sampled, greedy)``, each a
+    :class:`Generation` (None where not asked for).
 
     Token ``t`` is drawn from ``softmax(logits / temperature)``; its log-probability under that
     distribution is recorded (the quantity the C12 test compares with :func:`response_forward`).
+    Each prompt is run through the model once and its KV cache gathered to its rows (the group's
+    samples and its greedy row), into a cache preallocated for the whole response
+    (:func:`preallocate_cache`); attention mask and positions are preallocated too. Random numbers:
+    one ``multinomial`` over the sampled rows per step, for as long as one of them is unfinished:
+    the draws of plain per-row decoding, so the samples equal those of sampling each row alone
+    (tested), the greedy rows draw nothing. Each returned part is cut at its longest response.
     ``use_cache=False`` recomputes the whole prefix every step (the slow reference decoder).
+
+    The loop runs under ``torch.inference_mode`` (less bookkeeping per operation than ``no_grad``);
+    what it returns is copied out of it, since inference tensors may not be saved for a backward
+    pass (the tokens are the update's input ids).
     """
-    B = prompt_ids.shape[0]
+    tokens, logps, alive_at, finished, t = _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id,
+                                                   pad_token_id, temperature, samples, with_greedy, generator,
+                                                   use_cache)
+    with torch.no_grad():
+        tokens, logps, alive_at, finished = (x.clone() for x in (tokens, logps, alive_at, finished))
+    n_s = prompt_ids.shape[0] * samples
+
+    def part(lo: int, hi: int) -> Generation | None:
+        if hi == lo:
+            return None
+        mask = alive_at[lo:hi, :t + 1].long()
+        width = int(mask.sum(-1).max())  # plain decoding stops when its last row has finished
+        return Generation(tokens=tokens[lo:hi, :width], mask=mask[:, :width], logp=logps[lo:hi, :width],
+                          has_eos=finished[lo:hi])
+    return part(0, n_s), part(n_s, tokens.shape[0])
+
+
+@torch.inference_mode()
+def _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id, temperature, samples,
+            with_greedy, generator, use_cache):
+    """The decode loop of :func:`generate_groups`: ``(tokens, log-probs, alive, finished, last step)``
+    over all rows (sampled, then greedy), uncut."""
+    n, P = prompt_ids.shape
     device = prompt_ids.device
-    mask = prompt_mask.clone()
-    pos = positions(mask)[:, -1]
-    tokens = torch.full((B, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
-    logps = torch.zeros(B, max_new_tokens, device=device)
-    resp_mask = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    n_s, n_g = n * samples, (n if with_greedy else 0)
+    R, L = n_s + n_g, max_new_tokens
+    rows = torch.cat([torch.arange(n, device=device).repeat_interleave(samples),
+                      torch.arange(n_g, device=device)])  # the prompt of each decoded row
+    row_ids, row_mask = prompt_ids[rows], prompt_mask[rows]
+    tokens = torch.full((R, L), pad_token_id, dtype=torch.long, device=device)
+    logps = torch.zeros(R, L, device=device)
+    alive_at = torch.zeros(R, L, dtype=torch.bool, device=device)
+    finished = torch.zeros(R, dtype=torch.bool, device=device)
+    pad = torch.full((R,), pad_token_id, dtype=torch.long, device=device)
+    attn = torch.cat([row_mask, torch.zeros(R, L, dtype=row_mask.dtype, device=device)], dim=1)
+    pos = positions(row_mask)[:, -1:] + torch.arange(1, L + 1, device=device).view(1, -1)
     ckw = _cache_kwarg(model)
     keep = {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(model) else {}
-    ids = prompt_ids
     cache = None
-    for t in range(max_new_tokens):
-        if use_cache:
-            if cache is None:
-                out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True, **keep)
-            else:
-                out = model(input_ids=ids[:, -1:], attention_mask=mask, position_ids=pos.unsqueeze(1),
-                            use_cache=True, **{ckw: cache}, **keep)
-            cache = _cache_out(out)
+    if use_cache:
+        cache, out = _shared_prompt_cache(model, prompt_ids, prompt_mask, rows)
+        if cache is None:  # no gatherable cache: prefill every row
+            out = model(input_ids=row_ids, attention_mask=row_mask, position_ids=positions(row_mask), use_cache=True,
+                        **keep)
+            cache, logits = _cache_out(out), out.logits[:, -1]
         else:
-            out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False, **keep)
-        logits = out.logits[:, -1].float() / temperature
+            cache, logits = preallocate_cache(cache, L), out.logits[:, -1][rows]
+    t = 0
+    for t in range(L):
+        if not use_cache:
+            ids = torch.cat([row_ids, tokens[:, :t]], dim=1)
+            out = model(input_ids=ids, attention_mask=attn[:, :P + t], position_ids=positions(attn[:, :P + t]),
+                        use_cache=False, **keep)
+            logits = out.logits[:, -1]
+        elif t > 0:
+            out = model(input_ids=tokens[:, t - 1:t], attention_mask=attn[:, :P + t], position_ids=pos[:, t - 1:t],
+                        use_cache=True, **{ckw: cache}, **keep)
+            cache, logits = _cache_out(out), out.logits[:, -1]
+        logits = logits.float() / temperature
         if not torch.isfinite(logits).all():
             raise NonFiniteError(f"non-finite logits while decoding token {t}")
         logprobs = torch.log_softmax(logits, dim=-1)
-        if greedy:
-            nxt = logprobs.argmax(-1)
+        nxt = torch.empty(R, dtype=torch.long, device=device)
+        if n_s and not bool(finished[:n_s].all()):
+            nxt[:n_s] = torch.multinomial(logprobs[:n_s].exp(), 1, generator=generator).squeeze(-1)
         else:
-            nxt = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+            nxt[:n_s] = pad_token_id
+        if n_g:
+            nxt[n_s:] = logprobs[n_s:].argmax(-1)
         alive = ~finished
-        nxt = torch.where(alive, nxt, torch.full_like(nxt, pad_token_id))
+        nxt = torch.where(alive, nxt, pad)
         tokens[:, t] = nxt
-        logps[:, t] = torch.where(alive, logprobs.gather(-1, nxt.unsqueeze(-1)).squeeze(-1), torch.zeros_like(logps[:, t]))
-        resp_mask[:, t] = alive.long()
-        finished = finished | (alive & (nxt == eos_token_id))
-        if finished.all():
-            tokens, logps, resp_mask = tokens[:, :t + 1], logps[:, :t + 1], resp_mask[:, :t + 1]
+        logps[:, t] = logprobs.gather(-1, nxt.unsqueeze(-1)).squeeze(-1).masked_fill_(finished, 0.0)
+        alive_at[:, t] = alive
+        finished |= alive & (nxt == eos_token_id)
+        if bool(finished.all()):
             break
-        ids = torch.cat([ids, nxt.unsqueeze(1)], dim=1)
-        mask = torch.cat([mask, alive.long().unsqueeze(1).to(mask.dtype)], dim=1)
-        pos = pos + 1
-    return Generation(tokens=tokens, mask=resp_mask, logp=logps, has_eos=finished)
+        attn[:, P + t] = alive.to(attn.dtype)
+
+    return tokens, logps, alive_at, finished, t
 
 
 # --------------------------------------------------------------------------- reward model
@@ -271,12 +506,9 @@ class PooledRewardModel(nn.Module):
         self.w_h = nn.Parameter(torch.zeros(hidden))
         self.bias = nn.Parameter(torch.zeros(()))
 
-    def forward(self, prompt_ids, prompt_mask, response_ids, response_mask) -> torch.Tensor:
-        P, L = prompt_ids.shape[1], response_ids.shape[1]
-        ids = torch.cat([prompt_ids, response_ids], dim=1)
-        mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
-        out = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
-        states = out.last_hidden_state[:, P - 1:P + L - 1].float()  # column P-1+t predicts token t
+    def forward(self, prompt_ids, prompt_mask, response_ids, response_mask, share_prompts=False) -> torch.Tensor:
+        # column P-1+t predicts token t
+        states = trunk_states(self.backbone, prompt_ids, prompt_mask, response_ids, response_mask, share_prompts).float()
         emb = self.backbone.get_input_embeddings()(response_ids).float()
         per_token = (states * emb) @ self.w_e + states @ self.w_h
         keep = response_mask.float()

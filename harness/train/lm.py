@@ -6,9 +6,14 @@ estimator (:mod:`.loop` asks the :class:`EstimatorSpec` what it needs and never 
 1. ``lm.prompts_per_iter`` training prompts, each sampled ``group_size`` times: columns are
    group-major (column ``g * group_size + j`` is sample ``j`` of prompt ``g``). Every estimator
    sees the same batch; the group estimators use the grouping, the others ignore it.
-2. ``spec.needs_greedy``: one greedy response per prompt as well (ReMax's baseline).
-3. One teacher-forced forward each of the policy (``log pi_old``, values from the head), the
-   frozen reference (``log pi_ref``) and, with ``lm.critic=model``, the critic.
+2. ``spec.needs_greedy``: one greedy response per prompt as well (ReMax's baseline), decoded
+   with the samples: each prompt is prefilled once and its KV cache shared by its rows
+   (:func:`harness.models.lm.generate_groups`).
+3. One teacher-forced forward each of the policy (``log pi_old``, values from the head; in fp32
+   without a head the sampler's log-probs stand in), the frozen reference (``log pi_ref``; at
+   ``kl.beta = 0`` only every ``lm.kl_ref_every`` iterations, for the ``kl_ref`` columns:
+   :meth:`LMSource.needs_ref`) and, with ``lm.critic=model``, the critic. The policy's and the
+   reference's passes (and the update's) run each distinct prompt once (``share_prompts``).
 4. The score (reward model or gold) of each response sits on its final token, minus
    ``lm.no_eos_penalty`` when it has no EOS. With ``kl.in_reward`` every token also gets
    ``-beta * k(log pi_old, log pi_ref)`` (InstructGPT); otherwise ``beta * k`` is a loss term
@@ -48,7 +53,8 @@ from omegaconf import DictConfig
 from ..estimators import AdvantageBatch, get_estimator, kl_estimate
 from ..io import RunDir
 from ..io import checkpoint as ckpt
-from ..models.lm import NonFiniteError, PolicyWithValue, ValueModel, generate, response_forward
+from ..models.lm import (NonFiniteError, PolicyWithValue, ValueModel, fuse_gelu, generate_groups,
+                         response_forward)
 from ..tasks.lm.data import decode_responses, left_pad
 from ..tasks.lm.metrics import length_by_correctness, mean_pass_at_k, zero_std_fraction
 from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_scores, uses_bf16
@@ -153,7 +159,7 @@ class Rollout:
     tokens: torch.Tensor  # [B, L]
     mask: torch.Tensor  # [B, L] float
     old_logp: torch.Tensor  # [B, L]
-    ref_logp: torch.Tensor  # [B, L]
+    ref_logp: torch.Tensor | None  # [B, L]; None where the reference was not run (kl.beta = 0, LMSource.needs_ref)
     values: torch.Tensor | None  # [B, L]
     score: torch.Tensor  # [B] optimized score incl. the no-EOS penalty
     reward: torch.Tensor  # [B] reward-model (or gold) score
@@ -223,7 +229,8 @@ class LMLearner:
         i = slice(None) if idx is None else idx[0]
         mask = ro.mask[i].long()
         with s.ac():
-            out, values = s.policy(ro.prompt_ids[i], ro.prompt_mask[i], ro.tokens[i], mask, s.temperature)
+            out, values = s.policy(ro.prompt_ids[i], ro.prompt_mask[i], ro.tokens[i], mask, s.temperature,
+                                   share_prompts=True)
             if s.spec.needs_critic:
                 values = s.values(ro.prompt_ids[i], ro.prompt_mask[i], ro.tokens[i], mask, values)
         s.sample_memory()
@@ -241,6 +248,7 @@ class LMLearner:
 class LMSource(Source):
     cost_unit = "tok"
     uses_groups = True  # every estimator samples group_size responses per prompt
+    fused_adam = True  # one Adam kernel for all parameters (as the control source), not one loop per tensor
     EVAL_SEED_OFFSET = 7919  # eval noise: seeded by lm.pipeline_seed only, shared by every run and estimator
 
     def __init__(self, cfg: DictConfig, task: LMTask):
@@ -257,8 +265,9 @@ class LMSource(Source):
         self.cpu_gen = torch.Generator().manual_seed(self.seed)
         self.rng = random.Random(self.seed)
         critic_head = self.spec.needs_critic and self.lm.critic == "head"
-        self.policy = PolicyWithValue(task.load_policy(), value_head=critic_head).to(self.device)
-        self.ref = task.load_policy()
+        # GPT-2's Python GELU as one fused kernel (fuse_gelu: the same function to float rounding)
+        self.policy = PolicyWithValue(fuse_gelu(task.load_policy()), value_head=critic_head).to(self.device)
+        self.ref = fuse_gelu(task.load_policy())
         for p in self.ref.parameters():
             p.requires_grad_(False)
         self.critic = None
@@ -274,6 +283,8 @@ class LMSource(Source):
         # head, whose values need that pass anyway.
         self.reuse_sampler_logp = not uses_bf16(self.device, task.dtype) and not critic_head
         self.tok = task.tokenizer
+        self.kl_ref_every = int(self.lm.get("kl_ref_every", 1))
+        self.iteration = 0  # collects so far (the loop's iteration), for lm.kl_ref_every
         self.tokens = 0
         self.truncated_total = 0
         self.drawn = None  # dynamic sampling: what the last collect drew (harness.train.sampling.Drawn)
@@ -299,7 +310,7 @@ class LMSource(Source):
 
     def values(self, prompt_ids, prompt_mask, tokens, mask, out_values):
         if self.critic is not None:
-            return self.critic(prompt_ids, prompt_mask, tokens, mask)
+            return self.critic(prompt_ids, prompt_mask, tokens, mask, share_prompts=True)
         return out_values
 
     def _sequence_kl(self, logp, ref_logp, mask) -> torch.Tensor:
@@ -317,11 +328,22 @@ class LMSource(Source):
         return reward, score
 
     def _ref_logp(self, p_ids, p_mask, tokens, mask) -> torch.Tensor:
-        return response_forward(self.ref, p_ids, p_mask, tokens, mask, self.temperature).logp
+        return response_forward(self.ref, p_ids, p_mask, tokens, mask, self.temperature, share_prompts=True).logp
+
+    def needs_ref(self) -> bool:
+        """Whether this iteration runs the reference: always where training uses ``log pi_ref``
+        (``kl.beta > 0`` or ``kl.adaptive``); at ``kl.beta = 0`` only for the ``kl_ref`` /
+        ``kl_ref_token`` columns, on iterations 1, 1 + ``lm.kl_ref_every``, ... (0: never), which
+        are null in between. The reference pass draws no random numbers, so this never changes
+        training."""
+        if self.cfg.kl.adaptive or self.beta > 0:
+            return True
+        return self.kl_ref_every > 0 and (self.iteration - 1) % self.kl_ref_every == 0
 
     # ------------------------------------------------------------------ collect
     def collect(self) -> Rollout:
         self.t_iteration = time.time()
+        self.iteration += 1
         try:
             ro = self._collect()
         except NonFiniteError as exc:  # the last update left weights that decode to NaN
@@ -353,18 +375,24 @@ class LMSource(Source):
         rows = [i for i in prompt_idx for _ in range(k)]  # group-major
         examples = [split.examples[i] for i in rows]
         truncated = sum(split.truncated[i] for i in rows)
-        p_ids, p_mask = left_pad([split.prompt_ids[i] for i in rows], self.tok.pad_token_id, self.device)
+        # each prompt once (generate_groups shares its KV cache with its k samples and greedy row)
+        u_ids, u_mask = left_pad([split.prompt_ids[i] for i in prompt_idx], self.tok.pad_token_id, self.device)
+        per_row = torch.arange(len(prompt_idx), device=self.device).repeat_interleave(k)
+        p_ids, p_mask = u_ids[per_row], u_mask[per_row]
         with self.ac():
-            g = generate(self.policy.lm, p_ids, p_mask, lm.max_response_len, self.tok.eos_token_id,
-                         self.tok.pad_token_id, temperature=lm.temperature, generator=self.gen)
+            g, gg = generate_groups(self.policy.lm, u_ids, u_mask, lm.max_response_len, self.tok.eos_token_id,
+                                    self.tok.pad_token_id, temperature=lm.temperature, samples=k,
+                                    with_greedy=self.spec.needs_greedy, generator=self.gen)
         mask = g.mask.float()
+        ref = None
         with self.ac():
             if self.reuse_sampler_logp:
                 old_logp, values = g.logp * mask, None
             else:
-                out, values = self.policy(p_ids, p_mask, g.tokens, g.mask, lm.temperature)
+                out, values = self.policy(p_ids, p_mask, g.tokens, g.mask, lm.temperature, share_prompts=True)
                 old_logp = out.logp
-            ref = self._ref_logp(p_ids, p_mask, g.tokens, g.mask)
+            if self.needs_ref():
+                ref = self._ref_logp(p_ids, p_mask, g.tokens, g.mask)
             if self.spec.needs_critic:
                 values = self.values(p_ids, p_mask, g.tokens, g.mask, values)
         self.sample_memory()
@@ -375,10 +403,6 @@ class LMSource(Source):
 
         greedy_scores = greedy_rewards = None
         if self.spec.needs_greedy:
-            gp_ids, gp_mask = left_pad([split.prompt_ids[i] for i in prompt_idx], self.tok.pad_token_id, self.device)
-            with self.ac():
-                gg = generate(self.policy.lm, gp_ids, gp_mask, lm.max_response_len, self.tok.eos_token_id,
-                              self.tok.pad_token_id, temperature=lm.temperature, greedy=True)
             g_texts = decode_responses(self.tok, gg.tokens, gg.mask)
             g_reward, g_score = self._score([split.examples[i] for i in prompt_idx], g_texts, gg.has_eos,
                                             gg.mask.sum(-1))
@@ -387,21 +411,21 @@ class LMSource(Source):
             if self.cfg.kl.in_reward and self.beta > 0:
                 # the greedy return carries its own KL penalty, like every sampled return
                 with self.ac():
-                    g_out, _ = self.policy(gp_ids, gp_mask, gg.tokens, gg.mask, lm.temperature)
-                    g_ref = self._ref_logp(gp_ids, gp_mask, gg.tokens, gg.mask)
+                    g_out, _ = self.policy(u_ids, u_mask, gg.tokens, gg.mask, lm.temperature)
+                    g_ref = self._ref_logp(u_ids, u_mask, gg.tokens, gg.mask)
                 g_kl = self._sequence_kl(g_out.logp, g_ref, gg.mask.float()).sum(-1)
                 greedy_scores = greedy_scores - self.beta * g_kl
             sampled += int(gg.mask.sum())
-        return Rollout(p_ids, p_mask, g.tokens, mask, old_logp.float(), ref.float(),
+        return Rollout(p_ids, p_mask, g.tokens, mask, old_logp.float(), None if ref is None else ref.float(),
                        None if values is None else values.float(), score.to(self.device), reward, gold,
                        g.has_eos, greedy_scores, greedy_rewards, sampled, truncated)
 
     # ------------------------------------------------------------------ advantages
     def advantage_batch(self, ro: Rollout) -> AdvantageBatch:
         B, L = ro.tokens.shape
-        ro.kl_tok = self._sequence_kl(ro.old_logp, ro.ref_logp, ro.mask)  # [B, L]
+        ro.kl_tok = None if ro.ref_logp is None else self._sequence_kl(ro.old_logp, ro.ref_logp, ro.mask)  # [B, L]
         rewards = torch.zeros(B, L, device=self.device)
-        if self.cfg.kl.in_reward:
+        if self.cfg.kl.in_reward and ro.kl_tok is not None:  # absent only at beta = 0
             rewards = rewards - self.beta * ro.kl_tok
         last = (ro.mask.sum(-1).long() - 1).clamp(min=0)  # index of the final response token
         ar = torch.arange(B, device=self.device)
@@ -425,7 +449,9 @@ class LMSource(Source):
             mask_tm = mask_tm * ro.has_eos.to(mask_tm.device, mask_tm.dtype).view(1, -1)
         one = lambda x: None if x is None else x.unsqueeze(0)  # noqa: E731
         old = ro.old_logp.transpose(0, 1)
-        target = ro.ref_logp.transpose(0, 1) if self.cfg.kl.target == "ref" else old
+        target = old
+        if self.cfg.kl.target == "ref":  # None at beta = 0 on iterations without the reference (no KL term then)
+            target = None if ro.ref_logp is None else ro.ref_logp.transpose(0, 1)
         return UpdateBatch(adv=one(adv * mask_tm), mask=one(mask_tm), old_logp=one(old), inputs=ro,
                            returns=one(returns), old_values=one(values), kl_target=one(target))
 
@@ -433,7 +459,9 @@ class LMSource(Source):
         """``[1]``: mean over responses of the k1 KL (nats per response) of pi_old to the reference."""
         return torch.tensor([self._kl_ref(ro)])
 
-    def _kl_ref(self, ro: Rollout) -> float:
+    def _kl_ref(self, ro: Rollout) -> float | None:
+        if ro.ref_logp is None:
+            return None
         return float(kl_estimate("k1", ro.old_logp, ro.ref_logp).mul(ro.mask).sum(-1).mean())
 
     # ------------------------------------------------------------------ eval
@@ -499,7 +527,7 @@ class LMSource(Source):
             "response_len": float(lengths.mean()), "tokens": int(self.tokens),
             "score": float(ro.score.mean()),
             "return_mean": float(ro.rewards.mul(ro.mask).sum(-1).mean()),
-            "kl_ref_token": float(ro.kl_tok.sum() / ro.mask.sum().clamp(min=1.0)),
+            "kl_ref_token": None if ro.kl_tok is None else float(ro.kl_tok.sum() / ro.mask.sum().clamp(min=1.0)),
             "no_eos_frac": float((~ro.has_eos).float().mean()),
             "greedy_reward": None if ro.greedy_rewards is None else float(ro.greedy_rewards.mean()),
             "prompts_truncated": int(ro.prompts_truncated),
@@ -522,20 +550,21 @@ class LMSource(Source):
 
     # ------------------------------------------------------------------ checkpoints
     def state(self):
-        return {}, {"prompt_rng": ckpt.random_state(self.rng), "tokens": int(self.tokens),
+        return {}, {"prompt_rng": ckpt.random_state(self.rng), "tokens": int(self.tokens), "iteration": self.iteration,
                     "prompts_truncated": int(self.truncated_total),
                     "mem_peak": float(self.memory.peak_now() - self.memory.base)}
 
     def load_state(self, tensors, meta):
         try:
             tokens, truncated, peak = meta["tokens"], meta["prompts_truncated"], meta["mem_peak"]
-            state = meta["prompt_rng"]
+            state, iteration = meta["prompt_rng"], meta["iteration"]
         except (KeyError, TypeError) as exc:
             raise ckpt.CheckpointError(f"LM source state: missing {exc}") from None
-        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (tokens, truncated)):
-            raise ckpt.CheckpointError(f"LM source state: tokens {tokens!r}, prompts_truncated {truncated!r}")
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (tokens, truncated, iteration)):
+            raise ckpt.CheckpointError(f"LM source state: tokens {tokens!r}, prompts_truncated {truncated!r}, "
+                                       f"iteration {iteration!r}")
         ckpt.set_random_state(self.rng, state)
-        self.tokens, self.truncated_total = tokens, truncated
+        self.tokens, self.truncated_total, self.iteration = tokens, truncated, iteration
         # the peak above baseline before the interruption, carried over onto this process's baseline
         self.memory.peak = max(self.memory.peak, self.memory.base + float(peak))
 

@@ -236,9 +236,12 @@ class RewardModel:
             p.requires_grad_(False)
         return cls(model, tokenizer, device, max_prompt_len, max_response_len, scale, shift, dtype)
 
-    def raw(self, prompts: list[str], responses: list[str], finished: list[bool] | None = None) -> torch.Tensor:
+    def raw(self, prompts: list[str], responses: list[str], finished: list[bool] | None = None,
+            share_prompts: bool = False) -> torch.Tensor:
         """Uncalibrated scores. ``finished[i]``: response ``i`` ended with EOS, which a pooled RM
-        reads as its last token (whether stopping there is right is part of a summary's quality)."""
+        reads as its last token (whether stopping there is right is part of a summary's quality).
+        ``share_prompts``: a pooled RM runs each distinct prompt once (a group's responses share it;
+        :func:`harness.models.lm.trunk_states`)."""
         tok, pad = self.tokenizer, self.tokenizer.pad_token_id
         finished = finished if finished is not None else [False] * len(responses)
         p_ids = [tok(p, add_special_tokens=False)["input_ids"][-self.max_prompt_len:] for p in prompts]
@@ -248,15 +251,16 @@ class RewardModel:
                 r_ids = [(r + [tok.eos_token_id])[:self.max_response_len] if f else r for r, f in zip(r_ids, finished)]
                 pi, pm = left_pad(p_ids, pad, self.device)
                 ri, rm = right_pad(r_ids, pad, self.device)
-                return self.model(pi, pm, ri, rm).float()
+                return self.model(pi, pm, ri, rm, share_prompts=share_prompts).float()
             ids, mask = right_pad([a + b for a, b in zip(p_ids, r_ids)], pad, self.device)
             return self.model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
 
     @torch.no_grad()
     def __call__(self, prompts: list[str], responses: list[str], finished: list[bool] | None = None,
-                 batch_size: int = 256) -> torch.Tensor:
+                 batch_size: int = 256, share_prompts: bool = False) -> torch.Tensor:
         finished = finished if finished is not None else [False] * len(responses)
-        out = [self.raw(prompts[i:i + batch_size], responses[i:i + batch_size], finished[i:i + batch_size])
+        out = [self.raw(prompts[i:i + batch_size], responses[i:i + batch_size], finished[i:i + batch_size],
+                        share_prompts)
                for i in range(0, len(prompts), batch_size)]
         return torch.cat(out) * self.scale + self.shift
 
@@ -314,23 +318,26 @@ class LMTask:
             if self.reward_fn is None:
                 return self.gold(examples, responses)
             return torch.tensor([self.reward_fn(r, e) for r, e in zip(responses, examples)], dtype=torch.float32)
-        return self.reward_model([e.prompt for e in examples], responses, finished).cpu()
+        # a group's responses share their prompt: the reward model runs it once (the same scores to rounding)
+        return self.reward_model([e.prompt for e in examples], responses, finished, share_prompts=True).cpu()
 
 
 # --------------------------------------------------------------------------- helpers
 def _sample_texts(model, tokenizer, split: EncodedSplit, indices: list[int], n: int, max_response_len: int,
                   temperature: float, greedy: bool, gen: torch.Generator, device, dtype,
                   batch_size: int = 256) -> tuple[list[int], list[str], list[bool]]:
-    """``n`` responses per prompt (grouped), as ``(example indices, texts, ended with EOS)``."""
+    """``n`` responses per prompt (grouped), as ``(example indices, texts, ended with EOS)``, decoded
+    ``batch_size // n`` prompts at a time (each prompt run once, its cache shared by its ``n`` rows)."""
     rows = [i for i in indices for _ in range(n)]
     texts: list[str] = []
     finished: list[bool] = []
-    for s in range(0, len(rows), batch_size):
-        chunk = rows[s:s + batch_size]
+    per_chunk = max(1, batch_size // n)
+    for s in range(0, len(indices), per_chunk):
+        chunk = indices[s:s + per_chunk]
         ids, mask = left_pad([split.prompt_ids[i] for i in chunk], tokenizer.pad_token_id, device)
         with autocast(device, dtype):
             g = generate(model, ids, mask, max_response_len, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                         temperature=temperature, greedy=greedy, generator=gen)
+                         temperature=temperature, greedy=greedy, generator=gen, samples=n)
         texts += decode_responses(tokenizer, g.tokens, g.mask)
         finished += g.has_eos.tolist()
     return rows, texts, finished

@@ -190,6 +190,7 @@ def validate_lm(cfg: Any) -> None:
     check_number("lm.temperature", lm.temperature, 0, strict=True)
     check_number("lm.no_eos_penalty", lm.no_eos_penalty, 0, strict=False)
     check_int("lm.pipeline_seed", lm.pipeline_seed, 0)
+    check_int("lm.kl_ref_every", lm.get("kl_ref_every", 1), 0)
     _check_text("lm.cache_dir", lm.cache_dir, "a non-empty path (a leading ~ is the home folder)", nullable=False)
     cache = Path(os.path.expanduser(str(lm.cache_dir)))
     if cache.exists() and not cache.is_dir():
