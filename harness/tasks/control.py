@@ -245,9 +245,8 @@ class MemberEnvs:
 
     def __init__(self, env_id: str, population: int, num_envs: int, max_episode_steps: int | None,
                  info: EnvInfo, native: bool, norm: Normalization | None = None):
-        built = [make_member_env(env_id, num_envs, max_episode_steps, native, norm) for _ in range(population)]
-        self.envs = [env for env, _ in built]
-        self.wrappers = [w for _, w in built]
+        self._args = (env_id, num_envs, max_episode_steps, native, norm)
+        self._build(population)
         self.norm = norm
         self.info = info
         self.population, self.num_envs = population, num_envs
@@ -255,6 +254,11 @@ class MemberEnvs:
         # Set to a list to record every action array sent to the envs (``[1, P, N, ...]`` per step):
         # the control trainer's checkpoints replay them to restore the envs' state exactly.
         self.action_log: list[np.ndarray] | None = None
+
+    def _build(self, population: int) -> None:
+        built = [make_member_env(*self._args) for _ in range(population)]
+        self.envs = [env for env, _ in built]
+        self.wrappers = [w for _, w in built]
 
     def reset(self, seeds: list[int | list[int]]) -> np.ndarray:
         return np.stack([env.reset(seed=s)[0] for env, s in zip(self.envs, seeds)]).astype(np.float32)
@@ -317,8 +321,12 @@ class MemberEnvs:
     def replay(self, seeds: list[int | list[int]], actions: np.ndarray) -> np.ndarray | None:
         """Reset with ``seeds`` and step through ``actions [S, P, N, ...]`` (as logged in
         :attr:`action_log`): gymnasium envs are deterministic given their seed and actions, so
-        this rebuilds every env's internal state (physics, time limit, RNG) exactly. Returns the
-        last observation (the reset one when ``S == 0``)."""
+        this rebuilds every env's internal state (physics, time limit, RNG) exactly, and the
+        normalisation wrappers' statistics too: the envs are built afresh first, so statistics
+        gathered before (the collector's own first reset) are not counted twice. Returns the last
+        observation (the reset one when ``S == 0``)."""
+        self.close()
+        self._build(self.population)
         obs = self.reset(seeds)
         for a in actions:
             obs = self.step_numpy(a)[0]
