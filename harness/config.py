@@ -278,8 +278,8 @@ def register_configs() -> None:
 
 
 NORMALIZE = ("none", "batch", "minibatch")
-LOG_STD_MODES = ("state_independent", "state_dependent")  # harness.models.control holds the same tuples
-ACTION_BOUNDS = ("clip", "tanh")
+LOG_STD_MODES = ("state_independent", "state_dependent")  # task.log_std (harness.models.control)
+ACTION_BOUNDS = ("clip", "tanh")  # task.action_bound (harness.models.control)
 # task.* keys only the control family reads, with their defaults (also left out of the run hash at
 # these values: harness.io.rundir)
 CONTROL_ONLY = {"log_std": "state_independent", "action_bound": "clip", "ortho_init": True,

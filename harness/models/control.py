@@ -28,10 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import ACTION_BOUNDS, LOG_STD_MODES
 from .mlp import PopulationMLP
-
-LOG_STD_MODES = ("state_independent", "state_dependent")
-ACTION_BOUNDS = ("clip", "tanh")
 
 
 def agent_options(task) -> dict:

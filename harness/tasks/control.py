@@ -20,7 +20,10 @@ SB3's ``VecNormalize(clip_obs=10)``), and :class:`gymnasium.wrappers.vector.Norm
 VecNormalize; "What matters", Andrychowicz et al. 2021, section 3.5). Trained on: the scaled
 rewards; reported (``episode_return``, ``eval_return``): the env's own. Evaluation envs use a
 frozen copy of the member's observation statistics (``update_running_mean = False``) and no
-reward scaling. The statistics are checkpointed (:meth:`MemberEnvs.norm_state`).
+reward scaling. The statistics are checkpointed (:meth:`MemberEnvs.norm_state`). The wrappers see
+every step the envs take: for whole-episode collectors that includes the masked steps of a column
+whose episode has ended while others run on, and ReMax's greedy columns (per member, so a member
+still equals its lone run).
 """
 from __future__ import annotations
 
