@@ -299,3 +299,27 @@ def test_new_tasks_run_two_iterations(task, estimator, tmp_path):
     assert run(cfg) == {"skipped": 0, "completed": 1}
     (summary,) = tmp_path.rglob("summary.json")
     assert json.loads(summary.read_text())["status"] == "completed"
+
+
+@needs_mujoco
+@pytest.mark.parametrize("estimator", ["ppo_gae", "rloo"])
+def test_hopper_killed_and_resumed_equals_uninterrupted(estimator, tmp_path, monkeypatch, caplog):
+    """MuJoCo observations are float64, so the statistics are too (Pendulum's are float32): a
+    population of 2 killed after its checkpoint and resumed ends with exactly the uninterrupted
+    run's metrics (tests/test_checkpoint.py's helpers)."""
+    import logging
+
+    from tests.test_checkpoint import Killed, assert_same_runs, kill_at
+
+    caplog.set_level(logging.INFO, logger="harness")
+
+    args = ["task=hopper", f"estimator={estimator}", *TINY, "minibatches=2", "population=2", "budget.iterations=6",
+            "eval_every=2", "checkpoint_every=2", "threads=1"]
+    run(make_cfg(args + [f"results_dir={tmp_path}/ref"]))
+    kill_at(monkeypatch, 5)
+    with pytest.raises(Killed):
+        run(make_cfg(args + [f"results_dir={tmp_path}/killed"]))
+    monkeypatch.undo()
+    assert run(make_cfg(args + [f"results_dir={tmp_path}/killed"])) == {"skipped": 0, "completed": 2}
+    assert any("resume" in r.message and "at iteration 4" in r.message for r in caplog.records)
+    assert_same_runs(tmp_path / "ref", tmp_path / "killed")
