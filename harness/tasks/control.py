@@ -17,7 +17,7 @@ and every formula is gymnasium's: :class:`gymnasium.wrappers.vector.NormalizeObs
 SB3's ``VecNormalize(clip_obs=10)``), and :class:`gymnasium.wrappers.vector.NormalizeReward`
 (rewards divided by ``sqrt(var + 1e-8)`` of the running discounted return
 ``R <- gamma (1 - terminated) R + r``, gamma the run's ``gamma``, as rl-zoo passes it to
-VecNormalize; "What matters", Andrychowicz et al. 2021, section 3.5). Trained on: the scaled
+VecNormalize; ablated in "What matters", Andrychowicz et al. 2021). Trained on: the scaled
 rewards; reported (``episode_return``, ``eval_return``): the env's own. Evaluation envs use a
 frozen copy of the member's observation statistics (``update_running_mean = False``) and no
 reward scaling. The statistics are checkpointed (:meth:`MemberEnvs.norm_state`). The wrappers see
@@ -168,6 +168,7 @@ def validate_control(cfg, needs_groups: bool, full_episodes: bool) -> None:
         bad("kl.target", "'old' for task.family=control (there is no reference policy)", cfg.kl.target)
     if cfg.kl.in_reward:
         bad("kl.in_reward", "false for task.family=control (the KL penalty is a loss term)", cfg.kl.in_reward)
+
 
 @dataclass(frozen=True)
 class Normalization:
