@@ -31,6 +31,15 @@ class TaskConfig:
     hidden: List[int] = field(default_factory=lambda: [64, 64])
     activation: str = "tanh"
     init_log_std: float = 0.0
+    # Continuous-control switches ("What matters in on-policy RL", Andrychowicz et al. 2021), each at
+    # the PPO literature's default (CleanRL ppo_continuous_action, SB3): harness.models.control and
+    # harness.tasks.control hold the formulas. Control tasks only.
+    log_std: str = "state_independent"  # state_independent: a learned vector | state_dependent: an actor output
+    action_bound: str = "clip"  # clip: Gaussian action, clipped at the env | tanh: squashed into the bounds
+    ortho_init: bool = True  # orthogonal init (sqrt 2; policy head 0.01, value head 1) | torch.nn.Linear's default
+    normalize_obs: bool = False  # running mean/std per member (gymnasium NormalizeObservation)
+    normalize_reward: bool = False  # divide by the std of the discounted return (gymnasium NormalizeReward)
+    obs_clip: Optional[float] = 10.0  # clip of the *normalised* observation (SB3 clip_obs); null: none
     # A known lower bound on an episode's return (eval_return / episode_return) in this task, or
     # None. Analysis scores a diverged run with it from the divergence on (analysis.stats); it
     # does not change training, so it is not part of the run directory's hash.
@@ -269,6 +278,12 @@ def register_configs() -> None:
 
 
 NORMALIZE = ("none", "batch", "minibatch")
+LOG_STD_MODES = ("state_independent", "state_dependent")  # task.log_std (harness.models.control)
+ACTION_BOUNDS = ("clip", "tanh")  # task.action_bound (harness.models.control)
+# task.* keys only the control family reads, with their defaults (also left out of the run hash at
+# these values: harness.io.rundir)
+CONTROL_ONLY = {"log_std": "state_independent", "action_bound": "clip", "ortho_init": True,
+                "normalize_obs": False, "normalize_reward": False, "obs_clip": 10.0}
 FAMILIES = ("control", "lm", "toy")
 MODES = ("train", "probe")
 DEVICES = ("auto", "cpu", "cuda")
@@ -499,6 +514,21 @@ def check_fields(cfg: DictConfig) -> None:
         bad("budget.env_steps", "null for task.family=lm (the LM budget is budget.tokens)", b.env_steps)
     if cfg.task.max_episode_steps is not None and cfg.task.max_episode_steps < 1:
         bad("task.max_episode_steps", ">= 1 or null (the environment's own limit)", cfg.task.max_episode_steps)
+    t = cfg.task
+    if t.log_std not in LOG_STD_MODES:
+        bad("task.log_std", f"one of {list(LOG_STD_MODES)}", t.log_std)
+    if t.action_bound not in ACTION_BOUNDS:
+        bad("task.action_bound", f"one of {list(ACTION_BOUNDS)}", t.action_bound)
+    if t.obs_clip is not None and not (finite(t.obs_clip) and t.obs_clip > 0):
+        bad("task.obs_clip", "a finite number > 0 or null (no clip)", t.obs_clip)
+    if not t.normalize_obs and t.obs_clip != TaskConfig.obs_clip:  # it would be silently ignored
+        bad("task.obs_clip", f"{TaskConfig.obs_clip} (the default) unless task.normalize_obs=true (it clips the "
+            "normalised observation)", t.obs_clip)
+    if family != "control":
+        for key, default in CONTROL_ONLY.items():
+            if t[key] != default:
+                bad(f"task.{key}", f"{default!r} (the default) for task.family={family} (a control-task setting)",
+                    t[key])
     check_bounds(cfg)
 
 

@@ -89,6 +89,14 @@ CASES = {  # overrides, iteration at which the run is killed (checkpoints every 
     "grpo_schedules": (["task=cartpole", "estimator=grpo", "population=3", "budget.iterations=null",
                         "budget.env_steps=1100", "task.max_episode_steps=60", "anneal_lr=true",
                         "kl.adaptive=true", "kl.beta=0.01"], 13),
+    # issue 18: per-member observation and reward normalisation (saved, and rebuilt by the replay), tanh
+    # squashing, a state-dependent log-std; persistent envs, then whole episodes (the statistics are all
+    # that their envs carry from one iteration to the next)
+    "ppo_gae_normalised": (["task=pendulum", "estimator=ppo_gae", "population=2", "budget.iterations=14",
+                            "task.normalize_obs=true", "task.normalize_reward=true", "task.action_bound=tanh",
+                            "task.log_std=state_dependent"], 11),
+    "rloo_normalised": (["task=pendulum", "estimator=rloo", "population=2", "budget.iterations=14",
+                         "task.normalize_obs=true", "task.normalize_reward=true", "task.obs_clip=3"], 11),
 }
 
 

@@ -131,6 +131,10 @@ def test_rerun_skips_completed_and_redoes_killed(tmp_path):
     ("clip_eps=-0.1", "clip_eps"), ("population=0", "population"), ("budget.env_steps=10", "budget.env_steps"),
     ("normalize_advantages=always", "normalize_advantages"), ("loss_agg=sum", "loss_agg"),
     ("kl.estimator=k4", "kl.estimator"), ("task.env_id=NoSuchEnv-v9", "task.env_id"),
+    # issue 18's switches: unknown values, and values a Discrete action space or raw observations would ignore
+    ("task.log_std=wide", "task.log_std"), ("task.action_bound=sigmoid", "task.action_bound"),
+    ("task.log_std=state_dependent", "task.log_std"), ("task.action_bound=tanh", "task.action_bound"),
+    ("task.obs_clip=5", "task.obs_clip"), ("task.obs_clip=-1", "task.obs_clip"),
 ])
 def test_invalid_values_fail_before_training(override, field, tmp_path):
     cfg = make_cfg(["task=cartpole", "estimator=ppo_gae", f"results_dir={tmp_path}", override])
@@ -168,15 +172,29 @@ def test_diverging_run_is_recorded_as_diverged(tmp_path):
 
 
 # ----------------------------------------------------------------- seeds as a batch axis
-@pytest.mark.parametrize("estimator", ["ppo_gae", "rloo"])
-def test_population_member_equals_lone_run(estimator, tmp_path):
-    common = ["task=cartpole", f"estimator={estimator}", *TINY, "budget.iterations=1", "eval_every=0"]
+# normalised observations and rewards (issue 18) are the member's own statistics, with every
+# continuous-action switch off its default
+NORMALISED = ["task.normalize_obs=true", "task.normalize_reward=true", "task.obs_clip=2",
+              "task.action_bound=tanh", "task.log_std=state_dependent", "task.ortho_init=false"]
+
+
+@pytest.mark.parametrize("task,estimator,extra", [
+    ("cartpole", "ppo_gae", []), ("cartpole", "rloo", []),
+    ("pendulum", "ppo_gae", NORMALISED), ("pendulum", "rloo", NORMALISED),
+], ids=["cartpole-ppo_gae", "cartpole-rloo", "pendulum-ppo_gae-normalised", "pendulum-rloo-normalised"])
+def test_population_member_equals_lone_run(task, estimator, extra, tmp_path):
+    common = [f"task={task}", f"estimator={estimator}", *TINY, "budget.iterations=1", "eval_every=0", *extra]
     pop = make_cfg(common + ["seed=3", "population=3", f"results_dir={tmp_path}/pop"])
     lone = make_cfg(common + ["seed=4", f"results_dir={tmp_path}/lone"])
     s_pop, ro_pop, src_pop = one_update(pop)
     s_lone, ro_lone, src_lone = one_update(lone)
     assert torch.equal(ro_pop.actions[:, 1], ro_lone.actions[:, 0])
     assert torch.equal(ro_pop.obs[:, 1], ro_lone.obs[:, 0])
+    assert torch.equal(ro_pop.rewards[:, 1], ro_lone.rewards[:, 0])
+    norm_pop, norm_lone = src_pop.collector.envs.norm_state(), src_lone.collector.envs.norm_state()
+    assert sorted(norm_pop) == sorted(norm_lone) and bool(norm_pop) == bool(extra)
+    for key in norm_pop:
+        assert torch.equal(norm_pop[key][1], norm_lone[key][0]), key
     for key in ("policy_loss", "loss", "grad_norm", "entropy"):
         assert float(s_pop[key][1]) == pytest.approx(float(s_lone[key][0]), abs=1e-5), key
     from harness.models.mlp import member_view

@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import results_path
+from ..config import CONTROL_ONLY, results_path
 from . import schema
 from .finished import config_subset
 
@@ -72,6 +72,8 @@ _NOT_HASHED_NESTED = (("lm", "cache_dir"), ("task", "worst_return"), ("lm", "kl_
 _HASHED_UNLESS_DEFAULT = {"delta": None, "clip_ratio_c": 3.0, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05,
                           "dynamic_sampling": False, "dynamic_sampling_max_draws": 10, "mask_truncated": False,
                           "overlong_cache": None}
+# task.* keys added later (issue 18: normalisation and the continuous-control switches), likewise
+_TASK_HASHED_UNLESS_DEFAULT = CONTROL_ONLY
 
 # Columns every metrics.parquet carries (nulls where a value does not apply): harness.io.schema.
 METRIC_COLUMNS = schema.METRIC_COLUMNS
@@ -118,6 +120,11 @@ def _hashed_part(cfg: DictConfig) -> dict:
     for key, default in _HASHED_UNLESS_DEFAULT.items():
         if key in d and d[key] == default:
             d.pop(key)
+    task = d.get("task")
+    if isinstance(task, dict):
+        for key, default in _TASK_HASHED_UNLESS_DEFAULT.items():
+            if key in task and task[key] == default:
+                task.pop(key)
     for parent, key in _NOT_HASHED_NESTED:
         if isinstance(d.get(parent), dict):
             d[parent].pop(key, None)

@@ -17,9 +17,16 @@ ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
 
 class PopulationMLP(nn.Module):
     def __init__(self, population: int, sizes: list[int], activation: str,
-                 out_gains: list[float], generators: list[torch.Generator]):
-        """Row ``p`` is initialised from ``generators[p]`` with output-layer gain ``out_gains[p]``
-        (rows may share a generator: it is drawn from in row order, layer by layer)."""
+                 out_gains: list[float], generators: list[torch.Generator], ortho_init: bool = True):
+        """Row ``p`` is initialised from ``generators[p]`` (rows may share a generator: it is drawn
+        from in row order, layer by layer).
+
+        ``ortho_init=True``: orthogonal weights with gain sqrt(2) on hidden layers and
+        ``out_gains[p]`` on the output layer, zero biases (Saxe et al. 2014; the OpenAI baselines
+        PPO init that CleanRL's ``layer_init`` and SB3's ``ortho_init=True`` copy). ``False``:
+        :class:`torch.nn.Linear`'s own default, weights and biases uniform in
+        ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]`` (weight then bias, per row), ``out_gains`` unused
+        (SB3's ``ortho_init=False``; the "What matters" ablation of Andrychowicz et al. 2021)."""
         super().__init__()
         self.act = ACTIVATIONS[activation]
         self.weights = nn.ParameterList()
@@ -27,13 +34,19 @@ class PopulationMLP(nn.Module):
         for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
             last = i == len(sizes) - 2
             w = torch.empty(population, n_in, n_out)
-            for p, gen in enumerate(generators):  # orthogonal init, as CleanRL / SB3
-                w_out_in = torch.empty(n_out, n_in)
-                gain = out_gains[p] if last else math.sqrt(2.0)
-                torch.nn.init.orthogonal_(w_out_in, gain=gain, generator=gen)
+            b = torch.zeros(population, 1, n_out)
+            for p, gen in enumerate(generators):
+                w_out_in = torch.empty(n_out, n_in)  # torch.nn.Linear's layout
+                if ortho_init:
+                    gain = out_gains[p] if last else math.sqrt(2.0)
+                    torch.nn.init.orthogonal_(w_out_in, gain=gain, generator=gen)
+                else:  # nn.Linear.reset_parameters: kaiming_uniform_(a=sqrt(5)), then the bias
+                    torch.nn.init.kaiming_uniform_(w_out_in, a=math.sqrt(5), generator=gen)
+                    bound = 1.0 / math.sqrt(n_in)
+                    b[p, 0].uniform_(-bound, bound, generator=gen)
                 w[p] = w_out_in.T
             self.weights.append(nn.Parameter(w))
-            self.biases.append(nn.Parameter(torch.zeros(population, 1, n_out)))
+            self.biases.append(nn.Parameter(b))
 
     def forward(self, x: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
         """``x [R, N, in] -> [R, N, out]`` for the rows ``rows`` (all by default)."""

@@ -35,7 +35,7 @@ import torch
 from ..estimators import EstimatorParams, get_estimator, reward_to_go
 from ..io import RunDir, atomic_write_bytes
 from ..losses import explained_variance, get_policy_loss, pg_loss, within_sequence_std
-from ..models.control import ControlAgent
+from ..models.control import ControlAgent, agent_options
 from ..models.mlp import member_view
 from ..tasks.control import EpisodeCollector, advantage_batch, env_info
 from . import stats as pstats
@@ -66,7 +66,8 @@ def validate_control_probe(cfg, s: ProbeSettings) -> None:
 def _make_agent(cfg, info, population: int, seed: int) -> ControlAgent:
     t = cfg.task
     return ControlAgent(population, info.obs_dim, info.act_dim, info.discrete, list(t.hidden), t.activation, True,
-                        [torch.Generator().manual_seed(int(seed)) for _ in range(population)], t.init_log_std)
+                        [torch.Generator().manual_seed(int(seed)) for _ in range(population)], **agent_options(t),
+                        low=info.low, high=info.high)
 
 
 def _broadcast_weights(src: ControlAgent, dst: ControlAgent) -> None:

@@ -6,11 +6,30 @@ env, ignores its action and returns the reset observation with reward 0. We keep
 reset transition out of training (``mask = 0``) and out of the step budget, and bootstrap a
 time-limit truncation from the real final observation (CleanRL's ppo.py trains on the
 reset transition's neighbour and treats truncation as termination; its issues #198, #457).
+
+Normalisation (``task.normalize_obs``, ``task.normalize_reward``, ``task.obs_clip``): each
+member's vector env is wrapped in gymnasium's own vector wrappers
+(:func:`make_member_env`), so the statistics are the member's own (members never share them)
+and every formula is gymnasium's: :class:`gymnasium.wrappers.vector.NormalizeObservation`
+(running mean and variance of every observation the env returns, reset ones included;
+``(o - mean) / sqrt(var + 1e-8)``), then a clip to ``[-obs_clip, obs_clip]``
+(:class:`gymnasium.wrappers.vector.TransformObservation`, as CleanRL's ppo_continuous_action and
+SB3's ``VecNormalize(clip_obs=10)``), and :class:`gymnasium.wrappers.vector.NormalizeReward`
+(rewards divided by ``sqrt(var + 1e-8)`` of the running discounted return
+``R <- gamma (1 - terminated) R + r``, gamma the run's ``gamma``, as rl-zoo passes it to
+VecNormalize; ablated in "What matters", Andrychowicz et al. 2021). Trained on: the scaled
+rewards; reported (``episode_return``, ``eval_return``): the env's own. Evaluation envs use a
+frozen copy of the member's observation statistics (``update_running_mean = False``) and no
+reward scaling. The statistics are checkpointed (:meth:`MemberEnvs.norm_state`). The wrappers see
+every step the envs take: for whole-episode collectors that includes the masked steps of a column
+whose episode has ended while others run on, and ReMax's greedy columns (per member, so a member
+still equals its lone run).
 """
 from __future__ import annotations
 
+import copy
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gymnasium as gym
 import numpy as np
@@ -51,6 +70,28 @@ def time_limit(env_id: str, max_episode_steps: int | None) -> int | None:
     return gym.spec(registered_id(env_id)).max_episode_steps
 
 
+# gymnasium env families that need an optional simulator: entry-point package -> (the harness's
+# extra in pyproject.toml, the module it installs)
+EXTRAS = {"gymnasium.envs.mujoco": ("mujoco", "mujoco"), "gymnasium.envs.box2d": ("box2d", "Box2D")}
+
+
+def missing_extra(env_id: str) -> str | None:
+    """The harness extra (``mujoco``, ``box2d``) ``env_id`` needs and this Python lacks, or None
+    (also for ids gymnasium does not know: :func:`env_info` names those)."""
+    try:
+        entry = gym.spec(registered_id(env_id)).entry_point
+    except Exception:
+        return None
+    package = entry.partition(":")[0] if isinstance(entry, str) else ""
+    for prefix, (extra, module) in EXTRAS.items():
+        if package.startswith(prefix + "."):
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                return extra
+    return None
+
+
 def env_info(env_id: str) -> EnvInfo:
     """Spaces of ``env_id``; refuses anything but a flat Box observation and a Discrete or Box action."""
     try:
@@ -84,7 +125,22 @@ def validate_control(cfg, needs_groups: bool, full_episodes: bool) -> None:
     t, b = cfg.task, cfg.budget
     if not t.env_id:
         bad("task.env_id", "a gymnasium environment id", t.env_id)
-    env_info(t.env_id)  # refuses unknown ids and unsupported spaces, naming them
+    extra = missing_extra(t.env_id)
+    if extra:
+        raise ValueError(f"task={t.name} (task.env_id={t.env_id}) needs the {extra} extra, not installed here: "
+                         f'pip install -c constraints.txt -e ".[{extra}]"')
+    info = env_info(t.env_id)  # refuses unknown ids and unsupported spaces, naming them
+    if info.discrete:  # the Gaussian policy's switches would be silently ignored
+        for key, default in (("log_std", "state_independent"), ("action_bound", "clip")):
+            if t[key] != default:
+                bad(f"task.{key}", f"{default!r} for a Discrete action space (task.env_id={t.env_id})", t[key])
+    elif t.action_bound == "tanh" and not (np.isfinite(info.low).all() and np.isfinite(info.high).all()):
+        bad("task.action_bound", f"'clip' for task.env_id={t.env_id}: tanh squashing needs finite action bounds "
+            f"(low {info.low.tolist()}, high {info.high.tolist()})", t.action_bound)
+    if cfg.mode == "probe" and (t.normalize_obs or t.normalize_reward):
+        bad("task.normalize_obs" if t.normalize_obs else "task.normalize_reward",
+            "false with mode=probe (the probes measure gradients at a frozen policy on raw observations "
+            "and rewards)", True)
     for key in ("num_envs", "rollout_steps", "episodes_per_iter"):
         if t[key] < 1:
             bad(f"task.{key}", "an integer >= 1", t[key])
@@ -113,6 +169,59 @@ def validate_control(cfg, needs_groups: bool, full_episodes: bool) -> None:
     if cfg.kl.in_reward:
         bad("kl.in_reward", "false for task.family=control (the KL penalty is a loss term)", cfg.kl.in_reward)
 
+
+@dataclass(frozen=True)
+class Normalization:
+    """``task.normalize_obs``, ``task.normalize_reward``, ``task.obs_clip`` (applied to the
+    normalised observation; None: no clip) and the discount of the scaled return."""
+
+    obs: bool = False
+    reward: bool = False
+    obs_clip: float | None = None
+    gamma: float = 0.99
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "Normalization | None":
+        t = cfg.task
+        if not (t.normalize_obs or t.normalize_reward):
+            return None
+        return cls(bool(t.normalize_obs), bool(t.normalize_reward),
+                   None if t.obs_clip is None else float(t.obs_clip), float(cfg.gamma))
+
+
+class RawReward(gym.vector.VectorWrapper):
+    """Keeps the reward the env itself returned at the last step (:attr:`last`), for the
+    reported returns, under the wrapper that scales it."""
+
+    last: np.ndarray | None = None
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        self.last = reward
+        return obs, reward, terminated, truncated, info
+
+
+def make_member_env(env_id: str, num_envs: int, max_episode_steps: int | None, native: bool,
+                    norm: Normalization | None):
+    """One member's vector env (:func:`make_vector_env`), wrapped in gymnasium's normalisation
+    wrappers when ``norm`` asks for them (module docstring). Returns ``(env, wrappers)``:
+    ``wrappers`` names the ones :class:`MemberEnvs` reads (``raw``, ``obs``, ``reward``)."""
+    env = make_vector_env(env_id, num_envs, max_episode_steps, native)
+    found: dict = {}
+    if norm is None:
+        return env, found
+    if norm.reward:
+        env = found["raw"] = RawReward(env)
+    if norm.obs:
+        env = found["obs"] = gym.wrappers.vector.NormalizeObservation(env)
+        if norm.obs_clip is not None:
+            c = norm.obs_clip
+            env = gym.wrappers.vector.TransformObservation(env, lambda o: np.clip(o, -c, c))
+    if norm.reward:
+        env = found["reward"] = gym.wrappers.vector.NormalizeReward(env, gamma=norm.gamma)
+    return env, found
+
+
 def make_vector_env(env_id: str, num_envs: int, max_episode_steps: int | None,
                     native: bool = True) -> gym.vector.VectorEnv:
     """gymnasium's native vector env where it has one (one seed for all sub-envs), else
@@ -135,17 +244,25 @@ def seeds_from(gen: torch.Generator, n: int) -> list[int]:
 
 
 class MemberEnvs:
-    """One vector env per population member; actions/observations stacked as ``[P, N, ...]``."""
+    """One vector env per population member; actions/observations stacked as ``[P, N, ...]``.
+    With ``norm``, each member's env carries its own normalisation wrappers (module docstring)."""
 
     def __init__(self, env_id: str, population: int, num_envs: int, max_episode_steps: int | None,
-                 info: EnvInfo, native: bool):
-        self.envs = [make_vector_env(env_id, num_envs, max_episode_steps, native) for _ in range(population)]
+                 info: EnvInfo, native: bool, norm: Normalization | None = None):
+        self._args = (env_id, num_envs, max_episode_steps, native, norm)
+        self._build(population)
+        self.norm = norm
         self.info = info
         self.population, self.num_envs = population, num_envs
         self.native = native
         # Set to a list to record every action array sent to the envs (``[1, P, N, ...]`` per step):
         # the control trainer's checkpoints replay them to restore the envs' state exactly.
         self.action_log: list[np.ndarray] | None = None
+
+    def _build(self, population: int) -> None:
+        built = [make_member_env(*self._args) for _ in range(population)]
+        self.envs = [env for env, _ in built]
+        self.wrappers = [w for _, w in built]
 
     def reset(self, seeds: list[int | list[int]]) -> np.ndarray:
         return np.stack([env.reset(seed=s)[0] for env, s in zip(self.envs, seeds)]).astype(np.float32)
@@ -158,23 +275,80 @@ class MemberEnvs:
             self.action_log.append(np.array(a, copy=True)[None])  # [1, P, N, ...]: concatenable
         return self.step_numpy(a)
 
+    def freeze_observation_statistics(self, source: "MemberEnvs") -> None:
+        """Normalise observations with a copy of ``source``'s statistics, member by member, and
+        never update them (evaluation: call before :meth:`reset`)."""
+        for mine, theirs in zip(self.wrappers, source.wrappers):
+            if "obs" in mine:
+                mine["obs"].obs_rms = copy.deepcopy(theirs["obs"].obs_rms)
+                mine["obs"].update_running_mean = False
+
+    def norm_state(self) -> dict[str, torch.Tensor]:
+        """Each member's normalisation statistics, stacked ``[P, ...]``: the observations' running
+        mean, variance and count, the discounted return's, and the return accumulated per env."""
+        out: dict[str, torch.Tensor] = {}
+        for kind, attr in (("obs", "obs_rms"), ("reward", "return_rms")):
+            if self.wrappers and kind in self.wrappers[0]:
+                stats = [getattr(w[kind], attr) for w in self.wrappers]
+                out[f"{kind}_mean"] = torch.from_numpy(np.stack([np.asarray(r.mean) for r in stats]))
+                out[f"{kind}_var"] = torch.from_numpy(np.stack([np.asarray(r.var) for r in stats]))
+                out[f"{kind}_count"] = torch.tensor([float(r.count) for r in stats], dtype=torch.float64)
+        if self.wrappers and "reward" in self.wrappers[0]:
+            out["reward_accumulated"] = torch.from_numpy(np.stack([w["reward"].accumulated_reward
+                                                                   for w in self.wrappers]))
+        return out
+
+    def load_norm_state(self, tensors: dict[str, torch.Tensor], check: bool = False) -> None:
+        """Set the statistics :meth:`norm_state` saved (names, shapes checked first: ValueError).
+        ``check``: they must equal the live ones already (after :meth:`replay`, which rebuilds them)."""
+        live = self.norm_state()
+        if set(tensors) != set(live):
+            raise ValueError(f"normalisation state {sorted(tensors)}, the envs keep {sorted(live)}")
+        for k, t in tensors.items():
+            if tuple(t.shape) != tuple(live[k].shape):
+                raise ValueError(f"normalisation state {k}: saved {tuple(t.shape)}, expected {tuple(live[k].shape)}")
+            if check and not torch.equal(t.to(live[k].dtype), live[k]):
+                raise ValueError(f"replaying the saved actions does not reproduce the saved normalisation "
+                                 f"statistics ({k})")
+        for p, w in enumerate(self.wrappers):
+            for kind, attr in (("obs", "obs_rms"), ("reward", "return_rms")):
+                if kind in w:
+                    rms = getattr(w[kind], attr)
+                    # numpy values of the saved dtype; the count a Python float, as gymnasium keeps it
+                    # (a numpy float64 count would promote float32 statistics: NEP 50)
+                    rms.mean = tensors[f"{kind}_mean"][p].numpy().copy()
+                    rms.var = tensors[f"{kind}_var"][p].numpy().copy()
+                    rms.count = float(tensors[f"{kind}_count"][p])
+            if "reward" in w:
+                w["reward"].accumulated_reward[:] = tensors["reward_accumulated"][p].numpy()
+
     def replay(self, seeds: list[int | list[int]], actions: np.ndarray) -> np.ndarray | None:
         """Reset with ``seeds`` and step through ``actions [S, P, N, ...]`` (as logged in
         :attr:`action_log`): gymnasium envs are deterministic given their seed and actions, so
-        this rebuilds every env's internal state (physics, time limit, RNG) exactly. Returns the
-        last observation (the reset one when ``S == 0``)."""
+        this rebuilds every env's internal state (physics, time limit, RNG) exactly, and the
+        normalisation wrappers' statistics too: the envs are built afresh first, so statistics
+        gathered before (the collector's own first reset) are not counted twice. Returns the last
+        observation (the reset one when ``S == 0``)."""
+        self.close()
+        self._build(self.population)
         obs = self.reset(seeds)
         for a in actions:
             obs = self.step_numpy(a)[0]
         return obs
 
     def step_numpy(self, a: np.ndarray):
+        """``(obs, reward, terminated, truncated, env_reward)``, each ``[P, N]`` (obs ``[P, N, D]``):
+        ``reward`` is what training sees (scaled with ``task.normalize_reward``), ``env_reward``
+        the env's own (the same array without reward scaling)."""
         obs, rew, term, trunc = [], [], [], []
         for env, act in zip(self.envs, a):
             o, r, te, tr, _ = env.step(act)
             obs.append(o); rew.append(r); term.append(te); trunc.append(tr)  # noqa: E702
-        return (np.stack(obs).astype(np.float32), np.stack(rew).astype(np.float32),
-                np.stack(term), np.stack(trunc))
+        rew = np.stack(rew).astype(np.float32)
+        raw = rew
+        if self.norm is not None and self.norm.reward:
+            raw = np.stack([w["raw"].last for w in self.wrappers]).astype(np.float32)
+        return np.stack(obs).astype(np.float32), rew, np.stack(term), np.stack(trunc), raw
 
     def close(self) -> None:
         for env in self.envs:
@@ -234,7 +408,7 @@ class StepCollector:
             params = agent.dist_params(obs)
             actions = agent.sample(params, noise[t])
             logp = agent.log_prob(params, actions)
-            o, r, te, tr = self.envs.step(actions)
+            o, r, te, tr, r_env = self.envs.step(agent.env_actions(actions))
             ok = ~after_done
             next_obs = torch.from_numpy(o)
             obs_buf.append(obs); next_buf.append(next_obs); act_buf.append(actions); logp_buf.append(logp)
@@ -242,7 +416,7 @@ class StepCollector:
             term[t] = te & ok
             trunc[t] = tr & ok
             valid[t] = ok
-            running += rew[t]
+            running += np.where(ok, r_env, 0.0)  # the reported return: the env's own rewards
             done = term[t] | trunc[t]
             if done.any():
                 for p, n in zip(*np.nonzero(done)):
@@ -267,11 +441,12 @@ class EpisodeCollector:
     """
 
     def __init__(self, env_id: str, population: int, episodes: int, group_size: int, greedy: bool,
-                 max_episode_steps: int | None, info: EnvInfo, gens: list[torch.Generator]):
+                 max_episode_steps: int | None, info: EnvInfo, gens: list[torch.Generator],
+                 norm: Normalization | None = None):
         self.n_groups = episodes // group_size
         self.episodes, self.group_size, self.greedy = episodes, group_size, greedy
         width = episodes + (self.n_groups if greedy else 0)
-        self.envs = MemberEnvs(env_id, population, width, max_episode_steps, info, native=False)
+        self.envs = MemberEnvs(env_id, population, width, max_episode_steps, info, native=False, norm=norm)
         self.gens = gens
 
     @torch.no_grad()
@@ -288,7 +463,7 @@ class EpisodeCollector:
         W = obs.shape[1]
         alive = torch.ones(P, W, dtype=torch.bool)
         bufs: dict[str, list[torch.Tensor]] = {k_: [] for k_ in
-                                               ("obs", "next", "act", "logp", "rew", "term", "trunc", "mask")}
+                                               ("obs", "next", "act", "logp", "rew", "env_rew", "term", "trunc", "mask")}
         chunk = None
         t = 0
         while alive.any():
@@ -299,11 +474,12 @@ class EpisodeCollector:
             if self.greedy:
                 actions[:, E:] = agent.greedy(params[:, E:])
             logp = agent.log_prob(params, actions)
-            o, r, te, tr = self.envs.step(actions)
+            o, r, te, tr, r_env = self.envs.step(agent.env_actions(actions))
             o_t = torch.from_numpy(o)
             m = alive.clone()
             bufs["obs"].append(obs); bufs["next"].append(o_t); bufs["act"].append(actions)
             bufs["logp"].append(logp); bufs["rew"].append(torch.from_numpy(r) * m)
+            bufs["env_rew"].append(torch.from_numpy(r_env) * m)
             bufs["term"].append(torch.from_numpy(te) & m); bufs["trunc"].append(torch.from_numpy(tr) & m)
             bufs["mask"].append(m.float())
             alive &= ~torch.from_numpy(te | tr)
@@ -311,8 +487,9 @@ class EpisodeCollector:
             t += 1
         stacked = {k_: torch.stack(v) for k_, v in bufs.items()}
         mask = stacked["mask"]
-        totals = (stacked["rew"] * mask).sum(0)  # [P, W]
-        finished = [totals[p, :E].tolist() for p in range(P)]
+        totals = (stacked["rew"] * mask).sum(0)  # [P, W]: the returns the estimator sees (ReMax's baseline)
+        reported = (stacked["env_rew"] * mask).sum(0)  # the env's own (equal without reward scaling)
+        finished = [reported[p, :E].tolist() for p in range(P)]
         greedy_returns = totals[:, E:] if self.greedy else None
         sl = slice(0, E)
         alive_rows = mask.amax(dim=2) > 0  # [T, P]
@@ -328,9 +505,15 @@ class EpisodeCollector:
 
 @torch.no_grad()
 def evaluate(agent, env_id: str, episodes: int, max_episode_steps: int | None, info: EnvInfo,
-             seeds: list[int], active: torch.Tensor | None = None) -> list[float]:
-    """Mean undiscounted return of ``episodes`` greedy episodes per member (not budgeted)."""
-    envs = MemberEnvs(env_id, agent.population, episodes, max_episode_steps, info, native=False)
+             seeds: list[int], active: torch.Tensor | None = None, train_envs: MemberEnvs | None = None) -> list[float]:
+    """Mean undiscounted return (the env's own rewards) of ``episodes`` greedy episodes per member
+    (not budgeted). With normalised observations (``train_envs.norm``), each member's are
+    normalised with a frozen copy of its training statistics."""
+    norm = None if train_envs is None or train_envs.norm is None else replace(train_envs.norm, reward=False)
+    envs = MemberEnvs(env_id, agent.population, episodes, max_episode_steps, info, native=False,
+                      norm=norm if norm is not None and norm.obs else None)
+    if envs.norm is not None:
+        envs.freeze_observation_statistics(train_envs)
     try:
         obs = torch.from_numpy(envs.reset([[s + i for i in range(episodes)] for s in seeds]))
         alive = torch.ones(agent.population, episodes, dtype=torch.bool)
@@ -339,7 +522,7 @@ def evaluate(agent, env_id: str, episodes: int, max_episode_steps: int | None, i
             actions = agent.greedy(agent.dist_params(obs))
             if not info.discrete:
                 actions = torch.nan_to_num(actions)
-            o, r, te, tr = envs.step(actions)
+            o, r, te, tr, _ = envs.step(agent.env_actions(actions))
             total += torch.from_numpy(r) * alive
             alive &= ~torch.from_numpy(te | tr)
             obs = torch.from_numpy(o)

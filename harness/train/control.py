@@ -17,7 +17,10 @@ constant ``L`` is the episode time limit (``task.max_episode_steps``, else the e
 Checkpoint state of the source: for step-based estimators the persistent envs' state, kept as
 the initial reset seeds plus every action sent to them (gymnasium envs are deterministic given
 both, so the envs are rebuilt by replaying the actions and checked against the saved
-observation on resume).
+observation on resume); with ``task.normalize_obs`` / ``task.normalize_reward`` each member's
+normalisation statistics (:meth:`harness.tasks.control.MemberEnvs.norm_state`), which the
+replay must reproduce too (whole-episode collectors reset their envs every iteration: the
+statistics are all they carry over).
 """
 from __future__ import annotations
 
@@ -30,10 +33,10 @@ from omegaconf import DictConfig
 from ..estimators import AdvantageBatch, get_estimator
 from ..io import RunDir
 from ..io import checkpoint as ckpt
-from ..models.control import ControlAgent
+from ..models.control import ControlAgent, agent_options
 from ..models.mlp import clip_grad_norm_per_member, member_view
-from ..tasks.control import (EpisodeCollector, MemberEnvs, StepCollector, advantage_batch, env_info, evaluate,
-                             time_limit)
+from ..tasks.control import (EpisodeCollector, MemberEnvs, Normalization, StepCollector, advantage_batch, env_info,
+                             evaluate, time_limit)
 from .loop import Source, train_population
 from .update import UpdateBatch
 
@@ -97,7 +100,9 @@ class ControlSource(Source):
         self.info = env_info(t.env_id)
         self.gens = [torch.Generator().manual_seed(s) for s in self.seeds]
         self.agent = ControlAgent(self.P, self.info.obs_dim, self.info.act_dim, self.info.discrete,
-                                  list(t.hidden), t.activation, spec.needs_critic, self.gens, t.init_log_std)
+                                  list(t.hidden), t.activation, spec.needs_critic, self.gens, **agent_options(t),
+                                  low=self.info.low, high=self.info.high)
+        norm = Normalization.from_cfg(cfg)
         self.learner = ControlLearner(self.agent)
         self.budget = cfg.budget.env_steps
         self.uses_groups = spec.needs_groups
@@ -108,9 +113,9 @@ class ControlSource(Source):
         if spec.full_episodes:
             group = cfg.group_size if spec.needs_groups else 1
             self.collector = EpisodeCollector(t.env_id, self.P, t.episodes_per_iter, group, spec.needs_greedy,
-                                              t.max_episode_steps, self.info, self.gens)
+                                              t.max_episode_steps, self.info, self.gens, norm)
         else:
-            envs = MemberEnvs(t.env_id, self.P, t.num_envs, t.max_episode_steps, self.info, native=True)
+            envs = MemberEnvs(t.env_id, self.P, t.num_envs, t.max_episode_steps, self.info, native=True, norm=norm)
             self.collector = StepCollector(envs, self.gens, t.rollout_steps)
             if int(cfg.get("checkpoint_every", 0) or 0):
                 envs.action_log = []  # replayed on resume (persistent envs)
@@ -148,7 +153,8 @@ class ControlSource(Source):
                            seq_id=seq, columns=None if ro.horizon is None else [h * N for h in ro.horizon])
 
     def evaluate(self, flags):
-        evals = evaluate(self.agent, self.env_id, self.eval_episodes, self.max_steps, self.info, self.eval_seeds)
+        evals = evaluate(self.agent, self.env_id, self.eval_episodes, self.max_steps, self.info, self.eval_seeds,
+                         train_envs=self.collector.envs)
         return [{"eval_return": v} if f else None for v, f in zip(evals, flags)]
 
     def episode_return(self, p, ro):
@@ -164,8 +170,9 @@ class ControlSource(Source):
 
     # ------------------------------------------------------------------ checkpoints
     def state(self):
+        norm = {f"norm/{k}": v for k, v in self.collector.envs.norm_state().items()}
         if not isinstance(self.collector, StepCollector):
-            return {}, {}
+            return norm, {}
         c = self.collector
         log_ = c.envs.action_log or []
         actions = np.concatenate(log_) if log_ else np.zeros((0, self.P, c.envs.num_envs), np.int64)
@@ -173,11 +180,14 @@ class ControlSource(Source):
         if self.info.discrete:  # category indices: the smallest integer type that holds them
             actions = actions.astype(np.int8 if self.info.act_dim <= 127 else np.int32)
         tensors = {"obs": c.obs, "after_done": torch.from_numpy(c.after_done),
-                   "running": torch.from_numpy(c.running), "actions": torch.from_numpy(np.ascontiguousarray(actions))}
+                   "running": torch.from_numpy(c.running), "actions": torch.from_numpy(np.ascontiguousarray(actions)),
+                   **norm}
         return tensors, {"reset_seeds": [int(x) for x in c.reset_seeds]}
 
     def load_state(self, tensors, meta):
+        norm = {k[len("norm/"):]: v for k, v in tensors.items() if k.startswith("norm/")}
         if not isinstance(self.collector, StepCollector):
+            self._load_norm(norm, check=False)
             return
         c = self.collector
         P, N = self.P, c.envs.num_envs
@@ -206,12 +216,19 @@ class ControlSource(Source):
         if not np.array_equal(replayed, obs.numpy()):
             raise ckpt.CheckpointError("replaying the saved actions does not reproduce the saved "
                                        "observations (another gymnasium version?)")
+        self._load_norm(norm, check=True)
         c.reset_seeds = list(seeds)
         c.obs = obs.clone()
         c.after_done = after.numpy().copy()
         c.running = running.numpy().copy()
         if c.envs.action_log is not None:
             c.envs.action_log = [a]
+
+    def _load_norm(self, norm: dict, check: bool) -> None:
+        try:
+            self.collector.envs.load_norm_state(norm, check=check)
+        except ValueError as exc:
+            raise ckpt.CheckpointError(str(exc)) from None
 
     def close(self) -> None:
         closer = getattr(self.collector, "close", None) or self.collector.envs.close
