@@ -410,26 +410,16 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
 
     recs = _survey(root)
     cands = [r for r in recs if r["finished"]]
-    table = _scan([root / r["run_dir"] / METRICS_FILE for r in cands], [r["_parts"].iterations for r in cands])
-    parts: list[tuple[dict, pa.Table | None]] = []  # (run, its metrics) in folder order
-    if table is not None:
-        offset = 0
-        for rec in cands:
-            n = rec["_parts"].iterations
-            parts.append((rec, table.slice(offset, n)))
-            offset += n
-        whole = {id(rec) for rec in cands}
-    else:
-        whole = set()
-    read_alone = {}
+    counts = [r["_parts"].iterations for r in cands]
+    scanned = _scan([root / r["run_dir"] / METRICS_FILE for r in cands], counts)
+    alone = {}  # id(run) -> (its metrics or None, why not), for runs not in the scan
     for rec in recs:
-        if id(rec) in whole:
+        if scanned is not None and rec["finished"]:
             continue
         if rec["finished"] or (not finished_only and rec["has_metrics"]):
-            t, why = _read_metrics(root / rec["run_dir"] / METRICS_FILE)
-            read_alone[id(rec)] = (t, why)
+            alone[id(rec)] = _read_metrics(root / rec["run_dir"] / METRICS_FILE)
             if rec["finished"]:
-                _finish_check(rec, t, why)
+                _finish_check(rec, *alone[id(rec)])
     runs = _runs_frame(recs)
     skipped, left_out = [], []
 
@@ -441,8 +431,12 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
                          "estimator": est if isinstance(est, str) else (parts_[-2] if len(parts_) >= 3 else None)})
         runs.at[i, "left_out"] = why
 
-    kept: list[tuple[int, dict, pa.Table]] = []
-    sliced = {id(rec): t for rec, t in parts}
+    # ±inf scores in the scan: one vectorised look, nonfinite_score's message for the few (sliced)
+    bad = _nonfinite_runs(scanned, counts) if scanned is not None else set()
+    starts = np.cumsum(counts) - counts
+    in_scan = {id(rec): k for k, rec in enumerate(cands)} if scanned is not None else {}
+    keep_scanned = np.ones(len(cands), dtype=bool)
+    pieces: list[tuple[list[dict], list[int], pa.Table]] = []  # (runs, their row counts, their rows)
     for i, rec in enumerate(recs):
         if finished_only and not rec["finished"]:
             leave_out(i, rec, rec["left_out"])
@@ -452,35 +446,35 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
         if not rec["has_metrics"]:
             leave_out(i, rec, rec["left_out"] or f"no {METRICS_FILE}")
             continue
-        if id(rec) in sliced:
-            t = sliced[id(rec)]
-        else:
-            t, why = read_alone[id(rec)]
-            if t is None:
-                skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
+        k = in_scan.get(id(rec))
+        if k is not None:
+            why = nonfinite_score(scanned.slice(starts[k], counts[k])) if k in bad else None
+            if why is not None:
+                keep_scanned[k] = False
                 leave_out(i, rec, why)
-                continue
-        kept.append((i, rec, t))
-    # ±inf scores: one vectorised look over the scanned table, the per-run message for the few
-    bad_runs = _nonfinite_runs(table, parts) if table is not None else set()
-    final = []
-    for i, rec, t in kept:
-        if id(rec) in sliced and id(rec) not in bad_runs:
-            final.append((i, rec, t))
             continue
-        bad = nonfinite_score(t)
-        if bad is not None:
-            leave_out(i, rec, bad)
+        t, why = alone[id(rec)]
+        if t is None:
+            skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
+            leave_out(i, rec, why)
             continue
-        final.append((i, rec, t))
+        why = nonfinite_score(t)
+        if why is not None:
+            leave_out(i, rec, why)
+            continue
+        pieces.append(([rec], [t.num_rows], t))
+    if scanned is not None and keep_scanned.any():
+        rows = scanned if keep_scanned.all() else scanned.filter(np.repeat(keep_scanned, counts))
+        kept = np.flatnonzero(keep_scanned)
+        pieces.insert(0, ([cands[k] for k in kept], [counts[k] for k in kept], rows))
     for link in left_out_links(root):
         left_out.append({**link, "task": None, "estimator": None})
 
-    if not final:
+    if not pieces:
         df = _empty_frame()
         df["estimator_name"] = df["estimator"]
     else:
-        df = _frame(final, root)
+        df = _frame(pieces)
     for c in METRIC_COLUMNS:
         if c not in _STRING_COLUMNS:
             if df[c].dtype != np.float64:
@@ -499,11 +493,11 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
     return df
 
 
-def _nonfinite_runs(table: pa.Table, parts: list[tuple[dict, pa.Table]]) -> set[int]:
-    """ids of the runs of the scanned ``table`` whose scoring columns hold ±inf, or whose
-    scoring columns are not numeric (each then gets :func:`nonfinite_score`'s message)."""
-    counts = np.asarray([t.num_rows for _, t in parts], dtype=np.int64)
-    row_run = np.repeat(np.arange(len(parts)), counts)
+def _nonfinite_runs(table: pa.Table, counts: list[int]) -> set[int]:
+    """Indices of the runs (``counts[k]`` rows each, in order) of the scanned ``table`` whose
+    scoring columns hold ±inf, or all of them where a scoring column is not numeric (each then
+    gets :func:`nonfinite_score`'s message)."""
+    row_run = np.repeat(np.arange(len(counts)), counts)
     bad = np.zeros(table.num_rows, dtype=bool)
     for col in SCORE_VALUE_COLUMNS:
         if col not in table.column_names:
@@ -511,24 +505,25 @@ def _nonfinite_runs(table: pa.Table, parts: list[tuple[dict, pa.Table]]) -> set[
         try:
             vals = table.column(col).cast(pa.float64()).to_numpy(zero_copy_only=False)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            return {id(rec) for rec, _ in parts}
+            return set(range(len(counts)))
         bad |= np.isinf(vals)
-    return {id(parts[k][0]) for k in np.unique(row_run[bad])}
+    return {int(k) for k in np.unique(row_run[bad])}
 
 
-def _frame(final: list[tuple[int, dict, pa.Table]], root: Path) -> pd.DataFrame:
-    """The kept runs' tables stacked, with per-run columns (run_dir, status, reason,
-    worst_return) and identity filled from each run's config, then its layout; built in Arrow
-    from one value per run (taken to the rows), converted to pandas once."""
-    counts = np.asarray([t.num_rows for _, _, t in final], dtype=np.int64)
-    idx = pa.array(np.repeat(np.arange(len(final), dtype=np.int32), counts))
+def _frame(pieces: list[tuple[list[dict], list[int], pa.Table]]) -> pd.DataFrame:
+    """The kept runs' rows stacked (``pieces``: runs, their row counts and their rows, in order), with
+    per-run columns (run_dir, status, reason, worst_return) and identity filled from each run's
+    config, then its layout; built in Arrow from one value per run (taken to the rows),
+    converted to pandas once."""
+    recs = [rec for runs_, _, _ in pieces for rec in runs_]
+    counts = [n for _, ns, _ in pieces for n in ns]
+    idx = pa.array(np.repeat(np.arange(len(recs), dtype=np.int32), counts))
     own = ("run_dir", "status", "reason", "worst_return")
     tables = []
-    for _, _, t in final:
+    for _, _, t in pieces:
         names = set(t.schema.names)
         tables.append(t.drop_columns([c for c in own if c in names]) if names.intersection(own) else t)
     table = _stack(tables)
-    recs = [rec for _, rec, _ in final]
 
     def per_run(values: list, typ: pa.DataType = pa.string()) -> pa.Array:
         return pa.array(values, typ).take(idx)

@@ -128,8 +128,8 @@ def config_subset(cfg) -> dict:
 def read_config(path: Path, summary: dict | None = None) -> tuple[dict | None, str | None]:
     """``(cfg, None)``: the run's :func:`config_subset`, from summary.json's ``config`` when it
     records one (runs written since issue 16), else parsed from config.yaml; ``(None, None)``
-    when neither exists; ``(None, reason)`` when config.yaml must be read and does not parse
-    (or is not a mapping)."""
+    when neither exists; ``(None, reason)`` when config.yaml must be read and does not parse;
+    ``({}, None)`` when it parses to something other than a mapping."""
     if isinstance(summary, dict) and isinstance(summary.get("config"), dict):
         return summary["config"], None
     cfg_path = Path(path) / CONFIG_FILE
