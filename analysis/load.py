@@ -108,6 +108,43 @@ def _warn(message: str) -> None:
     warnings.warn(message, AnalysisWarning, stacklevel=3)
 
 
+def _walk(root: Path) -> tuple[list[str], list[str]]:
+    """One pass over ``root``: ``(runs, links)``. ``runs``: every directory (``root`` itself
+    included, as ".") holding metrics.parquet or summary.json; ``links``: every symlinked
+    directory; both relative to root. Hidden directories are
+    skipped and symlinked ones not followed (as ``os.walk`` does by default); both lists sorted
+    as paths sort (part by part), so loading order, and hence row order, is deterministic."""
+    runs, links = [], []
+    stack = [(os.fspath(root), "")]
+    while stack:
+        path, rel = stack.pop()
+        files, subdirs = set(), []
+        try:
+            entries = os.scandir(path)
+        except OSError:  # as os.walk: a folder that cannot be listed is skipped
+            continue
+        with entries:
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    if not e.name.startswith("."):
+                        subdirs.append((e.path, f"{rel}/{e.name}" if rel else e.name))
+                elif e.is_symlink() and e.is_dir():
+                    if not e.name.startswith("."):
+                        links.append(f"{rel}/{e.name}" if rel else e.name)
+                else:
+                    files.add(e.name)
+        if METRICS_FILE in files or SUMMARY_FILE in files:
+            runs.append(rel or ".")
+        stack.extend(subdirs)
+
+    def parts(rel: str) -> list[str]:
+        return [] if rel == "." else rel.split("/")
+
+    runs.sort(key=parts)
+    links.sort(key=parts)
+    return runs, links
+
+
 def find_run_dirs(path: str | os.PathLike) -> list[Path]:
     """Every directory under ``path`` (itself included) holding metrics.parquet or summary.json.
 
@@ -115,33 +152,25 @@ def find_run_dirs(path: str | os.PathLike) -> list[Path]:
     not followed (:func:`left_out_links` names them).
     """
     root = Path(path)
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        if METRICS_FILE in filenames or SUMMARY_FILE in filenames:
-            found.append(Path(dirpath))
-    return sorted(found)
+    return [root / rel for rel in _walk(root)[0]]
 
 
-def left_out_links(path: str | os.PathLike) -> list[dict]:
+def left_out_links(path: str | os.PathLike, links: list[str] | None = None) -> list[dict]:
     """Symlinked directories under ``path`` (not followed by :func:`find_run_dirs`):
-    ``{"run_dir", "path", "reason"}`` each, the reason saying where the link points."""
+    ``{"run_dir", "path", "reason"}`` each, the reason saying where the link points.
+    ``links``: those directories relative to ``path``, where the caller has walked it already."""
     root = Path(path)
     real_root = root.resolve()
     out = []
-    for dirpath, dirnames, _ in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for d in dirnames:
-            link = Path(dirpath) / d
-            if not link.is_symlink():
-                continue
-            target = link.resolve()
-            inside = target == real_root or real_root in target.parents
-            where = ("inside the results folder: counted once, under its own path" if inside else
-                     "outside the results folder: its runs are not part of this folder's results")
-            out.append({"run_dir": _rel(link, root), "path": link.as_posix(),
-                        "reason": f"symlink to {target.as_posix()} ({where}); not followed"})
-    return sorted(out, key=lambda r: r["run_dir"])
+    for rel in _walk(root)[1] if links is None else links:
+        link = root / rel
+        target = link.resolve()
+        inside = target == real_root or real_root in target.parents
+        where = ("inside the results folder: counted once, under its own path" if inside else
+                 "outside the results folder: its runs are not part of this folder's results")
+        out.append({"run_dir": rel, "path": link.as_posix(),
+                    "reason": f"symlink to {target.as_posix()} ({where}); not followed"})
+    return out
 
 
 def _rel(run_dir: Path, root: Path) -> str:
@@ -184,13 +213,15 @@ def _identity(cfg: dict | None) -> dict:
     return out
 
 
-def _survey(root: Path) -> list[dict]:
+def _survey(root: Path, run_dirs: list[str]) -> list[dict]:
     """One record per run directory, from one read of its summary.json and its config
     (summary.json's ``config``, or config.yaml for older runs): rules 1-2 of the finished
     definition (:func:`harness.io.finished.check_parts`), status, identity. Rule 3 (the
-    metrics' iterations) is left to the caller, which reads metrics.parquet anyway."""
+    metrics' iterations) is left to the caller, which reads metrics.parquet anyway.
+    ``run_dirs``: :func:`_walk`'s, relative to ``root``."""
     recs = []
-    for run_dir in find_run_dirs(root):
+    for rel in run_dirs:
+        run_dir = root / rel
         summary, bad = read_summary(run_dir)
         cfg, cfg_bad = read_config(run_dir, summary)
         parts = check_parts(summary, bad, cfg, cfg_bad)
@@ -205,7 +236,7 @@ def _survey(root: Path) -> list[dict]:
         if status == "unknown" and parts.status is None:
             reason = parts.reason
         recs.append({
-            "run_dir": _rel(run_dir, root),
+            "run_dir": rel,
             "status": status,
             "reason": None if reason is None else str(reason),
             "run_id": None if run_id is None else str(run_id),
@@ -305,12 +336,16 @@ def _scan(paths: list[Path], ns: list[int]) -> pa.Table | None:
     if not paths:
         return None
     try:
-        factory = ds.FileSystemDatasetFactory(pafs.LocalFileSystem(), [str(p) for p in paths],
-                                              ds.ParquetFileFormat())
-        schema_ = factory.inspect(promote_options="permissive", fragments=None)  # None: every file
+        fs, fmt = pafs.LocalFileSystem(), ds.ParquetFileFormat()
+        fragments = [fmt.make_fragment(str(p), fs) for p in paths]
+        schemas: dict[pa.Schema, None] = {}  # every file's schema, each distinct one once, in order
+        for f in fragments:
+            f.ensure_complete_metadata()  # each footer read once: the scan below reuses it
+            schemas.setdefault(f.physical_schema, None)
+        schema_ = pa.unify_schemas(list(schemas), promote_options="permissive")
         if any(pa.types.is_dictionary(f.type) for f in schema_) or "iteration" not in schema_.names:
             return None
-        table = factory.finish(schema_).to_table()
+        table = ds.FileSystemDataset(fragments, schema_, fmt, fs).to_table()
         table.validate(full=True)
     except Exception:  # noqa: BLE001 - any failure: per-file reads name the file
         return None
@@ -338,7 +373,7 @@ def load_runs(path: str | os.PathLike) -> pd.DataFrame:
     so they can be counted even though they contribute no metrics.
     """
     root = Path(path)
-    recs = _survey(root)
+    recs = _survey(root, _walk(root)[0])
     for rec in recs:
         if rec["finished"]:
             try:
@@ -408,7 +443,8 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
     if not root.is_dir():
         raise NotADirectoryError(f"{root} is not a folder")
 
-    recs = _survey(root)
+    run_dirs, links = _walk(root)
+    recs = _survey(root, run_dirs)
     cands = [r for r in recs if r["finished"]]
     counts = [r["_parts"].iterations for r in cands]
     scanned = _scan([root / r["run_dir"] / METRICS_FILE for r in cands], counts)
@@ -467,22 +503,22 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
         rows = scanned if keep_scanned.all() else scanned.filter(np.repeat(keep_scanned, counts))
         kept = np.flatnonzero(keep_scanned)
         pieces.insert(0, ([cands[k] for k in kept], [counts[k] for k in kept], rows))
-    for link in left_out_links(root):
+    for link in left_out_links(root, links):
         left_out.append({**link, "task": None, "estimator": None})
 
     if not pieces:
-        df = _empty_frame()
+        df, codes = _empty_frame(), {}
         df["estimator_name"] = df["estimator"]
     else:
-        df = _frame(pieces)
+        df, codes = _frame(pieces)
     for c in METRIC_COLUMNS:
         if c not in _STRING_COLUMNS:
             if df[c].dtype != np.float64:
                 df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
-        else:
+        elif df[c].dtype != object:  # _frame's are objects with None already
             df[c] = df[c].astype(object).where(df[c].notna(), None)
     df["estimator_name"] = df["estimator_name"].astype(object)
-    _label_variants_in_place(df)
+    _label_variants_in_place(df, codes)
     lead = ["run_dir", "status"] + METRIC_COLUMNS + ["estimator_name"]
     df = df[lead + [c for c in df.columns if c not in lead]]
     sort_cols = ["task", "estimator", "run_dir", "seed", "iteration"]
@@ -531,6 +567,8 @@ def _frame(pieces: list[tuple[list[dict], list[int], pa.Table]]) -> pd.DataFrame
     def fill(table: pa.Table, col: str, values: list) -> pa.Table:
         """``col``'s nulls filled with each run's value of ``values``."""
         have = table.column(col)
+        if have.null_count == 0:  # every row has its own value (the harness writes these): nothing to fill
+            return table
         if pa.types.is_null(have.type):  # a column that is null in every run: take the config's type
             fallback = pa.array(values).take(idx)
             return table.set_column(table.column_names.index(col), col, fallback)
@@ -558,9 +596,34 @@ def _frame(pieces: list[tuple[list[dict], list[int], pa.Table]]) -> pd.DataFrame
     for col, k, default in (("task", -3, "unknown_task"), ("estimator", -2, "unknown_estimator")):
         table = fill(table, col, [p[k] if len(p) >= 3 else default for p in layout])
     table = fill(table, "run_id", [r["run_id"] if r["run_id"] is not None else r["run_dir"] for r in recs])
-    df = table.to_pandas()
+    # the contract's string columns become Python objects (None where null) from their few distinct
+    # values, not one new str per row: pandas' own conversion of 4M rows took seconds per column
+    names = [c for c in table.column_names if c in _STRING_COLUMNS]
+    converted = {c: _objects(table.column(c)) for c in names}
+    df = table.drop_columns(names).to_pandas(split_blocks=True)
+    for c in names:  # dtype=object: left to itself pandas would infer its str dtype again
+        df[c] = pd.Series(converted[c][0], index=df.index, dtype=object, copy=False)
     df["estimator_name"] = df["estimator"]
-    return df
+    codes = {c: converted[c][1:] for c in names if converted[c][1] is not None}
+    if "estimator" in codes:
+        codes["estimator_name"] = codes["estimator"]
+    return df, codes
+
+
+def _objects(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """``(values, codes, n)``: ``col`` as an object array, None where null. Strings go through
+    their dictionary (each distinct value made once, taken to the rows); ``codes`` then number
+    the rows' values 0..n-1 (null is n), a factorization for :func:`_label_variants_in_place`.
+    Anything else is converted by pandas (codes None)."""
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        enc = pc.dictionary_encode(col).combine_chunks()
+        n = len(enc.dictionary)
+        codes = enc.indices.fill_null(n).to_numpy(zero_copy_only=False)
+        values = np.empty(n + 1, dtype=object)  # the last slot (null's code) stays None
+        values[:-1] = enc.dictionary.to_pylist()
+        return values[codes], codes, n
+    s = col.to_pandas().astype(object)
+    return s.where(s.notna(), None).to_numpy(), None, 0
 
 
 def label_variants(df: pd.DataFrame) -> pd.DataFrame:
@@ -574,8 +637,9 @@ def label_variants(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _label_variants_in_place(df: pd.DataFrame) -> None:
-    """:func:`label_variants` on ``df`` itself (load's frame is new already: no copy)."""
+def _label_variants_in_place(df: pd.DataFrame, codes: dict | None = None) -> None:
+    """:func:`label_variants` on ``df`` itself (load's frame is new already: no copy).
+    ``codes``: column -> ``(codes, n)``, a factorization of that column known already."""
     if "estimator_name" not in df.columns:
         df["estimator_name"] = df["estimator"]
     keys = [k for k in VARIANT_KEYS if k in df.columns]
@@ -585,10 +649,15 @@ def _label_variants_in_place(df: pd.DataFrame) -> None:
     # each column factorized on its own, the codes combined into one integer per row
     cols = [df["estimator_name"], *(df[k] for k in keys)]
     combined = np.zeros(len(df), dtype=np.int64)
-    for col in cols:
-        c, u = pd.factorize(col, use_na_sentinel=False)
-        combined = combined * (len(u) + 1) + c
-    first, codes = np.unique(combined, return_index=True, return_inverse=True)[1:]
+    for name, col in zip(["estimator_name", *keys], cols):
+        c, n = (codes or {}).get(name) or (None, 0)
+        if c is None:
+            c, u = pd.factorize(col, use_na_sentinel=False)
+            n = len(u)
+        combined = combined * (n + 1) + c
+    codes, uniques = pd.factorize(combined)
+    first = np.empty(len(uniques), dtype=np.int64)  # each combination's first row
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
     combos = pd.DataFrame({"name": cols[0].to_numpy(dtype=object)[first]})
     for k, col in zip(keys, cols[1:]):
         vals = col.to_numpy(dtype=object)[first]
