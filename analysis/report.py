@@ -87,7 +87,11 @@ def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAU
 
     Runs of one estimator that differ in ``update`` or ``loss_agg`` are never pooled: they
     carry separate ``estimator`` labels (:func:`analysis.load.label_variants`, idempotent)."""
+    attrs = df.attrs
     df = label_variants(df)
+    # pandas deep-copies attrs into the result of every operation: with load's (a frame of the
+    # runs, a list of every run left out) that cost minutes at 10,000 runs. Kept aside instead.
+    df.attrs = {}
     runs = stats.run_table(df, last_n=last_n, diverged=diverged)
     runs["norm_score"] = stats.normalize_by_task(runs, "score")
     tasks = sorted(runs["task"].unique())
@@ -172,7 +176,7 @@ def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAU
                                                    "n", "iqm", "iqm_low", "iqm_high"])
 
     # Failure counts -------------------------------------------------------------------------
-    left_out = list(df.attrs.get("left_out", []))
+    left_out = list(attrs.get("left_out", []))
     left_by_est = pd.Series([r.get("estimator") or "unknown" for r in left_out], dtype=object).value_counts()
     fail_rows = []
     for est, g in runs.groupby("estimator", sort=True):
@@ -184,7 +188,7 @@ def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAU
 
     return Tables(metrics=df, runs=runs, scores=scores, aggregate=aggregate, poi=poi,
                   profiles=profiles, sensitivity=sensitivity, failures=failures, budgets=budgets,
-                  skipped=list(df.attrs.get("skipped", [])), run_dirs=df.attrs.get("runs"),
+                  skipped=list(attrs.get("skipped", [])), run_dirs=attrs.get("runs"),
                   left_out=left_out, diverged=diverged)
 
 

@@ -399,7 +399,8 @@ def worst_returns(df: pd.DataFrame) -> pd.DataFrame:
             v = v[np.isfinite(v)]
             lowest[(task, col)] = float(v.min()) if v.size else np.nan
     rows = []
-    for (run_dir, seed), run in df.groupby(RUN_KEYS, dropna=False, sort=True):
+    cols = [c for c in dict.fromkeys([*RUN_KEYS, "task", "worst_return", *SCORE_COLUMNS]) if c in df.columns]
+    for (run_dir, seed), run in df[cols].groupby(RUN_KEYS, dropna=False, sort=True):  # (slicing fewer columns)
         known = run["worst_return"].to_numpy(dtype=float) if "worst_return" in run else np.array([])
         known = known[np.isfinite(known)]
         if known.size:
@@ -430,7 +431,9 @@ def final_scores(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_D
     _check_rule(diverged)
     worst = worst_returns(df).set_index(RUN_KEYS) if diverged == "worst" else None
     rows = []
-    for (run_dir, seed), run in df.groupby(RUN_KEYS, dropna=False, sort=True):
+    cols = [c for c in dict.fromkeys([*RUN_KEYS, "task", "estimator", "status", "iteration", *SCORE_COLUMNS])
+            if c in df.columns]
+    for (run_dir, seed), run in df[cols].groupby(RUN_KEYS, dropna=False, sort=True):  # (slicing fewer columns)
         score, col, n = final_score(run, last_n)
         w, src = np.nan, None
         if _scored_worst(run, diverged):
@@ -468,7 +471,9 @@ def run_table(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_DIVE
             v = tdf[col].to_numpy(dtype=float)
             v = v[np.isfinite(v)]
             score_min[col] = float(v.min()) if v.size else 0.0
-        for (run_dir, seed), run in tdf.groupby(RUN_KEYS, dropna=False, sort=True):
+        cols = [c for c in dict.fromkeys([*RUN_KEYS, "status", "iteration", x_col, *SCORE_COLUMNS])
+                if c in tdf.columns]
+        for (run_dir, seed), run in tdf[cols].groupby(RUN_KEYS, dropna=False, sort=True):
             run = run.sort_values("iteration", kind="stable")
             col = score_column(run)
             row = {"run_dir": run_dir, "seed": seed, "x_col": x_col, "budget": budget,
@@ -485,17 +490,21 @@ def run_table(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_DIVE
                 ys = run[col].to_numpy(dtype=float)
                 row["auc"] = area_under_curve(xs, ys, budget, **cut)
                 row["collapsed"] = is_collapsed(ys, shift=min(score_min[col], 0.0))
-            for hp in HYPERPARAMETERS:
-                v = run[hp].dropna()
-                row[hp] = float(v.iloc[0]) if len(v) else np.nan
-            for key in VARIANT_KEYS:
-                v = run[key].dropna() if key in run else ()
-                row[key] = str(v.iloc[0]) if len(v) else None
             extra.append(row)
     extra = pd.DataFrame(extra)
     if extra.empty:
         return scores.reset_index()
-    return scores.join(extra.set_index(RUN_KEYS)).reset_index()
+    # each hyperparameter's and variant setting's first logged value (by iteration) per run
+    have = [c for c in (*HYPERPARAMETERS, *VARIANT_KEYS) if c in df.columns]
+    firsts = (df[[*RUN_KEYS, "iteration", *have]].sort_values("iteration", kind="stable")
+              .groupby(RUN_KEYS, dropna=False, sort=True)[have].first())
+    for hp in HYPERPARAMETERS:
+        firsts[hp] = firsts[hp].astype(float) if hp in have else np.nan
+    for key in VARIANT_KEYS:
+        v = firsts[key] if key in have else [None] * len(firsts)
+        firsts[key] = pd.Series([None if pd.isna(x) else str(x) for x in v], index=firsts.index)
+    extra = extra.set_index(RUN_KEYS).join(firsts[[*HYPERPARAMETERS, *VARIANT_KEYS]])
+    return scores.join(extra).reset_index()
 
 
 def normalize_by_task(runs: pd.DataFrame, column: str = "score") -> pd.Series:
@@ -552,27 +561,44 @@ def curve_bands(
             continue
         grid = np.linspace(0.0, xmax, n_grid)
         for est, edf in tdf.groupby("estimator", sort=True):
-            curves = []
-            for _, run in edf.groupby(RUN_KEYS, dropna=False, sort=True):
-                run = run.sort_values(x, kind="stable").drop_duplicates(x, keep="last")
-                xs, ys = run[x].to_numpy(dtype=float), run[metric].to_numpy(dtype=float)
-                if len(xs) == 1:  # a lone point (one evaluation) sits on its nearest grid point
-                    c = np.full(n_grid, np.nan)
-                    c[np.argmin(np.abs(grid - xs[0]))] = ys[0]
-                else:
-                    c = np.interp(grid, xs, ys)
-                    c[(grid < xs[0]) | (grid > xs[-1])] = np.nan
-                curves.append(c)
-            curves = np.asarray(curves)  # [runs, grid]
+            curves = _run_curves(edf, metric, x, grid)  # [runs, grid]
             n_runs = np.isfinite(curves).sum(axis=0)
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # grid points no run covers
                 mean = np.nanmean(curves, axis=0)
                 idx = rng.integers(0, len(curves), size=(reps, len(curves)))
-                boot = np.nanmean(curves[idx], axis=1)  # [reps, grid]
+                # the mean over each resample's runs, from how often it drew each run (a matrix
+                # product), not from a [reps, runs, grid] copy of the curves
+                counts = np.bincount((np.arange(reps)[:, None] * len(curves) + idx).ravel(),
+                                     minlength=reps * len(curves)).reshape(reps, len(curves)).astype(float)
+                finite = np.isfinite(curves)
+                boot = (counts @ np.where(finite, curves, 0.0)) / (counts @ finite.astype(float))
             lo, hi = _percentiles(boot, confidence)
             keep = n_runs > 0
             out.append(pd.DataFrame({"task": task, "estimator": est, "x": grid[keep],
                                      "mean": mean[keep], "low": lo[keep], "high": hi[keep],
                                      "n_runs": n_runs[keep]}))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=cols)
+
+
+def _run_curves(df: pd.DataFrame, metric: str, x: str, grid: np.ndarray) -> np.ndarray:
+    """One row per run (:data:`RUN_KEYS`, in sorted order) of ``df``: its ``(x, metric)``
+    points (the last row where an ``x`` repeats) linearly interpolated onto ``grid``, NaN
+    outside its logged range; a run with a single point sits on its nearest grid point."""
+    run = df.groupby(RUN_KEYS, dropna=False, sort=True).ngroup().to_numpy()
+    xs_all, ys_all = df[x].to_numpy(dtype=float), df[metric].to_numpy(dtype=float)
+    order = np.lexsort((xs_all, run))  # by run, then x; stable, so repeats keep their row order
+    run, xs_all, ys_all = run[order], xs_all[order], ys_all[order]
+    last = np.r_[(run[1:] != run[:-1]) | (xs_all[1:] != xs_all[:-1]), True]  # last row of each (run, x)
+    run, xs_all, ys_all = run[last], xs_all[last], ys_all[last]
+    bounds = np.flatnonzero(np.r_[True, run[1:] != run[:-1], True])
+    curves = np.full((len(bounds) - 1, len(grid)), np.nan)
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        xs, ys = xs_all[a:b], ys_all[a:b]
+        if len(xs) == 1:
+            curves[i, np.argmin(np.abs(grid - xs[0]))] = ys[0]
+        else:
+            c = np.interp(grid, xs, ys)
+            c[(grid < xs[0]) | (grid > xs[-1])] = np.nan
+            curves[i] = c
+    return curves

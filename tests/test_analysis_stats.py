@@ -1,5 +1,7 @@
 """rliable-style statistics against values worked out by hand (or by scipy directly)."""
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -290,3 +292,63 @@ def test_diverged_rule_must_be_worst_or_last():
 def test_normalize_by_task():
     runs = pd.DataFrame({"task": ["a", "a", "a", "b", "b"], "score": [0.0, 5.0, 10.0, -4.0, -4.0]})
     assert stats.normalize_by_task(runs).tolist() == [0.0, 0.5, 1.0, 0.5, 0.5]
+
+
+# ----------------------------------------------------------------------------- curve bands
+
+
+def _curve_frame() -> pd.DataFrame:
+    """Three runs of one task/estimator: a repeated x (the later row counts), a shorter range,
+    and a single evaluation."""
+    rows = [("c", 2, 19.0, 7.0),
+            ("b", 1, 10.0, 10.0), ("b", 1, 0.0, 10.0),
+            ("a", 0, 20.0, 5.0), ("a", 0, 0.0, 0.0), ("a", 0, 20.0, 20.0)]
+    df = pd.DataFrame(rows, columns=["run_dir", "seed", "env_steps", "eval_return"])
+    return df.assign(task="T", estimator="E")
+
+
+def test_curve_bands_mean_by_hand():
+    # grid 0, 10, 20 (n_grid=3, xmax 20). Run a: 0 -> 0, 20 -> 20 (its later row at x=20), so
+    # 10 at x=10 (5 if the earlier row at x=20 counted).
+    # Run b: 10 at 0 and 10, not logged at 20. Run c: one point at x=19, on grid point 20.
+    bands = stats.curve_bands(_curve_frame(), "eval_return", n_grid=3, reps=200, seed=0)
+    assert bands["x"].tolist() == [0.0, 10.0, 20.0]
+    np.testing.assert_allclose(bands["mean"], [5.0, 10.0, 13.5])
+    assert bands["n_runs"].tolist() == [2, 2, 2]
+    # every resample of runs {a, b} at x=10 has mean 10: a zero-width band there
+    assert bands["low"].iloc[1] == pytest.approx(10.0) and bands["high"].iloc[1] == pytest.approx(10.0)
+
+
+def test_curve_bands_band_is_the_bootstrap_of_run_means():
+    """The band against a direct reading of the docstring: the same resamples of runs (the
+    same generator draws), the mean over each resample's runs at every grid point."""
+    rng = np.random.default_rng(11)
+    rows = []
+    for r in range(7):
+        xs = np.sort(rng.choice(np.arange(0, 100, 5), size=rng.integers(1, 8), replace=False)).astype(float)
+        rows += [(f"run{r}", r, x, float(rng.normal())) for x in xs]
+    df = pd.DataFrame(rows, columns=["run_dir", "seed", "env_steps", "eval_return"]).assign(task="T", estimator="E")
+    n_grid, reps, seed = 9, 300, 5
+    got = stats.curve_bands(df, "eval_return", n_grid=n_grid, reps=reps, seed=seed)
+
+    grid = np.linspace(0.0, df["env_steps"].max(), n_grid)
+    curves = []
+    for _, run in df.groupby(["run_dir", "seed"], sort=True):
+        xs, ys = run["env_steps"].to_numpy(), run["eval_return"].to_numpy()
+        c = np.full(n_grid, np.nan)
+        if len(xs) == 1:
+            c[np.argmin(np.abs(grid - xs[0]))] = ys[0]
+        else:
+            inside = (grid >= xs[0]) & (grid <= xs[-1])
+            c[inside] = np.interp(grid[inside], xs, ys)
+        curves.append(c)
+    curves = np.asarray(curves)
+    idx = np.random.default_rng(seed).integers(0, len(curves), size=(reps, len(curves)))
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # grid points a resample does not cover
+        boot = np.nanmean(curves[idx], axis=1)
+        lo, hi = np.nanpercentile(boot, [2.5, 97.5], axis=0)
+    keep = np.isfinite(curves).any(axis=0)
+    np.testing.assert_allclose(got["mean"], np.nanmean(curves[:, keep], axis=0))
+    np.testing.assert_allclose(got["low"], lo[keep])
+    np.testing.assert_allclose(got["high"], hi[keep])
