@@ -1,7 +1,7 @@
 """How long analysis takes at sweep scale (issue 16): ``analysis.load`` against a plain pyarrow
 dataset read of the same metrics files, side by side in one process, on a synthetic results folder.
 
-    python benchmarks/analysis_load.py --runs 10000 [--report] [--rounds 3]
+    python benchmarks/analysis_load.py --runs 10000 [--report] [--rounds 3] [--docs]
 
 The folder is built once under ``--folder`` (default a temp dir): one real run of the harness
 (``task=cartpole estimator=ppo_gae``, 400 iterations, a few seconds), copied ``--runs`` times as
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import glob
+import os
 import shutil
 import statistics
 import subprocess
@@ -26,6 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks._docs import write_block  # noqa: E402
 
 TEMPLATE = ["task=cartpole", "estimator=ppo_gae", "seed=0", "budget.iterations=400", "task.num_envs=2",
             "task.rollout_steps=16", "eval_every=20", "eval_episodes=1", "progress=false", "task.hidden=[16]",
@@ -57,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--folder", default=None, help="where to build (and keep) the synthetic folder")
     ap.add_argument("--report", action="store_true", help="also time `python -m analysis report` on it")
+    ap.add_argument("--docs", action="store_true",
+                    help="also write the results into docs/benchmarks.md's analysis-speed block, stamped with "
+                         "this command and today's date")
     args = ap.parse_args(argv)
     folder = Path(args.folder or tempfile.mkdtemp(prefix="analysis-load-"))
     results = build(folder, args.runs)
@@ -88,13 +94,24 @@ def main(argv: list[str] | None = None) -> int:
         first = "load first" if r % 2 == 0 else "dataset first"
         print(f"round {r + 1} ({first}): analysis.load {t_load:.2f} s ({n_load} rows), pyarrow dataset "
               f"{t_ds:.2f} s ({n_ds} rows): ratio {t_load / t_ds:.2f}")
+    median = statistics.median(ratios)
     print(f"{args.runs} runs: analysis.load / pyarrow dataset read, median of {args.rounds}: "
-          f"{statistics.median(ratios):.2f} (goal <= 1.5)")
+          f"{median:.2f} (goal <= 1.5)")
+    rows = ["| measurement | measured | goal |", "| --- | --- | --- |",
+            f"| `analysis.load` / `pyarrow.dataset(files).to_table()`, {args.runs} runs "
+            f"({n_load} rows), median of {args.rounds} rounds | {median:.2f} (rounds: "
+            f"{', '.join(f'{r:.2f}' for r in ratios)}) | <= 1.5 |"]
     if args.report:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "analysis", "report", str(results), "--out", str(folder / "report")],
                        check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        print(f"python -m analysis report: {time.perf_counter() - t:.1f} s (goal < 120 s)")
+        t_report = time.perf_counter() - t
+        print(f"python -m analysis report: {t_report:.1f} s (goal < 120 s)")
+        rows.append(f"| `python -m analysis report` on the folder, whole process | {t_report:.0f} s | < 120 s |")
+    if args.docs:
+        head = (f"A synthetic folder of {args.runs} copies of one real cartpole run (400 iterations each); "
+                f"{os.cpu_count()} cores, shared, so absolute times drift; the ratio is taken within one process.")
+        print(f"wrote {write_block('docs/benchmarks.md', 'analysis-speed', head + chr(10) + chr(10) + chr(10).join(rows))}")
     return 0
 
 
