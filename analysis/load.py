@@ -173,10 +173,6 @@ def left_out_links(path: str | os.PathLike, links: list[str] | None = None) -> l
     return out
 
 
-def _rel(run_dir: Path, root: Path) -> str:
-    return run_dir.relative_to(root).as_posix()
-
-
 def _get(cfg, *keys):
     for key in keys:
         if not isinstance(cfg, dict) or key not in cfg:

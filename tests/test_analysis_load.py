@@ -288,3 +288,19 @@ def test_the_harness_writes_the_config_analysis_reads_into_summary_json(tmp_path
     p.write_text(json.dumps({k: v for k, v in json.loads(p.read_text()).items() if k != "config"}))
     import pandas as pd
     pd.testing.assert_frame_equal(with_summary, analysis.load(legacy))
+
+
+def test_run_folders_are_found_in_path_order_hidden_skipped_links_named(tmp_path):
+    """The walk: run folders sorted part by part (``a/b`` before ``a-b/c``, though ``"a-b" <
+    "a/"`` as strings), the root itself when it is a run, hidden folders skipped, a symlinked
+    folder named and not entered, a folder with only other files not a run."""
+    for rel in ("a/b", "a-b/c", ".hidden/r", "z"):
+        (tmp_path / rel).mkdir(parents=True)
+        (tmp_path / rel / "summary.json").write_text("{}")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("x")
+    (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "y").symlink_to(tmp_path / "a", target_is_directory=True)
+    assert analysis.find_run_dirs(tmp_path) == [tmp_path, tmp_path / "a" / "b", tmp_path / "a-b" / "c", tmp_path / "z"]
+    from analysis.load import left_out_links
+    assert [r["run_dir"] for r in left_out_links(tmp_path)] == ["y"]
