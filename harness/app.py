@@ -57,8 +57,12 @@ def set_determinism(on: bool) -> dict:
 
 
 def restore_determinism(previous: dict) -> None:
-    """Undo :func:`set_determinism` (jobs of one sweep share the process)."""
-    torch.use_deterministic_algorithms(previous["algorithms"], warn_only=previous["warn_only"])
+    """Undo :func:`set_determinism` (jobs of one sweep share the process). Only what changed is
+    set: ``torch.use_deterministic_algorithms`` imports ``torch._inductor`` and ``torch._dynamo``
+    (over a second of a process's time) even when it changes nothing."""
+    if (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) != (
+            previous["algorithms"], previous["warn_only"]):
+        torch.use_deterministic_algorithms(previous["algorithms"], warn_only=previous["warn_only"])
     torch.backends.cudnn.benchmark = previous["benchmark"]
     torch.backends.cudnn.deterministic = previous["cudnn"]
 
