@@ -1,142 +1,180 @@
-"""Speed of the control trainer, measured side by side in one process.
+"""Speed of the control trainer against stable-baselines3, every side a whole process.
 
-1. ppo_gae on CartPole-v1, 100k steps, rl-baselines3-zoo hyperparameters (8 envs x 32
-   steps, batch 256, 20 epochs, lr 1e-3 linearly annealed, gamma 0.98, lambda 0.8, clip 0.2,
-   64-64 tanh), against stable-baselines3 PPO with the same settings (``pip install -e
-   ".[bench]"``). Wall time of training only; final return from 10 greedy episodes after.
-2. Seeds as a batch axis: population=16 vs population=1 (wall time per seed), and the same
-   16 seeds as a 2-worker joblib sweep of lone runs (``python -m harness -m ...
-   hydra/launcher=joblib``), timed end to end.
+ppo_gae on CartPole-v1 with rl-baselines3-zoo hyperparameters (8 envs x 32 steps, batch 256, 20
+epochs, lr 1e-3 linearly annealed, gamma 0.98, lambda 0.8, clip 0.2, 64-64 tanh), against
+stable-baselines3 PPO with the same settings (``pip install -e ".[bench]"``;
+:mod:`benchmarks.sb3_ppo`, one process per seed). Every timing is a whole process, interpreter
+start and imports included, launched the way a user would launch it (``python -m harness ...``);
+each ends with a 10-episode greedy evaluation (ours: ``eval_every_steps=<steps>``, inside the
+run; SB3: ``evaluate_policy`` after ``learn``), whose mean is the run's final return. The goals
+are issue 16's:
 
-Usage: python benchmarks/control_speed.py [--steps 100000] [--skip-sb3] [--skip-joblib] [--docs]
-Prints each timing and the ratios; absolute times drift on a shared machine, ratios less. ``--docs``
-also writes them as a table into docs/benchmarks.md (block ``control-speed``).
+1. ``population=16`` (16 seeds in one process) vs SB3's 16 seeds as 2 parallel worker
+   processes: wall time ratio <= 1/3 at equal median final return; and the per-seed cost of
+   ``population=16`` >= 3x lower than ``population=1``'s.
+2. A lone run (``population=1``) vs one SB3 run: wall time ratio <= 0.5.
+
+Also printed: the in-run times (ours: the run's ``wall_time_s``, training plus its final
+evaluation; SB3: ``learn`` alone), and with ``--joblib`` the 16 seeds as a 2-worker joblib sweep
+of lone runs (``python -m harness -m ... hydra/launcher=joblib``).
+
+Usage: python benchmarks/control_speed.py [--steps 100000] [--population 16] [--rounds 1]
+       [--skip-sb3] [--joblib] [--docs]
+``--rounds`` repeats the lone comparison (ours and SB3 interleaved) and reports medians. Absolute
+times drift on a shared machine, ratios less. ``--docs`` also writes the table into
+docs/benchmarks.md (block ``control-speed``).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._docs import write_block  # noqa: E402
-from harness.config import member_configs  # noqa: E402
-from harness.io import RunDir  # noqa: E402
-from harness.tasks.control import env_info, evaluate  # noqa: E402
-from harness.train.control import ControlSource, default_threads  # noqa: E402
-from harness.train.loop import Loop  # noqa: E402
-from tests.control_helpers import make_cfg  # noqa: E402
 
 ZOO = ["task=cartpole", "estimator=ppo_gae", "task.num_envs=8", "task.rollout_steps=32", "minibatches=1",
        "epochs=20", "lr=1e-3", "anneal_lr=true", "gamma=0.98", "gae_lambda=0.8", "clip_eps=0.2",
        "ent_coef=0.0", "vf_coef=0.5", "max_grad_norm=0.5", "task.hidden=[64,64]", "task.activation=tanh",
        "eval_every=0", "progress=false"]
+SB3_WORKER = ROOT / "benchmarks" / "sb3_ppo.py"
 
 
-def ours(steps: int, population: int, seed: int = 0) -> tuple[float, list[float]]:
+def ours_process(steps: int, population: int, seed: int = 0) -> dict:
+    """``python -m harness <ZOO> population=P``, timed whole: ``wall`` (s), each member's
+    ``run_s`` (its summary's wall_time_s) and ``returns`` (its final 10-episode evaluation)."""
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = make_cfg(ZOO + [f"budget.env_steps={steps}", f"population={population}", f"seed={seed}",
-                              f"results_dir={tmp}"])
-        runs = [RunDir(m) for m in member_configs(cfg)]
-        for r in runs:
-            r.start()
-        initial_threads = torch.get_num_threads()
-        torch.set_num_threads(default_threads(cfg, population))  # as harness.train.control.train
-        source = ControlSource(cfg, runs)
-        loop = Loop(cfg, source, runs, "control")
+        cmd = [sys.executable, "-m", "harness", *ZOO, f"budget.env_steps={steps}", f"population={population}",
+               f"seed={seed}", f"eval_every_steps={steps}", "eval_episodes=10", f"results_dir={tmp}/results",
+               f"hydra.run.dir={tmp}/hydra"]
         t0 = time.perf_counter()
-        loop.run()
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
         wall = time.perf_counter() - t0
-        torch.set_num_threads(initial_threads)
-        info = env_info("CartPole-v1")
-        returns = evaluate(source.agent, "CartPole-v1", 10, None, info, [10_000 + s for s in source.seeds])
-    return wall, returns
+        summaries = [json.loads(p.read_text()) for p in sorted(Path(tmp, "results").rglob("summary.json"))]
+    if len(summaries) != population or any(s["status"] != "completed" for s in summaries):
+        raise RuntimeError(f"expected {population} completed runs, got {[s['status'] for s in summaries]}")
+    return {"wall": wall, "run_s": [float(s["wall_time_s"]) for s in summaries],
+            "returns": [float(s["final"]["eval_return"]) for s in summaries]}
 
 
-def sb3(steps: int, threads: int, seed: int = 0) -> tuple[float, float]:
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.evaluation import evaluate_policy
-
-    def linear(v):
-        return lambda progress: progress * v
-
-    env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
-    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, n_epochs=20, learning_rate=linear(1e-3),
-                gamma=0.98, gae_lambda=0.8, clip_range=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
-                policy_kwargs=dict(net_arch=[64, 64], activation_fn=torch.nn.Tanh), seed=seed, device="cpu",
-                verbose=0)
-    initial_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
+def sb3_process(steps: int, seed: int) -> dict:
+    """One SB3 run as a whole process (:mod:`benchmarks.sb3_ppo`, one torch thread)."""
     t0 = time.perf_counter()
-    model.learn(total_timesteps=steps)
+    out = subprocess.run([sys.executable, str(SB3_WORKER), str(seed), str(steps), "1"], check=True,
+                         capture_output=True, text=True).stdout
     wall = time.perf_counter() - t0
-    torch.set_num_threads(initial_threads)
-    mean, _ = evaluate_policy(model, make_vec_env("CartPole-v1", n_envs=1, seed=10_000), n_eval_episodes=10,
-                              deterministic=True)
-    return wall, float(mean)
+    res = json.loads(out.strip().splitlines()[-1])
+    return {"wall": wall, "train_s": res["train_s"], "return": res["final_return"]}
+
+
+def sb3_sweep(steps: int, seeds: int, workers: int) -> dict:
+    """``seeds`` SB3 runs, ``workers`` fresh processes at a time; wall time of the whole sweep."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        runs = list(pool.map(lambda s: sb3_process(steps, s), range(seeds)))
+    return {"wall": time.perf_counter() - t0, "returns": [r["return"] for r in runs]}
 
 
 def joblib_sweep(steps: int, seeds: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "harness", "-m", *[o for o in ZOO if not o.startswith("progress")],
-               f"budget.env_steps={steps}", f"seed=range(0,{seeds})", f"results_dir={tmp}", "progress=false",
-               "threads=1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+        cmd = [sys.executable, "-m", "harness", "-m", *ZOO, f"budget.env_steps={steps}", f"seed=range(0,{seeds})",
+               f"results_dir={tmp}", "threads=1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+               f"hydra.sweep.dir={tmp}/hydra"]
         t0 = time.perf_counter()
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
         return time.perf_counter() - t0
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "**not met**"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--population", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=2, help="parallel SB3 processes in the seed sweep")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the lone comparison (interleaved)")
     ap.add_argument("--skip-sb3", action="store_true")
-    ap.add_argument("--skip-joblib", action="store_true")
+    ap.add_argument("--joblib", action="store_true", help="also time a 2-worker joblib sweep of lone runs")
     ap.add_argument("--docs", action="store_true",
                     help="also write the table into docs/benchmarks.md's control-speed block, "
                          "stamped with this command and today's date")
     args = ap.parse_args()
-    head = (f"ppo_gae on CartPole-v1, {args.steps} env steps per seed, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads; training wall time only.")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} env steps per seed")
+    import torch  # after the harness's settings would apply; only for the versions printed
 
-    rows = [("| comparison | measured | goal |", "| --- | --- | --- |")]
-    t1, r1 = ours(args.steps, 1)
-    print(f"ours ppo_gae population=1: {t1:.1f} s, final return {r1[0]:.1f}")
-    rows.append((f"| ours, population=1 | {t1:.1f} s, final return {r1[0]:.1f} | |",))
+    P, steps = args.population, args.steps
+    med = statistics.median
+    print(f"torch {torch.__version__}, {steps} env steps per seed; whole processes (start-up included)", flush=True)
+    head = (f"ppo_gae on CartPole-v1, {steps} env steps per seed, rl-baselines3-zoo settings, torch "
+            f"{torch.__version__}; every time is a whole process (`python -m harness ...`, or one "
+            f"`benchmarks/sb3_ppo.py` process per SB3 seed, interpreter start included), each ending with "
+            f"a 10-episode greedy evaluation (the final return). \"in-run\": ours the run's wall_time_s "
+            f"(training + that evaluation), SB3 `learn` alone.")
+    rows = ["| comparison | measured | goal |", "| --- | --- | --- |"]
+
+    lone, sb3 = [], []
+    for r in range(args.rounds):
+        lone.append(ours_process(steps, 1))
+        print(f"round {r}: ours population=1: {lone[-1]['wall']:.1f} s whole (in-run {lone[-1]['run_s'][0]:.1f} s), "
+              f"final return {lone[-1]['returns'][0]:.1f}", flush=True)
+        if not args.skip_sb3:
+            sb3.append(sb3_process(steps, 0))
+            print(f"round {r}: SB3 PPO, 1 thread: {sb3[-1]['wall']:.1f} s whole (learn {sb3[-1]['train_s']:.1f} s), "
+                  f"final return {sb3[-1]['return']:.1f}", flush=True)
+    t1, t1_run = med([x["wall"] for x in lone]), med([x["run_s"][0] for x in lone])
+    rows.append(f"| ours, population=1 (median of {args.rounds}) | {t1:.1f} s whole, {t1_run:.1f} s in-run; final "
+                f"return {med([x['returns'][0] for x in lone]):.1f} | |")
+    if sb3:
+        ts, ts_run = med([x["wall"] for x in sb3]), med([x["train_s"] for x in sb3])
+        ratio = t1 / ts
+        print(f"-> lone: ours / SB3 whole process = {ratio:.2f} (goal <= 0.50: {verdict(ratio <= 0.5)}); "
+              f"in-run {t1_run / ts_run:.2f}", flush=True)
+        rows.append(f"| SB3 PPO, same settings, 1 thread (median of {args.rounds}) | {ts:.1f} s whole, {ts_run:.1f} s "
+                    f"`learn`; final return {med([x['return'] for x in sb3]):.1f} | |")
+        rows.append(f"| lone run: ours / SB3 wall time, whole process (in-run) | **{ratio:.2f}** ({t1_run / ts_run:.2f}) "
+                    f"| <= 0.50: {verdict(ratio <= 0.5)} |")
+
+    pop = ours_process(steps, P)
+    tp, tp_run = pop["wall"], max(pop["run_s"])
+    print(f"ours population={P}: {tp:.1f} s whole (in-run {tp_run:.1f} s); final returns median "
+          f"{med(pop['returns']):.1f} (min {min(pop['returns']):.1f})", flush=True)
+    per_seed, per_seed_run = t1 / (tp / P), t1_run / (tp_run / P)
+    print(f"-> per-seed cost: population=1 / (population={P} / {P}) = {per_seed:.2f}x whole process, "
+          f"{per_seed_run:.2f}x in-run (goal >= 3x: {verdict(per_seed >= 3)})", flush=True)
+    rows.append(f"| ours, population={P} | {tp:.1f} s whole, {tp_run:.1f} s in-run; final returns median "
+                f"{med(pop['returns']):.1f} (min {min(pop['returns']):.1f}) | |")
+    rows.append(f"| per-seed cost, population=1 over population={P} (whole process; in-run) | **{per_seed:.2f}x** "
+                f"({per_seed_run:.2f}x) | >= 3x: {verdict(per_seed >= 3)} |")
     if not args.skip_sb3:
-        initial_threads = torch.get_num_threads()
-        for threads in sorted({initial_threads, 1}, reverse=True):
-            ts, rs = sb3(args.steps, threads)
-            print(f"SB3 PPO (same settings, {threads} thread(s)): {ts:.1f} s, final return {rs:.1f}")
-            print(f"-> ours / SB3 ({threads} thread(s)) wall time = {t1 / ts:.2f} (goal <= 0.50)")
-            rows.append((f"| stable-baselines3 PPO, same settings, {threads} thread(s) | {ts:.1f} s, final return "
-                         f"{rs:.1f} | |", f"| ours / SB3 wall time ({threads} thread(s)) | {t1 / ts:.2f} | <= 0.50 |"))
-    tp, rp = ours(args.steps, args.population)
-    P = args.population
-    print(f"ours population={P}: {tp:.1f} s for {P} seeds = {tp / P:.2f} s/seed; "
-          f"final returns median {sorted(rp)[P // 2]:.1f} (min {min(rp):.1f})")
-    print(f"-> per-seed speed-up vs population=1: {t1 / (tp / P):.2f}x (goal >= 2.5x); "
-          f"{P} seeds take {tp / t1:.2f}x one seed's time (goal <= 6.4x)")
-    rows.append((f"| population={P}: per-seed speed-up vs population=1 | {t1 / (tp / P):.2f}x ({tp:.1f} s for {P} "
-                 f"seeds) | >= 2.5x |",))
-    if not args.skip_joblib:
-        tj = joblib_sweep(args.steps, P)
-        print(f"{P} lone runs as a 2-worker joblib sweep: {tj:.1f} s")
-        print(f"-> population={P} / joblib sweep wall time = {tp / tj:.2f} (goal < 1)")
-        rows.append((f"| {P} seeds as population={P} vs a 2-worker joblib sweep of {P} lone runs | {tp:.1f} s vs "
-                     f"{tj:.1f} s (ratio {tp / tj:.2f}) | < 1 |",))
+        sw = sb3_sweep(steps, P, args.workers)
+        ratio = tp / sw["wall"]
+        print(f"SB3 PPO, {P} seeds, {args.workers} worker processes: {sw['wall']:.1f} s; final returns median "
+              f"{med(sw['returns']):.1f} (min {min(sw['returns']):.1f})", flush=True)
+        print(f"-> population={P} / SB3 {args.workers}-worker sweep = {ratio:.2f} (goal <= 0.33: "
+              f"{verdict(ratio <= 1 / 3)}); median final return ours {med(pop['returns']):.1f}, SB3 "
+              f"{med(sw['returns']):.1f}", flush=True)
+        rows.append(f"| SB3 PPO, {P} seeds, {args.workers} worker processes at a time | {sw['wall']:.1f} s; final "
+                    f"returns median {med(sw['returns']):.1f} (min {min(sw['returns']):.1f}) | |")
+        rows.append(f"| population={P} / SB3 {args.workers}-worker sweep, wall time | **{ratio:.2f}** (median "
+                    f"final return {med(pop['returns']):.1f} vs {med(sw['returns']):.1f}) | <= 0.33, equal "
+                    f"median return: {verdict(ratio <= 1 / 3 and med(pop['returns']) >= med(sw['returns']))} |")
+    if args.joblib:
+        tj = joblib_sweep(steps, P)
+        print(f"{P} lone runs as a 2-worker joblib sweep: {tj:.1f} s -> population={P} / joblib = {tp / tj:.2f}",
+              flush=True)
+        rows.append(f"| population={P} vs a 2-worker joblib sweep of {P} lone runs | {tp:.1f} s vs {tj:.1f} s "
+                    f"(ratio {tp / tj:.2f}) | < 1 |")
     if args.docs:
-        md = "\n".join(line for r in rows for line in r)
-        print(f"wrote {write_block('docs/benchmarks.md', 'control-speed', head + chr(10) + chr(10) + md)}")
+        print(f"wrote {write_block('docs/benchmarks.md', 'control-speed', head + chr(10) + chr(10) + chr(10).join(rows))}")
 
 
 if __name__ == "__main__":
