@@ -300,3 +300,27 @@ def test_same_config_and_seed_give_identical_metrics(estimator, tmp_path):
     a = pd.read_parquet(pa_).drop(columns=["wall_time_s"])
     b = pd.read_parquet(pb_).drop(columns=["wall_time_s"])
     pd.testing.assert_frame_equal(a, b, check_exact=True)
+
+
+@pytest.mark.parametrize("per_network", [False, True])
+def test_lone_grad_clipping_gives_the_bits_of_blockwise_clipping(per_network):
+    """The population-of-one path against the rule written out block by block (views of each
+    gradient's actor and critic rows, norms of norms, one scale per block)."""
+    from harness.models.mlp import clip_grad_norm_per_member
+
+    g = torch.Generator().manual_seed(3)
+    shapes = [(2, 4, 8), (2, 1, 8), (2, 8, 2), (1, 1, 2)]  # last: an actor-only parameter (log-std)
+    grads = [torch.randn(s, generator=g) * 3 for s in shapes]
+    params = [torch.zeros(s, requires_grad=True) for s in shapes]
+    for p, gr in zip(params, grads):
+        p.grad = gr.clone()
+    blocks = [[gr[0] for gr in grads], [gr[1] for gr in grads if gr.shape[0] > 1]]
+    want = torch.stack([torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in b])) for b in blocks])
+    totals = want if per_network else torch.linalg.vector_norm(want).expand(2)
+    for b, n in zip(blocks, totals):
+        for x in b:
+            x.mul_((0.5 / (n + 1e-6)).clamp(max=1.0))
+    norms = clip_grad_norm_per_member(params, 0.5, population=1, per_network=per_network)
+    assert torch.equal(norms, want.view(2, 1))
+    for p, gr in zip(params, grads):
+        assert torch.equal(p.grad, gr)

@@ -78,16 +78,21 @@ def clip_grad_norm_per_member(params: list[torch.Tensor], max_norm: float | None
     per block ``[k_max, P]`` (row 0: the actor).
     """
     P = population
-    views = [member_view(p.grad, P) for p in params if p.grad is not None]
-    k_max = max(v.shape[0] for v in views)
-    if P == 1:  # fused norms per block
-        blocks = [[v[k, 0] for v in views if v.shape[0] > k] for k in range(k_max)]
+    if P == 1:  # fused norms per block; a gradient's rows are its blocks (unbind: one op per tensor)
+        rows = [p.grad.unbind(0) for p in params if p.grad is not None]
+        k_max = max(len(r) for r in rows)
+        blocks = [[r[k] for r in rows if len(r) > k] for k in range(k_max)]
         norms = torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm(b))) for b in blocks])
         if max_norm is not None:
-            total = norms if per_network else torch.linalg.vector_norm(norms).expand(k_max)
-            for b, n in zip(blocks, total):
-                torch._foreach_mul_(b, (max_norm / (n + 1e-6)).clamp(max=1.0))
+            if per_network:
+                for b, n in zip(blocks, norms.unbind(0)):
+                    torch._foreach_mul_(b, (max_norm / (n + 1e-6)).clamp(max=1.0))
+            else:  # one joint norm: one scale for every block
+                joint = torch.linalg.vector_norm(norms)
+                torch._foreach_mul_([g for b in blocks for g in b], (max_norm / (joint + 1e-6)).clamp(max=1.0))
         return norms.view(k_max, 1)
+    views = [member_view(p.grad, P) for p in params if p.grad is not None]
+    k_max = max(v.shape[0] for v in views)
     sq = torch.zeros(k_max, P, dtype=views[0].dtype)
     for v in views:
         sq[: v.shape[0]] += v.pow(2).reshape(v.shape[0], P, -1).sum(dim=-1)
