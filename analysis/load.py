@@ -507,13 +507,9 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
         df["estimator_name"] = df["estimator"]
     else:
         df, codes = _frame(pieces)
-    for c in METRIC_COLUMNS:
-        if c not in _STRING_COLUMNS:
-            if df[c].dtype != np.float64:
-                df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
-        elif df[c].dtype != object:  # _frame's are objects with None already
-            df[c] = df[c].astype(object).where(df[c].notna(), None)
-    df["estimator_name"] = df["estimator_name"].astype(object)
+    for c in METRIC_COLUMNS:  # numbers as float (string columns are objects with None already)
+        if c not in _STRING_COLUMNS and df[c].dtype != np.float64:
+            df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
     _label_variants_in_place(df, codes)
     lead = ["run_dir", "status"] + METRIC_COLUMNS + ["estimator_name"]
     df = df[lead + [c for c in df.columns if c not in lead]]
@@ -542,11 +538,13 @@ def _nonfinite_runs(table: pa.Table, counts: list[int]) -> set[int]:
     return {int(k) for k in np.unique(row_run[bad])}
 
 
-def _frame(pieces: list[tuple[list[dict], list[int], pa.Table]]) -> pd.DataFrame:
+def _frame(pieces: list[tuple[list[dict], list[int], pa.Table]]) -> tuple[pd.DataFrame, dict]:
     """The kept runs' rows stacked (``pieces``: runs, their row counts and their rows, in order), with
     per-run columns (run_dir, status, reason, worst_return) and identity filled from each run's
     config, then its layout; built in Arrow from one value per run (taken to the rows),
-    converted to pandas once."""
+    converted to pandas once. Returns ``(frame, codes)``: the contract's string columns are
+    objects (None where null), and ``codes`` holds :func:`_objects`' factorization of each that
+    was a string column, for :func:`_label_variants_in_place`."""
     recs = [rec for runs_, _, _ in pieces for rec in runs_]
     counts = [n for _, ns, _ in pieces for n in ns]
     idx = pa.array(np.repeat(np.arange(len(recs), dtype=np.int32), counts))
@@ -633,9 +631,9 @@ def label_variants(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _label_variants_in_place(df: pd.DataFrame, codes: dict | None = None) -> None:
+def _label_variants_in_place(df: pd.DataFrame, known: dict | None = None) -> None:
     """:func:`label_variants` on ``df`` itself (load's frame is new already: no copy).
-    ``codes``: column -> ``(codes, n)``, a factorization of that column known already."""
+    ``known``: column -> ``(codes, n)``, a factorization of that column known already."""
     if "estimator_name" not in df.columns:
         df["estimator_name"] = df["estimator"]
     keys = [k for k in VARIANT_KEYS if k in df.columns]
@@ -646,7 +644,7 @@ def _label_variants_in_place(df: pd.DataFrame, codes: dict | None = None) -> Non
     cols = [df["estimator_name"], *(df[k] for k in keys)]
     combined = np.zeros(len(df), dtype=np.int64)
     for name, col in zip(["estimator_name", *keys], cols):
-        c, n = (codes or {}).get(name) or (None, 0)
+        c, n = (known or {}).get(name) or (None, 0)
         if c is None:
             c, u = pd.factorize(col, use_na_sentinel=False)
             n = len(u)

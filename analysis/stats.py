@@ -383,6 +383,13 @@ def _scored_worst(run: pd.DataFrame, diverged: str) -> bool:
     return diverged == "worst" and run["status"].iloc[0] == "diverged"
 
 
+def _runs(df: pd.DataFrame, *columns: str):
+    """``df.groupby(RUN_KEYS)`` over only :data:`RUN_KEYS` and those of ``columns`` it has:
+    slicing a few columns per run instead of all of them (tens of seconds at 10,000 runs)."""
+    keep = [c for c in dict.fromkeys([*RUN_KEYS, *columns]) if c in df.columns]
+    return df[keep].groupby(RUN_KEYS, dropna=False, sort=True)
+
+
 def worst_returns(df: pd.DataFrame) -> pd.DataFrame:
     """The worst return of each run's task: ``run_dir, seed, worst_return, worst_source``.
 
@@ -399,8 +406,7 @@ def worst_returns(df: pd.DataFrame) -> pd.DataFrame:
             v = v[np.isfinite(v)]
             lowest[(task, col)] = float(v.min()) if v.size else np.nan
     rows = []
-    cols = [c for c in dict.fromkeys([*RUN_KEYS, "task", "worst_return", *SCORE_COLUMNS]) if c in df.columns]
-    for (run_dir, seed), run in df[cols].groupby(RUN_KEYS, dropna=False, sort=True):  # (slicing fewer columns)
+    for (run_dir, seed), run in _runs(df, "task", "worst_return", *SCORE_COLUMNS):
         known = run["worst_return"].to_numpy(dtype=float) if "worst_return" in run else np.array([])
         known = known[np.isfinite(known)]
         if known.size:
@@ -431,9 +437,7 @@ def final_scores(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_D
     _check_rule(diverged)
     worst = worst_returns(df).set_index(RUN_KEYS) if diverged == "worst" else None
     rows = []
-    cols = [c for c in dict.fromkeys([*RUN_KEYS, "task", "estimator", "status", "iteration", *SCORE_COLUMNS])
-            if c in df.columns]
-    for (run_dir, seed), run in df[cols].groupby(RUN_KEYS, dropna=False, sort=True):  # (slicing fewer columns)
+    for (run_dir, seed), run in _runs(df, "task", "estimator", "status", "iteration", *SCORE_COLUMNS):
         score, col, n = final_score(run, last_n)
         w, src = np.nan, None
         if _scored_worst(run, diverged):
@@ -471,9 +475,7 @@ def run_table(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_DIVE
             v = tdf[col].to_numpy(dtype=float)
             v = v[np.isfinite(v)]
             score_min[col] = float(v.min()) if v.size else 0.0
-        cols = [c for c in dict.fromkeys([*RUN_KEYS, "status", "iteration", x_col, *SCORE_COLUMNS])
-                if c in tdf.columns]
-        for (run_dir, seed), run in tdf[cols].groupby(RUN_KEYS, dropna=False, sort=True):
+        for (run_dir, seed), run in _runs(tdf, "status", "iteration", x_col, *SCORE_COLUMNS):
             run = run.sort_values("iteration", kind="stable")
             col = score_column(run)
             row = {"run_dir": run_dir, "seed": seed, "x_col": x_col, "budget": budget,
