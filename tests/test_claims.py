@@ -53,6 +53,32 @@ def test_old_null_rule_refuted_a_negligible_effect_the_equivalence_rule_supports
     assert Rule.parse({"equivalent": 0.1}).judge(-0.3, -0.4, -0.2) == "refuted"
 
 
+def test_smallest_effect_rule_decides_a_null_effect_the_zero_threshold_left_to_chance():
+    """C30 (dynamic sampling - none, final exact J) measured -0.0012 [-0.0023, -0.0001] on 177 seed
+    pairs at offset 0 and -0.00004 [-0.0013, 0.0016] on 10 at offset 1000. ``greater: 0`` refuted the
+    first (a tiny effect the wrong way) and left the second inconclusive: not reproduced. Read against
+    the smallest gain that counts (0.01 of J), both intervals lie below it: refuted at both."""
+    old, new = Rule.parse({"greater": 0}), Rule.parse({"greater": {"than": 0, "by": 0.01}})
+    at0, at1000 = (-0.0012, -0.0023, -0.0001), (-0.00004, -0.0013, 0.0016)
+    assert (old.judge(*at0), old.judge(*at1000)) == ("refuted", "inconclusive")
+    assert (new.judge(*at0), new.judge(*at1000)) == ("refuted", "refuted")
+    # a tiny positive effect at a large n: the zero threshold supports it, the smallest effect refutes it
+    assert old.judge(0.002, 0.001, 0.003) == "supported" and new.judge(0.002, 0.001, 0.003) == "refuted"
+    # an effect beyond the smallest one is still supported, one straddling it undecided
+    assert new.judge(0.05, 0.02, 0.08) == "supported" and new.judge(0.02, 0.005, 0.035) == "inconclusive"
+    # less: the mirror image, read at than - by (C26: entropy drift GRPO - RLOO, by 0.1 nats)
+    less = Rule.parse({"less": {"than": 0, "by": 0.1}})
+    assert less.threshold == -0.1 and less.text == "< 0 by 0.1"
+    assert less.judge(-0.0002, -0.055, 0.054) == "refuted"  # no drift difference: refuted, not undecided
+    assert Rule.parse({"less": 0}).judge(-0.0002, -0.055, 0.054) == "inconclusive"
+    assert less.judge(-0.3, -0.4, -0.15) == "supported" and less.judge(-0.225, -0.401, -0.054) == "inconclusive"
+    # needed n is read against the moved threshold: point 0.05, interval [0.01, 0.09] at 10, threshold 0.03
+    assert needed_n(Rule.parse({"greater": {"by": 0.03}}), 0.05, 0.01, 0.09, 10) == np.ceil(10 * 4 * POWER_FACTOR)
+    for bad in ({"greater": {"than": 0}}, {"greater": {"by": -1}}, {"less": {"by": 0.1, "to": 1}}):
+        with pytest.raises(ValueError):
+            Rule.parse(bad)
+
+
 def test_needed_n_by_hand():
     # greater 0: point 0.1, interval [-0.1, 0.3] at n = 10: h = 0.2, m = 0.1 -> 10 * 4 * factor
     assert needed_n(Rule.parse({"greater": 0}), 0.1, -0.1, 0.3, 10) == np.ceil(10 * 4 * POWER_FACTOR)
@@ -432,7 +458,7 @@ def test_plan_extends_what_fits_and_says_what_does_not(tmp_path):
         d = tmp_path / name / "run0"
         d.mkdir(parents=True)
         (d / "summary.json").write_text(json.dumps({"status": "completed", "wall_time_s": wall}))
-        cfg = NS(mode=mode, population=n if mode == "train" else 1, probe=NS(batches=n))
+        cfg = NS(mode=mode, population=n if mode == "train" else 1, probe=NS(batches=n), task=NS(family="control"))
         e = C.ExpData(name, pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
         e.points = [Point(name, [], cfg, [d])]
         return e
@@ -451,6 +477,41 @@ def test_plan_extends_what_fits_and_says_what_does_not(tmp_path):
     assert C.extensions(plan) == {"claim_c8": {"population": 10}}
     # a decided claim asks for nothing
     assert C.make_plan([C.Verdict("C8", "supported", parts=[seeds])], data, 1e9)["experiments"] == {}
+
+
+@pytest.mark.parametrize("family, cost", [("toy", 3 * 20.0 * (3 - 1)), ("lm", 3 * 20.0 * (3 - 1)),
+                                          ("control", 22.0 * (3 - 1))])
+def test_plan_prices_a_population_as_its_family_trains_it(tmp_path, family, cost):
+    """Three members recorded 18, 20 and 22 s. Toy and LM members train one after another, each
+    recording its own time: stage one took 60 s. A control population trains as one batch and every
+    member records the batch's time: 22 s. Tripling the seeds costs twice that again. (Before, every
+    point was priced at its longest member: C30's toy extension to 177 seeds was estimated at 1.1 min
+    and took 7.7.)"""
+    from types import SimpleNamespace as NS
+
+    from harness.experiments import Point
+
+    dirs = []
+    for i, wall in enumerate((18.0, 20.0, 22.0)):
+        d = tmp_path / f"seed{i}"
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"status": "completed", "wall_time_s": wall}))
+        dirs.append(d)
+    e = C.ExpData("claim_x", pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
+    e.points = [Point("claim_x", [], NS(mode="train", population=3, task=NS(family=family)), dirs)]
+    part = C.Part("p", 1.0, -1.0, 3.0, "> 0", "inconclusive", "3 seeds", 3, 9, unit="seeds", experiment="claim_x")
+    plan = C.make_plan([C.Verdict("CX", "inconclusive", parts=[part])], {"claim_x": e}, budget_left_s=1e9)
+    assert plan["experiments"]["claim_x"]["population"] == 9
+    assert plan["experiments"]["claim_x"]["cost_s"] == pytest.approx(cost)
+
+
+def test_one_by_one_families_are_the_trainers_that_train_members_one_by_one():
+    import importlib
+    import inspect
+
+    for family in ("control", "lm", "toy"):
+        train = importlib.import_module(f"harness.train.{family}").train
+        assert ("train_one_by_one(" in inspect.getsource(train)) == (family in X.ONE_BY_ONE_FAMILIES), family
 
 
 def test_an_extension_keeps_stage_one_runs_and_adds_seeds(tmp_path):

@@ -29,6 +29,9 @@ def _interval_axis(ax, p) -> None:
         elif rule.kind in ("greater", "less"):
             ax.axvline(rule.a, color="tab:blue", lw=1)
             xs.append(rule.a)
+            if rule.b:  # the smallest effect that counts: the line the interval is read against
+                ax.axvline(rule.threshold, color="tab:blue", lw=1, ls="--")
+                xs.append(rule.threshold)
     if np.isfinite(p.low) and np.isfinite(p.high):
         ax.plot([p.low, p.high], [0, 0], color=color, lw=4, solid_capstyle="butt")
     if np.isfinite(p.point):

@@ -19,6 +19,7 @@ import json
 import math
 from pathlib import Path
 
+from harness.experiments import ONE_BY_ONE_FAMILIES
 from harness.io import atomic_write_json
 
 from .evidence import ExpData, wall_seconds
@@ -52,7 +53,10 @@ def extensions(plan: dict) -> dict[str, dict]:
 
 
 def _stage_one(e: ExpData) -> dict:
-    """Per mode: the stated n (population or batches) and stage one's wall time."""
+    """Per mode: the stated n (population or batches) and stage one's wall time. A point's time
+    is the sum of its members' recorded wall times when its family trains them one after another
+    (toy, LM), and the longest one when they train as one batch (control: each member records
+    the batch's time)."""
     out = {"train": {"n": 0, "cost": 0.0}, "probe": {"n": 0, "cost": 0.0}}
     for p in e.points:
         if p.cfg is None:
@@ -60,7 +64,9 @@ def _stage_one(e: ExpData) -> dict:
         mode = "probe" if p.cfg.mode == "probe" else "train"
         n = int(p.cfg.population) if mode == "train" else int(p.cfg.probe.batches or 0)
         out[mode]["n"] = max(out[mode]["n"], n)
-        out[mode]["cost"] += max([wall_seconds(d) for d in p.run_dirs] or [0.0])
+        walls = [wall_seconds(d) for d in p.run_dirs] or [0.0]
+        one_by_one = mode == "probe" or p.cfg.task.family in ONE_BY_ONE_FAMILIES
+        out[mode]["cost"] += sum(walls) if one_by_one else max(walls)
     return out
 
 

@@ -6,7 +6,14 @@ is applied. With the interval ``[lo, hi]`` of a statistic ``s``:
 
 * ``greater: t`` (an effect ``s > t``): supported if ``lo > t``, refuted if ``hi < t``, else
   inconclusive.
-* ``less: t``: the mirror image.
+* ``greater: {than: t, by: d}`` (an effect of at least ``d``, the smallest effect that counts):
+  the same read at ``t + d``: supported if ``lo > t + d``, refuted if ``hi < t + d``. With
+  ``d = 0`` a null effect is never refuted: its interval shrinks onto ``t`` and the verdict
+  stays inconclusive, or falls either way by chance at any n (the interval of a tiny effect
+  excludes ``t`` once n is large). With ``d > 0`` (the region of practical equivalence, Kruschke
+  2018) more data converges on one verdict: supported when the effect exceeds ``d``, refuted
+  when it is smaller, including when it is none.
+* ``less: t`` and ``less: {than: t, by: d}``: the mirror image (supported if ``hi < t - d``).
 * ``equivalent: {tol, to}`` (a null ``s = to`` within ``+-tol``; ``to`` defaults to 0): the
   two one-sided tests (TOST, Schuirmann 1987) read on the same interval: supported if the
   interval lies inside ``[to - tol, to + tol]``, refuted if it lies wholly outside it, else
@@ -45,15 +52,23 @@ class Rule:
 
     kind: str
     a: float = 0.0  # threshold, centre (equivalent), lower end (between), tolerance (exact)
-    b: float = 0.0  # tolerance (equivalent), upper end (between)
+    b: float = 0.0  # tolerance (equivalent), upper end (between), smallest effect (greater, less)
 
     @classmethod
     def parse(cls, spec) -> "Rule":
-        """From a claims.yaml entry: ``{greater: 1}``, ``{equivalent: 0.1}``,
-        ``{equivalent: {tol: 0.05, to: 1}}``, ``{between: [0, 0.1]}``, ``{exact: 1e-9}``."""
+        """From a claims.yaml entry: ``{greater: 1}``, ``{less: {than: 0, by: 0.1}}``,
+        ``{equivalent: 0.1}``, ``{equivalent: {tol: 0.05, to: 1}}``, ``{between: [0, 0.1]}``,
+        ``{exact: 1e-9}``."""
         if not isinstance(spec, dict) or len(spec) != 1:
             raise ValueError(f"rule must be one of greater|less|equivalent|between|exact, got {spec!r}")
         (kind, v), = spec.items()
+        if kind in ("greater", "less") and isinstance(v, dict):
+            if set(v) - {"than", "by"} or "by" not in v:
+                raise ValueError(f"rule {kind}: needs {{than: t, by: d}} (than defaults to 0), got {v!r}")
+            by = float(v["by"])
+            if not by >= 0:
+                raise ValueError(f"rule {kind}: by (the smallest effect that counts) must be >= 0, got {v['by']!r}")
+            return cls(kind, float(v.get("than", 0.0)), by)
         if kind in ("greater", "less", "exact"):
             return cls(kind, float(v))
         if kind == "equivalent":
@@ -68,11 +83,15 @@ class Rule:
         raise ValueError(f"unknown rule {kind!r}; allowed: greater, less, equivalent, between, exact")
 
     @property
+    def threshold(self) -> float:
+        """Where a ``greater``/``less`` rule reads the interval: ``than`` moved by the smallest effect."""
+        return self.a + self.b if self.kind == "greater" else self.a - self.b
+
+    @property
     def text(self) -> str:
-        if self.kind == "greater":
-            return f"> {self.a:g}"
-        if self.kind == "less":
-            return f"< {self.a:g}"
+        if self.kind in ("greater", "less"):
+            sign = ">" if self.kind == "greater" else "<"
+            return f"{sign} {self.a:g}" + (f" by {self.b:g}" if self.b else "")
         if self.kind == "equivalent":
             return f"= {self.a:g} (+-{self.b:g})"
         if self.kind == "between":
@@ -82,10 +101,11 @@ class Rule:
     @property
     def sentence(self) -> str:
         """The rule in words, for the report."""
-        if self.kind == "greater":
-            return f"supported if the interval lies above {self.a:g}, refuted if below"
-        if self.kind == "less":
-            return f"supported if the interval lies below {self.a:g}, refuted if above"
+        if self.kind in ("greater", "less"):
+            side, other = ("above", "below") if self.kind == "greater" else ("below", "above")
+            by = (f" ({self.a:g} {'+' if self.kind == 'greater' else '-'} {self.b:g}, the smallest effect that counts)"
+                  if self.b else "")
+            return f"supported if the interval lies {side} {self.threshold:g}{by}, refuted if {other}"
         if self.kind == "equivalent":
             return (f"equivalence to {self.a:g} within +-{self.b:g} (TOST): supported if the interval lies inside "
                     f"[{self.a - self.b:g}, {self.a + self.b:g}], refuted if wholly outside")
@@ -99,9 +119,11 @@ class Rule:
         if not _finite(low, high):
             return "inconclusive"
         if self.kind == "greater":
-            return "supported" if low > self.a else "refuted" if high < self.a else "inconclusive"
+            t = self.threshold
+            return "supported" if low > t else "refuted" if high < t else "inconclusive"
         if self.kind == "less":
-            return "supported" if high < self.a else "refuted" if low > self.a else "inconclusive"
+            t = self.threshold
+            return "supported" if high < t else "refuted" if low > t else "inconclusive"
         lo_b, hi_b = self.band
         if low >= lo_b and high <= hi_b and (self.kind == "equivalent" or (low > lo_b and high < hi_b)):
             return "supported"
@@ -122,8 +144,9 @@ class Rule:
         if not _finite(point, low, high) or self.kind == "exact":
             return None
         if self.kind in ("greater", "less"):
-            m = abs(point - self.a)
-            h = (point - low) if point > self.a else (high - point)
+            t = self.threshold
+            m = abs(point - t)
+            h = (point - low) if point > t else (high - point)
             return (h, m) if m > 0 else None
         lo_b, hi_b = self.band
         if lo_b < point < hi_b:  # heading for "supported": both ends must come inside the band

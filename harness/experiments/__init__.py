@@ -45,7 +45,8 @@ REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"
 TESTS_DIR = REPO / "tests"
 
-__all__ = ["CLAIMS_FILE", "CLAIM_EXPERIMENTS", "CLAIM_IDS", "EXACT_CLAIMS", "EXPERIMENTS", "Experiment", "NotComposed", "Point",
+__all__ = ["CLAIMS_FILE", "CLAIM_EXPERIMENTS", "CLAIM_IDS", "EXACT_CLAIMS", "EXPERIMENTS", "Experiment", "NotComposed",
+           "ONE_BY_ONE_FAMILIES", "Point",
            "compose_points", "experiments_for", "lm_unavailable", "point_done", "sweep_overrides", "sweep_params"]
 
 
@@ -66,6 +67,12 @@ class Experiment:
     # would otherwise leave their mark on
     isolate: bool = False
 
+
+#: Families whose trainer runs a population's members one after another (``train_one_by_one`` in
+#: harness/train/toy.py and lm.py), each member's recorded wall time its own; a control population
+#: trains as one batch, every member's wall time that of the whole batch. The claims plan prices an
+#: extension from these (analysis.claims.plan); tests/test_claims.py checks them against the trainers.
+ONE_BY_ONE_FAMILIES = frozenset({"toy", "lm"})
 
 # --quick: every experiment in seconds (under 2 minutes in all on 2 cores): fewer batches, seeds and steps
 _TOY_QUICK = {"++probe.batches": "1000", "++probe.reps": "500"}
@@ -91,7 +98,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("claim_c29", "toy", {"population": "3", "budget.env_steps": "1920"}),
     Experiment("claim_c30", "toy", {"population": "3", "budget.env_steps": "1920"}),
     Experiment("claim_c31", "toy", _TOY_QUICK),
-    Experiment("claim_c8", "control", {**_CONTROL_QUICK, "clip_eps": "0.2,null", "epochs": "10"}),
+    Experiment("claim_c8", "control", _CONTROL_QUICK),
+    Experiment("claim_c8_grid", "control", {**_CONTROL_QUICK, "clip_eps": "0.2,null", "epochs": "1,10"}),
     Experiment("claim_c9", "control", _CONTROL_QUICK),
     Experiment("claim_c11", "control", {**_CONTROL_QUICK, "ent_coef": "0.0,0.05"}),
     Experiment("claim_c10", "lm", quick_skip="--quick skips the LM task (its SFT/reward-model pipeline alone "
