@@ -514,6 +514,32 @@ def test_one_by_one_families_are_the_trainers_that_train_members_one_by_one():
         assert ("train_one_by_one(" in inspect.getsource(train)) == (family in X.ONE_BY_ONE_FAMILIES), family
 
 
+def test_the_plan_is_given_the_budget_left_after_judging_again(tmp_path, monkeypatch):
+    """An extension costs its runs and a second judgement: with --budget-min 1 and a judgement that
+    takes 0.5 s, the plan gets at most 60 - 0.5 (stage one's judgement) - 0.5 (the one to come).
+    Before, it got 59.5: --quick's second stage ran extensions the 2 minutes had no room to judge."""
+    import time
+
+    from analysis import cli
+
+    def judge(*a, **k):
+        time.sleep(0.5)
+        return [], {}, {"plan": {"experiments": {}}}
+
+    seen = {}
+
+    def plan(verdicts, data, budget_left_s, previous=None):
+        seen["left"] = budget_left_s
+        raise SystemExit(0)
+
+    monkeypatch.setattr(XR, "run_claims", lambda *a, **k: {})
+    monkeypatch.setattr(C, "evaluate_all", judge)
+    monkeypatch.setattr(C, "make_plan", plan)
+    with pytest.raises(SystemExit):
+        cli.main(["claims", str(tmp_path), "--run", "--budget-min", "1"])
+    assert 58.0 < seen["left"] <= 59.0
+
+
 def test_an_extension_keeps_stage_one_runs_and_adds_seeds(tmp_path):
     one = X.compose_points("claim_c18", tmp_path, quick=True)
     ext = X.compose_points("claim_c18", tmp_path, quick=True, extend={"population": 8})
