@@ -243,8 +243,8 @@ def _add_claims(sub) -> None:
                         "(default), last = its last evaluation carried forward")
     p.add_argument("--budget-min", type=_int_at_least(0), default=None, metavar="MIN",
                    help="with --run: the time budget in minutes for both stages; an undecided claim's experiment is "
-                        "extended only when its estimated time, and judging again, fit what is left (default 45; 2 with "
-                        "--quick)")
+                        "extended only when its estimated time, judging again and writing the report fit what is left "
+                        "(default 45; 2 with --quick)")
     p.add_argument("--readme", type=_readme_file, action="append", default=None, metavar="FILE",
                    help="also rewrite the claims blocks of the markdown file FILE (README.md, docs/claims.md, any "
                         "page) from the reports of every offset in DIR: the table between its claims-table markers, "
@@ -274,8 +274,9 @@ def _run_claims(args) -> int:
         verdicts, data, meta = claims.evaluate_all(root, args.quick, only, args.seed_offset, diverged=args.diverged)
         t_judge = time.time() - t_judge
         budget_min = args.budget_min if args.budget_min is not None else (2 if args.quick else 45)
-        # an extension costs its runs and judging again: what is left after that second judgement
-        plan = claims.make_plan(verdicts, data, budget_min * 60 - (time.time() - t0) - t_judge, meta["plan"])
+        # the budget covers the whole command: an extension costs its runs and judging again, and the
+        # report (written either way) takes about as long as a judgement
+        plan = claims.make_plan(verdicts, data, budget_min * 60 - (time.time() - t0) - 2 * t_judge, meta["plan"])
         claims.write_plan(root, args.quick, args.seed_offset, plan)
         ext = claims.extensions(plan)
         fresh = {k: v for k, v in ext.items() if k not in claims.extensions(meta["plan"])
