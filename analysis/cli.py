@@ -244,7 +244,7 @@ def _add_claims(sub) -> None:
     p.add_argument("--budget-min", type=_int_at_least(0), default=None, metavar="MIN",
                    help="with --run: the time budget in minutes for both stages; an undecided claim's experiment is "
                         "extended only when its estimated time, judging again and writing the report fit what is left "
-                        "(default 45; 2 with --quick)")
+                        "(default 45; 1.5 with --quick, whose whole command should take under 2)")
     p.add_argument("--readme", type=_readme_file, action="append", default=None, metavar="FILE",
                    help="also rewrite the claims blocks of the markdown file FILE (README.md, docs/claims.md, any "
                         "page) from the reports of every offset in DIR: the table between its claims-table markers, "
@@ -273,7 +273,7 @@ def _run_claims(args) -> int:
         t_judge = time.time()
         verdicts, data, meta = claims.evaluate_all(root, args.quick, only, args.seed_offset, diverged=args.diverged)
         t_judge = time.time() - t_judge
-        budget_min = args.budget_min if args.budget_min is not None else (2 if args.quick else 45)
+        budget_min = args.budget_min if args.budget_min is not None else (1.5 if args.quick else 45)
         # the budget covers the whole command: an extension costs its runs and judging again, and the
         # report (written either way) takes about as long as a judgement
         plan = claims.make_plan(verdicts, data, budget_min * 60 - (time.time() - t0) - 2 * t_judge, meta["plan"])
