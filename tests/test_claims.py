@@ -541,6 +541,23 @@ def test_the_plan_is_given_the_budget_left_after_judging_again(tmp_path, monkeyp
     assert 57.5 < seen["left"] <= 58.5
 
 
+def test_points_composed_again_are_equal_copies(tmp_path):
+    """A claims run composes each point to run it and again to judge it: the second time comes
+    from the process's memo, equal to a fresh Hydra compose and a copy of its own."""
+    from omegaconf import OmegaConf
+
+    X._COMPOSED.clear()
+    first = X.compose_points("claim_c30", tmp_path, quick=True, seed_offset=1000)
+    again = X.compose_points("claim_c30", tmp_path, quick=True, seed_offset=1000)
+    X._COMPOSED.clear()
+    fresh = X.compose_points("claim_c30", tmp_path, quick=True, seed_offset=1000)
+    for a, b, c in zip(first, again, fresh):
+        assert OmegaConf.to_container(b.cfg) == OmegaConf.to_container(c.cfg) and b.run_dirs == c.run_dirs
+        assert b.cfg is not a.cfg and b.cfg.seed == 1000
+        a.cfg.seed = -1  # a caller's change stays its own
+        assert b.cfg.seed == 1000 and X.compose_points("claim_c30", tmp_path, True, 1000)[0].cfg.seed == 1000
+
+
 def test_an_extension_keeps_stage_one_runs_and_adds_seeds(tmp_path):
     one = X.compose_points("claim_c18", tmp_path, quick=True)
     ext = X.compose_points("claim_c18", tmp_path, quick=True, extend={"population": 8})
