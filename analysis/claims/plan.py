@@ -64,9 +64,8 @@ def _stage_one(e: ExpData) -> dict:
         mode = "probe" if p.cfg.mode == "probe" else "train"
         n = int(p.cfg.population) if mode == "train" else int(p.cfg.probe.batches or 0)
         out[mode]["n"] = max(out[mode]["n"], n)
-        walls = [wall_seconds(d) for d in p.run_dirs] or [0.0]
-        one_by_one = mode == "probe" or p.cfg.task.family in ONE_BY_ONE_FAMILIES
-        out[mode]["cost"] += sum(walls) if one_by_one else max(walls)
+        walls = [wall_seconds(d) for d in p.run_dirs] or [0.0]  # a probe point has one run: sum = max
+        out[mode]["cost"] += sum(walls) if p.cfg.task.family in ONE_BY_ONE_FAMILIES else max(walls)
     return out
 
 
