@@ -79,6 +79,22 @@ def test_smallest_effect_rule_decides_a_null_effect_the_zero_threshold_left_to_c
             Rule.parse(bad)
 
 
+def test_c21_one_sided_rule_decides_a_lowered_frontier_the_equivalence_rule_left_undecided():
+    """C21 "a KL penalty does not lift the gold-vs-KL frontier" is one-sided. The gold gap of the
+    beta > 0 runs to the beta = 0 frontier measured -0.067 [-0.178, 0.055] at offset 0 and -0.221
+    [-0.325, -0.070] at offset 1000 (the penalty lowered the frontier). ``equivalent: 0.25`` also
+    demanded "does not lower" and left offset 1000 inconclusive: not reproduced. The rule in
+    conf/claims.yaml (non-superiority at the same 0.25 gold std) supports both."""
+    c21 = next(c for c in C.CLAIMS if c.id == "C21")
+    rule = next(p.rule for p in c21.parts if p.stat == "frontier_gap")
+    at0, at1000 = (-0.0665, -0.178, 0.0545), (-0.221, -0.325, -0.0701)
+    old = Rule.parse({"equivalent": 0.25})
+    assert (old.judge(*at0), old.judge(*at1000)) == ("supported", "inconclusive")
+    assert (rule.judge(*at0), rule.judge(*at1000)) == ("supported", "supported")
+    # it still refutes a lift beyond 0.25 gold std and leaves one straddling it undecided
+    assert rule.judge(0.5, 0.3, 0.7) == "refuted" and rule.judge(0.2, 0.1, 0.35) == "inconclusive"
+
+
 def test_needed_n_by_hand():
     # greater 0: point 0.1, interval [-0.1, 0.3] at n = 10: h = 0.2, m = 0.1 -> 10 * 4 * factor
     assert needed_n(Rule.parse({"greater": 0}), 0.1, -0.1, 0.3, 10) == np.ceil(10 * 4 * POWER_FACTOR)
