@@ -304,3 +304,45 @@ def test_run_folders_are_found_in_path_order_hidden_skipped_links_named(tmp_path
     assert analysis.find_run_dirs(tmp_path) == [tmp_path, tmp_path / "a" / "b", tmp_path / "a-b" / "c", tmp_path / "z"]
     from analysis.load import left_out_links
     assert [r["run_dir"] for r in left_out_links(tmp_path)] == ["y"]
+
+
+# ---------------------------------------------------------------- row order (issue 16)
+def _written(tmp_path, layout):
+    """Write ``layout``: (run dir, task, estimator, seed, update), the k-th run with 4 + k
+    iterations (blocks of different sizes); returns each dir's episode_return."""
+    out = {}
+    for k, (rel, task, est, seed, update) in enumerate(layout):
+        n = 4 + k
+        cols = curve_columns("CartPole-v1", est, seed, iterations=n, eval_every=2)
+        cols["task"], cols["update"] = [task] * n, [update] * n
+        write_run(tmp_path / rel, cols, summary=_summary(rel, "completed", n))
+        out[rel] = list(cols["episode_return"])
+    return out
+
+
+@pytest.mark.parametrize("finished_only", [True, False])
+def test_rows_are_in_pandas_sort_order_when_the_walk_order_is_not(tmp_path, finished_only):
+    """The walk sorts run directories as paths; the frame is sorted by task, estimator (its label),
+    run_dir, seed, iteration. Here the directories' names disagree with the tasks their runs
+    logged and with the labels, so the runs must move: the frame equals pandas' own sort of it,
+    and every run's rows are the rows it wrote, whole and in iteration order. With
+    ``finished_only=False`` a directory stacking two seeds (seed not constant in its rows, its
+    iterations repeated) is loaded too, which only pandas' sort of the rows can order."""
+    from analysis.load import SORT_COLUMNS
+    written = _written(tmp_path, [
+        ("a/ppo_gae/r0", "Zeta", "ppo_gae", 3, "clip"), ("a/ppo_gae/r1", "Alpha", "ppo_gae", 1, "pg"),
+        ("b/grpo/r2", "Alpha", "grpo", 2, "clip"), ("b/grpo/r3", "Zeta", "grpo", 0, "clip"),
+        ("c/a2c/r4", "Alpha", "a2c", 5, "clip"), ("c/a2c/r5", "Alpha", "a2c", 4, "clip")])
+    if not finished_only:
+        a, b = _cols("ppo_gae", 7), _cols("ppo_gae", 6)
+        write_run(tmp_path / "a" / "ppo_gae" / "stack", {k: list(a[k]) + list(b[k]) for k in a})
+    df = analysis.load(tmp_path, finished_only=finished_only)
+    expect = df.sort_values(SORT_COLUMNS, kind="stable", na_position="last").reset_index(drop=True)
+    assert df.equals(expect) and list(df.index) == list(range(len(df)))
+    order = df.drop_duplicates("run_dir")["run_dir"].tolist()  # Alpha: a2c, grpo, ppo_gae[update=pg]; Zeta
+    assert order[:6] == ["c/a2c/r4", "c/a2c/r5", "b/grpo/r2", "a/ppo_gae/r1", "b/grpo/r3", "a/ppo_gae/r0"] \
+        if finished_only else order[:2] == ["c/a2c/r4", "c/a2c/r5"]
+    for rel, ret in written.items():
+        rows = df[df["run_dir"] == rel]
+        assert rows["iteration"].tolist() == list(range(1, len(ret) + 1))
+        np.testing.assert_array_equal(rows["episode_return"].to_numpy(), ret)
