@@ -771,3 +771,21 @@ def test_frontier_gap_skips_iterations_without_kl_ref():
     stat = K.frontier_gap(e, part)
     measured = np.sqrt(np.array([1, 4, 7, 10]) / 12)
     assert stat.point == pytest.approx(-0.1 / np.std(np.tile(measured, 2)), rel=1e-9)
+
+
+def test_a_part_panel_title_keeps_its_rule_and_verdict_however_long_the_name():
+    """A long part name is shortened, never the rule or the verdict after it (C21's panel once
+    read "... (gold std units; a lift [...]", its rule cut off)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analysis.claims.figures import _interval_axis
+    rule = Rule.parse({"less": 0.25})
+    part = C.Part("gold gap of beta>0 runs to the beta=0 frontier at equal sqrt(KL) (gold std units) " * 2,
+                  -0.221, -0.325, -0.0701, rule.text, "supported", spec=rule)
+    fig, ax = plt.subplots()
+    _interval_axis(ax, part)
+    title = ax.get_title(loc="left")
+    plt.close(fig)
+    assert title.endswith(" [< 0.25]: supported") and title.startswith("gold gap of beta>0") and len(title) <= 95

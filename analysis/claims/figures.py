@@ -43,7 +43,8 @@ def _interval_axis(ax, p) -> None:
     ax.set_yticks([])
     ax.tick_params(axis="x", labelsize=6)
     role = ", power check" if p.role == "power" else ""
-    ax.set_title(textwrap.shorten(f"{p.name} [{p.rule}{role}]: {p.verdict}", 95), fontsize=6.5, loc="left")
+    tail = f" [{p.rule}{role}]: {p.verdict}"  # the rule and the verdict are never cut; a long name is
+    ax.set_title(textwrap.shorten(p.name, max(95 - len(tail), 20)) + tail, fontsize=6.5, loc="left")
 
 
 def _curve_panel(ax, claim, data: dict[str, ExpData]) -> bool:
