@@ -639,9 +639,7 @@ def _frame(pieces: list[tuple[list[dict], list[int], pa.Table]]) -> tuple[pd.Dat
     # values, not one new str per row: pandas' own conversion of 4M rows took seconds per column
     names = [c for c in table.column_names if c in _STRING_COLUMNS]
     converted = {c: _objects(table.column(c)) for c in names}
-    # one thread: Arrow's threaded conversion of a table of many chunks (one per run) was 6x slower
-    # here (2.3 s against 0.38 s for 5,000 runs' chunks; benchmarks/analysis_load.py)
-    df = table.drop_columns(names).to_pandas(split_blocks=True, use_threads=False)
+    df = table.drop_columns(names).to_pandas(split_blocks=True)
     for c in names:  # dtype=object: left to itself pandas would infer its str dtype again
         df[c] = pd.Series(converted[c][0], index=df.index, dtype=object, copy=False)
     df["estimator_name"] = df["estimator"]
