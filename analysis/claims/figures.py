@@ -70,6 +70,10 @@ def _curve_panel(ax, claim, data: dict[str, ExpData]) -> bool:
         drawn = True
     ax.set_xlabel(x, fontsize=7)
     ax.set_ylabel(f"{col} (mean over seeds)", fontsize=7)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # five-digit step counts ran into each other
+    ax.tick_params(labelsize=7)
     ax.legend(fontsize=6)
     return drawn
 
