@@ -534,11 +534,26 @@ def _sort_rows(df: pd.DataFrame, counts: list[int], codes: dict) -> pd.DataFrame
     rows', and where the blocks are in order already (the walk sorts run directories as paths,
     which is this order in the ``<task>/<estimator>/<run>`` layout) no row is moved or copied.
     Anything else gets pandas' sort of the rows."""
-    if df.empty or not counts or sum(counts) != len(df):
-        return df.sort_values(SORT_COLUMNS, kind="stable", na_position="last").reset_index(drop=True)
     counts_ = np.asarray(counts, dtype=np.int64)
     starts = np.cumsum(counts_) - counts_
-    first = np.repeat(starts, counts_)  # each row's block's first row
+    if not _blockwise(df, counts_, starts, codes):
+        return df.sort_values(SORT_COLUMNS, kind="stable", na_position="last").reset_index(drop=True)
+    heads = df.take(starts)[SORT_COLUMNS[:-1]].reset_index(drop=True)  # one row per run
+    order = heads.sort_values(SORT_COLUMNS[:-1], kind="stable", na_position="last").index.to_numpy()
+    if np.array_equal(order, np.arange(len(order))):
+        return df
+    n = counts_[order]
+    rows = np.repeat(starts[order] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+    return df.take(rows).reset_index(drop=True)
+
+
+def _blockwise(df: pd.DataFrame, counts: np.ndarray, starts: np.ndarray, codes: dict) -> bool:
+    """Whether :func:`_sort_rows` may sort ``df`` by runs: its rows are the blocks of ``counts``
+    (first rows ``starts``), and in every block task, the estimator's name, the variant settings
+    (by ``codes``) and seed are constant and iteration increases."""
+    if df.empty or not len(counts) or int(counts.sum()) != len(df):
+        return False
+    first = np.repeat(starts, counts)  # each row's block's first row
 
     def constant(values: np.ndarray) -> bool:
         head = values[first]
@@ -548,22 +563,14 @@ def _sort_rows(df: pd.DataFrame, counts: list[int], codes: dict) -> pd.DataFrame
         return bool(same.all())
 
     names = ["estimator_name", "task", *(k for k in VARIANT_KEYS if k in df.columns)]
-    blockwise = all(c in codes for c in names) and all(constant(codes[c][0]) for c in names)
-    if blockwise:
-        seed = df["seed"].to_numpy(dtype=float, na_value=np.nan)
-        it = df["iteration"].to_numpy(dtype=float, na_value=np.nan)
-        inside = np.ones(len(it), dtype=bool)
-        inside[starts] = False  # a step from one block into the next is not a step within a block
-        blockwise = constant(seed) and not np.isnan(it).any() and bool((np.diff(it) > 0)[inside[1:]].all())
-    if not blockwise:
-        return df.sort_values(SORT_COLUMNS, kind="stable", na_position="last").reset_index(drop=True)
-    heads = df[SORT_COLUMNS[:-1]].take(starts).reset_index(drop=True)
-    order = heads.sort_values(SORT_COLUMNS[:-1], kind="stable", na_position="last").index.to_numpy()
-    if np.array_equal(order, np.arange(len(order))):
-        return df
-    n = counts_[order]
-    rows = np.repeat(starts[order] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
-    return df.take(rows).reset_index(drop=True)
+    if not all(c in codes and constant(codes[c][0]) for c in names):
+        return False
+    if not constant(df["seed"].to_numpy(dtype=float, na_value=np.nan)):
+        return False
+    it = df["iteration"].to_numpy(dtype=float, na_value=np.nan)
+    inside = np.ones(len(it), dtype=bool)
+    inside[starts] = False  # a step from one block into the next is not a step within a block
+    return not np.isnan(it).any() and bool((np.diff(it) > 0)[inside[1:]].all())
 
 
 def _nonfinite_runs(table: pa.Table, counts: list[int]) -> set[int]:

@@ -320,21 +320,25 @@ def _written(tmp_path, layout):
     return out
 
 
-@pytest.mark.parametrize("finished_only", [True, False])
-def test_rows_are_in_pandas_sort_order_when_the_walk_order_is_not(tmp_path, finished_only):
+@pytest.mark.parametrize("finished_only,stacked,renumber", [(True, None, False), (False, (7, 6), False),
+                                                             (False, (7, 7), False), (False, (7, 6), True)])
+def test_rows_are_in_pandas_sort_order_when_the_walk_order_is_not(tmp_path, finished_only, stacked, renumber):
     """The walk sorts run directories as paths; the frame is sorted by task, estimator (its label),
     run_dir, seed, iteration. Here the directories' names disagree with the tasks their runs
     logged and with the labels, so the runs must move: the frame equals pandas' own sort of it,
     and every run's rows are the rows it wrote, whole and in iteration order. With
-    ``finished_only=False`` a directory stacking two seeds (seed not constant in its rows, its
-    iterations repeated) is loaded too, which only pandas' sort of the rows can order."""
+    ``finished_only=False`` a directory stacking two runs is loaded too (seeds 7 and 6: seed not
+    constant in its rows; 7 and 7: its iterations repeated; 7 and 6 numbered 1..12: only the seed
+    changes), which only pandas' sort of the rows can order."""
     from analysis.load import SORT_COLUMNS
     written = _written(tmp_path, [
         ("a/ppo_gae/r0", "Zeta", "ppo_gae", 3, "clip"), ("a/ppo_gae/r1", "Alpha", "ppo_gae", 1, "pg"),
         ("b/grpo/r2", "Alpha", "grpo", 2, "clip"), ("b/grpo/r3", "Zeta", "grpo", 0, "clip"),
         ("c/a2c/r4", "Alpha", "a2c", 5, "clip"), ("c/a2c/r5", "Alpha", "a2c", 4, "clip")])
     if not finished_only:
-        a, b = _cols("ppo_gae", 7), _cols("ppo_gae", 6)
+        a, b = _cols("ppo_gae", stacked[0]), _cols("ppo_gae", stacked[1])
+        if renumber:
+            b["iteration"] = np.asarray(b["iteration"]) + len(a["iteration"])
         write_run(tmp_path / "a" / "ppo_gae" / "stack", {k: list(a[k]) + list(b[k]) for k in a})
     df = analysis.load(tmp_path, finished_only=finished_only)
     expect = df.sort_values(SORT_COLUMNS, kind="stable", na_position="last").reset_index(drop=True)
