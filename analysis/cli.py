@@ -276,7 +276,8 @@ def _run_claims(args) -> int:
         budget_min = args.budget_min if args.budget_min is not None else (1.5 if args.quick else 45)
         # the budget covers the whole command: an extension costs its runs and judging again, and the
         # report (written either way) takes about as long as a judgement
-        plan = claims.make_plan(verdicts, data, budget_min * 60 - (time.time() - t0) - 2 * t_judge, meta["plan"])
+        plan = claims.make_plan(verdicts, data, budget_min * 60 - (time.time() - t0) - 2 * t_judge, meta["plan"],
+                                only=only)
         claims.write_plan(root, args.quick, args.seed_offset, plan)
         ext = claims.extensions(plan)
         fresh = {k: v for k, v in ext.items() if k not in claims.extensions(meta["plan"])

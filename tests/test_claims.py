@@ -545,7 +545,7 @@ def test_the_plan_is_given_the_budget_left_after_judging_again(tmp_path, monkeyp
 
     seen = {}
 
-    def plan(verdicts, data, budget_left_s, previous=None):
+    def plan(verdicts, data, budget_left_s, previous=None, only=None):
         seen["left"] = budget_left_s
         raise SystemExit(0)
 
@@ -789,3 +789,64 @@ def test_a_part_panel_title_keeps_its_rule_and_verdict_however_long_the_name():
     title = ax.get_title(loc="left")
     plt.close(fig)
     assert title.endswith(" [< 0.25]: supported") and title.startswith("gold gap of beta>0") and len(title) <= 95
+
+
+# ----------------------------------------------------------------------------- opt-in experiments
+
+MUJOCO_CLAIMS = "C34,C35,C36,C37,C38"  # conf/claims.yaml: the claims of claim_c34 (Andrychowicz et al.)
+
+
+def test_a_plain_run_leaves_the_opt_in_experiment_out_and_says_how_to_run_it(tmp_path, monkeypatch):
+    """claim_c34 (Hopper, about 25 min) is not run by a plain --run, which keeps to its 45-minute
+    budget, nor by an --only naming none of its claims; --only naming any one of them runs it, and
+    nothing else changes for the other experiments."""
+    composed = []
+
+    def compose(name, root, quick, seed_offset=0, extend=None):
+        composed.append(name)
+        return []
+
+    monkeypatch.setattr(XR, "run_exact_tests", lambda claims, out, progress=print: None)
+    monkeypatch.setattr(XR, "compose_points", compose)
+    monkeypatch.setattr(XR, "run_points", lambda points, progress=print, isolate=False: {})
+    for only, runs in ((None, False), ({"C9"}, False), ({"C36"}, True), ({"C9", "C38"}, True)):
+        composed.clear()
+        lines = []
+        XR.run_claims(tmp_path, only=only, progress=lines.append)
+        assert ("claim_c34" in composed) == runs, only
+        said = [s for s in lines if "claim_c34: skipped" in s]
+        if only is None:
+            assert said == [f"[claims] experiment claim_c34: skipped ({X.EXPERIMENTS['claim_c34'].opt_in}: "
+                            f"python -m analysis claims DIR --run --only {MUJOCO_CLAIMS})"]
+            assert {"claim_c9", "claim_c3", "claim_c10"} <= set(composed)  # the others still run
+        if only == {"C9"}:
+            assert composed == ["claim_c9"] and said == []  # claim_c34 is not among C9's experiments at all
+
+
+def test_the_plan_does_not_extend_an_opt_in_experiment_unless_its_claims_are_named(tmp_path):
+    """An undecided C36 with data in the folder (from an earlier --only run) would ask for more
+    seeds; a plain --run's second stage must not spend its budget on Hopper."""
+    from types import SimpleNamespace as NS
+
+    from harness.experiments import Point
+
+    d = tmp_path / "run0"
+    d.mkdir()
+    (d / "summary.json").write_text(json.dumps({"status": "completed", "wall_time_s": 100.0}))
+    e = C.ExpData("claim_c34", pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
+    e.points = [Point("claim_c34", [], NS(mode="train", population=5, task=NS(family="control")), [d])]
+    part = C.Part("p", 1.0, -1.0, 3.0, "> 0", "inconclusive", "5 pairs", 5, 10, unit="pairs",
+                  experiment="claim_c34")
+    verdicts = [C.Verdict("C36", "inconclusive", parts=[part])]
+    assert C.make_plan(verdicts, {"claim_c34": e}, 1e9)["experiments"] == {}
+    assert C.make_plan(verdicts, {"claim_c34": e}, 1e9, only={"C9"})["experiments"] == {}
+    named = C.make_plan(verdicts, {"claim_c34": e}, 1e9, only={"C36"})["experiments"]["claim_c34"]
+    assert (named["population"], named["cost_s"], named["status"]) == (10, 100.0, "run")
+
+
+def test_a_missing_opt_in_experiment_names_the_command_that_runs_it(tmp_path):
+    """Judged before it ran, each of C34-C38 is not run, with the --only command in its reason."""
+    verdicts, _, _ = C.evaluate_all(tmp_path, False, only={"C34", "C38"})
+    assert [v.claim for v in verdicts] == ["C34", "C38"]
+    for v in verdicts:
+        assert v.not_run and v.not_run.endswith(f"(run them: python -m analysis claims DIR --run --only {MUJOCO_CLAIMS})"), v.not_run

@@ -19,6 +19,7 @@ import yaml
 
 from harness.experiments import NotComposed, Point
 from harness.experiments import compose_points as _compose_points
+from harness.experiments import run_command
 from harness.experiments import sweep_params as _sweep_params
 from harness.io.finished import FINISHED, MISSING, UNFINISHED, check_run
 
@@ -102,7 +103,7 @@ class ExpData:
         if reasons:
             why += f" ({reasons[0]})"
         if set(st) <= {"missing"}:
-            why += " (run them: python -m analysis claims DIR --run)"
+            why += f" (run them: {run_command(self.name)})"
         raise NotRun(why)
 
     def select(self, table: pd.DataFrame, where: dict | None, what: str) -> pd.DataFrame:

@@ -19,7 +19,7 @@ import json
 import math
 from pathlib import Path
 
-from harness.experiments import ONE_BY_ONE_FAMILIES
+from harness.experiments import ONE_BY_ONE_FAMILIES, left_out_of_run
 from harness.io import atomic_write_json
 
 from .evidence import ExpData, wall_seconds
@@ -69,14 +69,19 @@ def _stage_one(e: ExpData) -> dict:
     return out
 
 
-def make_plan(verdicts, data: dict[str, ExpData], budget_left_s: float, previous: dict | None = None) -> dict:
-    """Which experiments to extend (and to what n) for the undecided claims, within the budget."""
+def make_plan(verdicts, data: dict[str, ExpData], budget_left_s: float, previous: dict | None = None,
+              only: set[str] | None = None) -> dict:
+    """Which experiments to extend (and to what n) for the undecided claims, within the budget;
+    ``only``: the claims ``--only`` named (None: all), which decides whether an opt-in experiment
+    may run at all (:func:`harness.experiments.left_out_of_run`)."""
     wants: dict[str, dict] = {}
     for v in verdicts:
         if v.verdict != "inconclusive" or v.not_run:
             continue
         for p in v.parts:
             if p.verdict != "inconclusive" or not p.n_needed or not p.n_units or p.experiment not in data:
+                continue
+            if left_out_of_run(p.experiment, only):
                 continue
             mode = "probe" if p.unit == "batches" else "train"
             w = wants.setdefault(p.experiment, {"probe": 1.0, "train": 1.0, "parts": []})

@@ -48,7 +48,7 @@ TESTS_DIR = REPO / "tests"
 
 __all__ = ["CLAIMS_FILE", "CLAIM_EXPERIMENTS", "CLAIM_IDS", "EXACT_CLAIMS", "EXPERIMENTS", "Experiment", "NotComposed",
            "ONE_BY_ONE_FAMILIES", "Point",
-           "compose_points", "experiments_for", "lm_unavailable", "point_done", "sweep_overrides", "sweep_params"]
+           "claims_of", "compose_points", "experiments_for", "left_out_of_run", "lm_unavailable", "run_command", "point_done", "sweep_overrides", "sweep_params"]
 
 
 class NotComposed(Exception):
@@ -67,6 +67,9 @@ class Experiment:
     # measure a process-wide quantity (peak memory), which earlier points in the same process
     # would otherwise leave their mark on
     isolate: bool = False
+    # not run by a plain ``--run`` (why: its cost); run when ``--only`` names one of its claims
+    # (:func:`left_out_of_run`)
+    opt_in: str | None = None
 
 
 #: Families whose trainer runs a population's members one after another (``train_one_by_one`` in
@@ -105,6 +108,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("claim_c8_grid", "control", quick_skip=_REPORTED_ONLY),
     Experiment("claim_c9", "control", _CONTROL_QUICK),
     Experiment("claim_c11", "control", {**_CONTROL_QUICK, "ent_coef": "0.0,0.05"}),
+    Experiment("claim_c34", "control", quick_skip="--quick skips the MuJoCo claims (minutes even at their smallest)",
+               opt_in="the MuJoCo claims' experiment takes about 25 minutes on 2 cores (45 with one worker)"),
     Experiment("claim_c10", "lm", quick_skip="--quick skips the LM task (its SFT/reward-model pipeline alone "
                                              "takes minutes on CPU)"),
     Experiment("claim_c15", "lm", quick_skip="--quick skips the LM task", isolate=True),  # peak memory
@@ -140,6 +145,29 @@ def experiments_for(claims: Iterable[str]) -> list[str]:
             if x not in names:
                 names.append(x)
     return sorted(names, key=lambda x: FAMILY_ORDER[EXPERIMENTS[x].family])
+
+
+def claims_of(name: str) -> list[str]:
+    """The claims (in conf/claims.yaml's order) that use experiment ``name``."""
+    return [c for c in CLAIM_IDS if name in CLAIM_EXPERIMENTS.get(c, ())]
+
+
+def run_command(name: str) -> str:
+    """The command that runs experiment ``name`` into DIR: ``--run``, with ``--only`` and its
+    claims for an opt-in experiment (which a plain ``--run`` leaves out)."""
+    ex = EXPERIMENTS.get(name)
+    only = f" --only {','.join(claims_of(name))}" if ex is not None and ex.opt_in else ""
+    return f"python -m analysis claims DIR --run{only}"
+
+
+def left_out_of_run(name: str, only: Iterable[str] | None) -> str | None:
+    """Why ``--run`` (with ``--only`` ``only``, None for all claims) leaves experiment ``name``
+    out, or None when it runs it: an opt-in experiment runs only when ``only`` names one of its
+    claims, so a plain ``--run`` keeps to its time budget."""
+    ex = EXPERIMENTS.get(name)
+    if ex is None or not ex.opt_in or (only is not None and set(only) & set(claims_of(name))):
+        return None
+    return f"{ex.opt_in}: {run_command(name)}"
 
 
 def lm_unavailable() -> str | None:

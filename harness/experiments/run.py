@@ -31,7 +31,7 @@ from ..app import describe, run
 from ..config import member_configs
 from ..io import RunDir, atomic_write_json
 from . import (
-    CLAIM_IDS, EXACT_CLAIMS, EXPERIMENTS, REPO, Point, compose_points, experiments_for, lm_unavailable,
+    CLAIM_IDS, EXACT_CLAIMS, EXPERIMENTS, REPO, Point, compose_points, experiments_for, left_out_of_run, lm_unavailable,
     point_done,
 )
 
@@ -157,7 +157,7 @@ def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None =
         if quick and ex.quick_skip:
             progress(f"[claims] experiment {name}: skipped ({ex.quick_skip})")
             continue
-        reason = lm_unavailable() if ex.family == "lm" else None
+        reason = left_out_of_run(name, only) or (lm_unavailable() if ex.family == "lm" else None)
         if reason:
             progress(f"[claims] experiment {name}: skipped ({reason})")
             continue
