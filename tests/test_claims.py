@@ -327,12 +327,30 @@ def test_stability_flags_a_verdict_that_flips(tmp_path):
     assert st["offsets"] == [0, 1000] and status == {"C3": "stable", "C8": "not reproduced", "C18": "unstable",
                                                      "C15": "undecided"}
     assert "1 not reproduced" in st["summary"] and "1 undecided at every offset" in st["summary"]
+    assert "judged at one offset only" not in st["summary"]
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{README_START}\nold\n{README_END}\noutro\n")
     update_readme(readme, readme_table(tmp_path, False, "cmd"))
     text = readme.read_text()
     assert "old" not in text and text.startswith("intro\n") and text.endswith("outro\n")
     assert "| C18 |" in text and "**unstable**" in text and "**not reproduced**" in text and "seeds +1000" in text
+
+
+def test_a_claim_judged_at_one_offset_is_neither_undecided_nor_unreproduced(tmp_path):
+    """C34 was added (and run) after offset 1000 was judged, C10 was not run at offset 1000 (its
+    label says so): each has one offset to go on, so neither counts as undecided (C34) nor as not
+    reproduced (C10) - before, an absent claim read as inconclusive at that offset."""
+    _report(tmp_path, 0, {"C3": "supported", "C10": "supported", "C34": "inconclusive"})
+    _report(tmp_path, 1000, {"C3": "supported", "C10": "inconclusive"})
+    rep = json.loads((tmp_path / "claims_seed1000.json").read_text())
+    rep["verdicts"][1]["not_run"] = "the LM task is not present"
+    (tmp_path / "claims_seed1000.json").write_text(json.dumps(rep))
+    st = C.stability(tmp_path, quick=False)
+    status = {r["claim"]: r["status"] for r in st["rows"]}
+    assert status == {"C3": "stable", "C10": "one offset only", "C34": "one offset only"}
+    assert st["summary"].startswith("1 claims decided the same way at every offset, 0 unstable")
+    assert "0 not reproduced" in st["summary"] and "0 undecided at every offset" in st["summary"]
+    assert st["summary"].endswith(" 2 judged at one offset only.")
 
 
 def test_the_claims_blocks_go_into_any_page_with_their_markers(tmp_path, capsys):

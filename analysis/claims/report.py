@@ -195,13 +195,15 @@ def stability(root: Path, quick: bool) -> dict:
     rows = []
     for cid in [c for c in CLAIMS_BY_ID if any(c in rep for rep in reports.values())]:
         labels = {o: reports[o].get(cid) for o in offsets}
-        decided = {o: v["verdict"] for o, v in labels.items() if v and not v.get("not_run")
-                   and v["verdict"] in ("supported", "refuted")}
-        if len(offsets) < 2:
+        # judged: in that offset's report and run there (a claim added since an offset was judged,
+        # or not run at it, has nothing to compare: neither undecided nor unreproduced there)
+        judged = {o: v for o, v in labels.items() if v and not v.get("not_run")}
+        decided = {o: v["verdict"] for o, v in judged.items() if v["verdict"] in ("supported", "refuted")}
+        if len(judged) < 2:
             status = "one offset only"  # nothing to compare with yet
         elif len(set(decided.values())) > 1:
             status = "unstable"
-        elif len(decided) == len(offsets):
+        elif len(decided) == len(judged):
             status = "stable"
         elif decided:
             status = "not reproduced"
@@ -211,10 +213,12 @@ def stability(root: Path, quick: bool) -> dict:
                      "values": {o: (v.get("point"), v.get("low"), v.get("high")) if v else None
                                 for o, v in labels.items()},
                      "status": status})
-    n = {s: sum(r["status"] == s for r in rows) for s in ("stable", "unstable", "not reproduced", "undecided")}
+    n = {s: sum(r["status"] == s for r in rows)
+         for s in ("stable", "unstable", "not reproduced", "undecided", "one offset only")}
+    once = f" {n['one offset only']} judged at one offset only." if n["one offset only"] else ""
     summary = (f"{n['stable']} claims decided the same way at every offset, {n['unstable']} unstable (decided "
                f"differently), {n['not reproduced']} not reproduced (decided at some offset, inconclusive at "
-               f"another), {n['undecided']} undecided at every offset." if len(offsets) > 1 else
+               f"another), {n['undecided']} undecided at every offset.{once}" if len(offsets) > 1 else
                f"Judged at seed offset {offsets[0] if offsets else 0} only: no rerun on other seeds to compare with "
                "(python -m analysis claims DIR --run --seed-offset 1000).")
     return {"offsets": offsets, "rows": rows, "summary": summary}
