@@ -109,7 +109,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("claim_c9", "control", _CONTROL_QUICK),
     Experiment("claim_c11", "control", {**_CONTROL_QUICK, "ent_coef": "0.0,0.05"}),
     Experiment("claim_c34", "control", quick_skip="--quick skips the MuJoCo claims (minutes even at their smallest)",
-               opt_in="the MuJoCo claims' experiment takes about 25 minutes on 2 cores (45 with one worker)"),
+               opt_in="the MuJoCo claims' experiment takes about 28 minutes in one process (18 with 2 workers on 2 cores)"),
     Experiment("claim_c10", "lm", quick_skip="--quick skips the LM task (its SFT/reward-model pipeline alone "
                                              "takes minutes on CPU)"),
     Experiment("claim_c15", "lm", quick_skip="--quick skips the LM task", isolate=True),  # peak memory
