@@ -867,4 +867,5 @@ def test_a_missing_opt_in_experiment_names_the_command_that_runs_it(tmp_path):
     verdicts, _, _ = C.evaluate_all(tmp_path, False, only={"C34", "C38"})
     assert [v.claim for v in verdicts] == ["C34", "C38"]
     for v in verdicts:
-        assert v.not_run and v.not_run.endswith(f"(run them: python -m analysis claims DIR --run --only {MUJOCO_CLAIMS})"), v.not_run
+        want = f"(run them: python -m analysis claims DIR --run --only {MUJOCO_CLAIMS})"
+        assert v.not_run and v.not_run.endswith(want), v.not_run

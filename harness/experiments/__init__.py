@@ -48,7 +48,8 @@ TESTS_DIR = REPO / "tests"
 
 __all__ = ["CLAIMS_FILE", "CLAIM_EXPERIMENTS", "CLAIM_IDS", "EXACT_CLAIMS", "EXPERIMENTS", "Experiment", "NotComposed",
            "ONE_BY_ONE_FAMILIES", "Point",
-           "claims_of", "compose_points", "experiments_for", "left_out_of_run", "lm_unavailable", "run_command", "point_done", "sweep_overrides", "sweep_params"]
+           "claims_of", "compose_points", "experiments_for", "left_out_of_run", "lm_unavailable", "point_done",
+           "run_command", "sweep_overrides", "sweep_params"]
 
 
 class NotComposed(Exception):
@@ -109,7 +110,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("claim_c9", "control", _CONTROL_QUICK),
     Experiment("claim_c11", "control", {**_CONTROL_QUICK, "ent_coef": "0.0,0.05"}),
     Experiment("claim_c34", "control", quick_skip="--quick skips the MuJoCo claims (minutes even at their smallest)",
-               opt_in="the MuJoCo claims' experiment takes about 28 minutes in one process (18 with 2 workers on 2 cores)"),
+               opt_in="the MuJoCo claims' experiment takes about 28 minutes in one process (18 with 2 workers "
+                      "on 2 cores)"),
     Experiment("claim_c10", "lm", quick_skip="--quick skips the LM task (its SFT/reward-model pipeline alone "
                                              "takes minutes on CPU)"),
     Experiment("claim_c15", "lm", quick_skip="--quick skips the LM task", isolate=True),  # peak memory
