@@ -33,13 +33,12 @@ from harness.estimators import estimator_names  # noqa: E402  (after the sys.pat
 ESTIMATORS = estimator_names()  # every registered estimator, in registration order
 
 
-def sweep(out: str, tasks: str, estimators: str, seeds: int, steps: int, eval_every_steps: int = 10_000,
-          extra: tuple[str, ...] = ()) -> None:
+def sweep(out: str, tasks: str, estimators: str, seeds: int, steps: int, eval_every_steps: int = 10_000) -> None:
     """``tasks`` x ``estimators``, each a population of ``seeds`` (seeds 0..seeds-1), two processes at a
-    time (joblib); finished runs are skipped. ``extra``: more overrides for every run."""
+    time (joblib); finished runs are skipped."""
     cmd = [sys.executable, "-m", "harness", "-m", f"task={tasks}", f"estimator={estimators}", "seed=0",
            f"population={seeds}", f"budget.env_steps={steps}", "eval_every=0", f"eval_every_steps={eval_every_steps}",
-           f"results_dir={out}", "progress=false", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *extra]
+           f"results_dir={out}", "progress=false", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
     print("$", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
 

@@ -10,7 +10,8 @@ training-episode return over the run (the area under the training curve), and th
 count. Two populations train at a time (joblib, one thread each); a rerun reuses finished runs.
 
 Published PPO returns on these tasks (rl-baselines3-zoo, CleanRL) are at 1M steps; this table's
-default budget is 100k (about 40 minutes on 2 cores), so it is not compared with them.
+default budget is 100k (51 minutes on 2 cores, shared part of the time with another job), so it
+is not compared with them.
 
 Usage: python benchmarks/mujoco_learning.py [--out results/mujoco_learning] [--steps 100000]
        [--seeds 5] [--tasks hopper,halfcheetah] [--estimators ppo_gae,a2c,baseline,rloo]
@@ -30,7 +31,7 @@ from benchmarks._docs import write_block  # noqa: E402
 from benchmarks.control_learning import sweep  # noqa: E402  (the one sweep command of the learning tables)
 
 
-def table(out: str, tasks: list[str], estimators: list[str], steps: int) -> str:
+def table(out: str, tasks: list[str], estimators: list[str]) -> str:
     import analysis
 
     df = analysis.load(out)
@@ -63,9 +64,9 @@ def main() -> None:
                          "this command and today's date")
     args = ap.parse_args()
     if not args.table_only:
-        sweep(args.out, args.tasks, args.estimators, args.seeds, args.steps, eval_every_steps=args.steps,
-              extra=("eval_episodes=10",))
-    md = table(args.out, args.tasks.split(","), args.estimators.split(","), args.steps)
+        # one evaluation, at the end: 10 episodes (the presets' eval_episodes)
+        sweep(args.out, args.tasks, args.estimators, args.seeds, args.steps, eval_every_steps=args.steps)
+    md = table(args.out, args.tasks.split(","), args.estimators.split(","))
     print(md)
     if args.docs:
         print(f"wrote {write_block('docs/continuous.md', 'mujoco-learning', md)}")
