@@ -106,6 +106,23 @@ def test_write_block_replaces_only_between_its_markers(tmp_path):
         "python benchmarks/lm_gain.py 'res dir' --docs"
 
 
+def test_mujoco_table_takes_the_zoo_evaluation_at_the_largest_logged_step_not_above_the_budget():
+    sys.path.insert(0, str(ROOT))
+    import pandas as pd
+
+    from benchmarks.mujoco_learning import REFERENCE, published_at
+
+    ref = pd.DataFrame({"env": ["A", "A", "A", "B"], "timesteps": [25_000, 50_000, 75_000, 50_000],
+                        "mean": [1.0, 2.0, 3.0, 9.0], "min": [0.0] * 4, "max": [5.0] * 4})
+    assert published_at(ref, "A", 60_000)["mean"] == 2.0  # 50k: the last logged step before 60k, not 75k
+    assert published_at(ref, "A", 75_000)["mean"] == 3.0 and published_at(ref, "B", 100_000)["mean"] == 9.0
+    assert published_at(ref, "A", 20_000) is None
+    # the committed file: the zoo's HalfCheetah-v3 run at 100k, as read from its evaluations.npz by hand
+    zoo = published_at(pd.read_csv(REFERENCE, comment="#"), "HalfCheetah-v3", 100_000)
+    assert (zoo["timesteps"], zoo["episodes"], zoo["mean"], zoo["min"], zoo["max"]) == \
+        (100_000, 20, 2779.4, 2690.4, 2838.5)
+
+
 def test_mkdocs_builds_strictly(tmp_path):
     """``mkdocs build --strict`` into a temporary folder: any warning fails (CI installs mkdocs with
     the test extra; elsewhere the test is skipped unless PG_HARNESS_REQUIRE_DOCS is set)."""
