@@ -14,12 +14,15 @@ are issue 16's:
    ``population=16`` >= 3x lower than ``population=1``'s.
 2. A lone run (``population=1``) vs one SB3 run: wall time ratio <= 0.5.
 
-Also printed: the in-run times (ours: the run's ``wall_time_s``, training plus its final
-evaluation; SB3: ``learn`` alone), and with ``--joblib`` the 16 seeds as a 2-worker joblib sweep
-of lone runs (``python -m harness -m ... hydra/launcher=joblib``).
+``population=16`` runs with the harness's default layout (one worker process per core, each
+training a slice of the members on one torch thread; the table names the split it used);
+``--one-process`` also times it in one process (``population_workers=1``). Also printed: the
+in-run times (ours: the run's ``wall_time_s``, training plus its final evaluation; SB3:
+``learn`` alone), and with ``--joblib`` the 16 seeds as a 2-worker joblib sweep of lone runs
+(``python -m harness -m ... hydra/launcher=joblib``).
 
 Usage: python benchmarks/control_speed.py [--steps 100000] [--population 16] [--rounds 1]
-       [--skip-sb3] [--joblib] [--docs]
+       [--skip-sb3] [--joblib] [--one-process] [--docs]
 ``--rounds`` repeats the lone comparison (ours and SB3 interleaved) and reports medians. Absolute
 times drift on a shared machine, ratios less. ``--docs`` also writes the table into
 docs/benchmarks.md (block ``control-speed``).
@@ -48,21 +51,24 @@ ZOO = ["task=cartpole", "estimator=ppo_gae", "task.num_envs=8", "task.rollout_st
 SB3_WORKER = ROOT / "benchmarks" / "sb3_ppo.py"
 
 
-def ours_process(steps: int, population: int, seed: int = 0) -> dict:
-    """``python -m harness <ZOO> population=P``, timed whole: ``wall`` (s), each member's
-    ``run_s`` (its summary's wall_time_s) and ``returns`` (its final 10-episode evaluation)."""
+def ours_process(steps: int, population: int, seed: int = 0, extra: tuple[str, ...] = ()) -> dict:
+    """``python -m harness <ZOO> population=P [extra]``, timed whole: ``wall`` (s), each member's
+    ``run_s`` (its summary's wall_time_s), ``returns`` (its final 10-episode evaluation) and
+    ``layout`` (the run's log line naming its worker processes, if it split the population)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "harness", *ZOO, f"budget.env_steps={steps}", f"population={population}",
                f"seed={seed}", f"eval_every_steps={steps}", "eval_episodes=10", f"results_dir={tmp}/results",
-               f"hydra.run.dir={tmp}/hydra"]
+               f"hydra.run.dir={tmp}/hydra", *extra]
         t0 = time.perf_counter()
-        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+        out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
         wall = time.perf_counter() - t0
+        layout = next((line.split("population of ", 1)[1] for line in (out.stdout + out.stderr).splitlines()
+                       if "population of " in line), None)
         summaries = [json.loads(p.read_text()) for p in sorted(Path(tmp, "results").rglob("summary.json"))]
     if len(summaries) != population or any(s["status"] != "completed" for s in summaries):
         raise RuntimeError(f"expected {population} completed runs, got {[s['status'] for s in summaries]}")
     return {"wall": wall, "run_s": [float(s["wall_time_s"]) for s in summaries],
-            "returns": [float(s["final"]["eval_return"]) for s in summaries]}
+            "returns": [float(s["final"]["eval_return"]) for s in summaries], "layout": layout}
 
 
 def sb3_process(steps: int, seed: int) -> dict:
@@ -105,6 +111,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="rounds of the lone comparison (interleaved)")
     ap.add_argument("--skip-sb3", action="store_true")
     ap.add_argument("--joblib", action="store_true", help="also time a 2-worker joblib sweep of lone runs")
+    ap.add_argument("--one-process", action="store_true",
+                    help="also time the population in one process (population_workers=1, every core a torch thread)")
     ap.add_argument("--docs", action="store_true",
                     help="also write the table into docs/benchmarks.md's control-speed block, "
                          "stamped with this command and today's date")
@@ -145,13 +153,21 @@ def main() -> None:
 
     pop = ours_process(steps, P)
     tp, tp_run = pop["wall"], max(pop["run_s"])
-    print(f"ours population={P}: {tp:.1f} s whole (in-run {tp_run:.1f} s); final returns median "
+    split = f" ({pop['layout']})" if pop["layout"] else " (one process)"
+    print(f"ours population={P}{split}: {tp:.1f} s whole (in-run {tp_run:.1f} s); final returns median "
           f"{med(pop['returns']):.1f} (min {min(pop['returns']):.1f})", flush=True)
     per_seed, per_seed_run = t1 / (tp / P), t1_run / (tp_run / P)
     print(f"-> per-seed cost: population=1 / (population={P} / {P}) = {per_seed:.2f}x whole process, "
           f"{per_seed_run:.2f}x in-run (goal >= 3x: {verdict(per_seed >= 3)})", flush=True)
-    rows.append(f"| ours, population={P} | {tp:.1f} s whole, {tp_run:.1f} s in-run; final returns median "
+    rows.append(f"| ours, population={P}{split} | {tp:.1f} s whole, {tp_run:.1f} s in-run; final returns median "
                 f"{med(pop['returns']):.1f} (min {min(pop['returns']):.1f}) | |")
+    if args.one_process:
+        one = ours_process(steps, P, extra=("population_workers=1",))
+        print(f"ours population={P} in one process (population_workers=1): {one['wall']:.1f} s whole; final "
+              f"returns median {med(one['returns']):.1f} -> split / one process = {tp / one['wall']:.2f}", flush=True)
+        rows.append(f"| ours, population={P} in one process (`population_workers=1`, every core a torch thread) | "
+                    f"{one['wall']:.1f} s whole; final returns median {med(one['returns']):.1f} (min "
+                    f"{min(one['returns']):.1f}); the split takes **{tp / one['wall']:.2f}** of its time | |")
     rows.append(f"| per-seed cost, population=1 over population={P} (whole process; in-run) | **{per_seed:.2f}x** "
                 f"({per_seed_run:.2f}x) | >= 3x: {verdict(per_seed >= 3)} |")
     if not args.skip_sb3:

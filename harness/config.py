@@ -72,7 +72,8 @@ class Config:
     results_dir: str = "results"
     mode: str = "train"  # train | probe (gradient bias/variance at a frozen policy)
     device: str = "cpu"  # auto | cpu | cuda
-    threads: Optional[int] = None  # torch intra-op threads; None: the trainer's default (control: 1 alone, all cores for a population)
+    threads: Optional[int] = None  # torch intra-op threads; None: the trainer's default (control: the cores each population worker has)
+    population_workers: Optional[int] = None  # control: processes a population's members are split across; None: one per core
     checkpoint_every: int = 0  # iterations between checkpoints (control and LM trainers; resume continues from the last); 0: off
     deterministic: bool = False  # torch deterministic algorithms + cuDNN/cuBLAS settings (GPU bitwise repeatability)
     logger: str = "none"  # none | tensorboard: also write each metric row to <run dir>/tb/ (harness.io.tblog); not hashed
@@ -485,6 +486,8 @@ def check_fields(cfg: DictConfig) -> None:
         bad("device", f"one of {list(DEVICES)}", cfg.device)
     if cfg.threads is not None and cfg.threads < 1:
         bad("threads", ">= 1 or null", cfg.threads)
+    if cfg.population_workers is not None and cfg.population_workers < 1:
+        bad("population_workers", ">= 1 or null", cfg.population_workers)
     ck = cfg.get("checkpoint_every", 0)
     if not isinstance(ck, int) or isinstance(ck, bool) or ck < 0:
         bad("checkpoint_every", "an integer >= 0 (iterations; 0 disables checkpoints)", ck)
@@ -565,6 +568,9 @@ def check_bounds(cfg: DictConfig) -> None:
             bad(f"budget.{name}", f"at most {BUDGET_MAX} (2**53) or null", value)
     if cfg.threads is not None and cfg.threads > threads_max():
         bad("threads", f"in [1, {threads_max()}] (4 per core of this machine) or null", cfg.threads)
+    if cfg.population_workers is not None and cfg.population_workers > threads_max():
+        bad("population_workers", f"in [1, {threads_max()}] (4 per core of this machine) or null",
+            cfg.population_workers)
     if cfg.max_grad_norm is not None and not finite(cfg.max_grad_norm):
         bad("max_grad_norm", "a finite number > 0 or null (no clipping)", cfg.max_grad_norm)
     if not finite(cfg.kl.kl_target):

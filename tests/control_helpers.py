@@ -15,7 +15,12 @@ TINY = [
 
 
 def make_cfg(overrides: list[str]):
+    """``overrides`` composed; a population trains in this process (``population_workers=1``) unless
+    they say otherwise: the tests that patch the loop (kills, update counts) and read its log need
+    it there. The worker processes have their own tests (tests/test_control.py, tests/test_faults.py)."""
     register_configs()
     GlobalHydra.instance().clear()
+    if not any(o.split("=")[0].lstrip("+~") == "population_workers" for o in overrides):
+        overrides = [*overrides, "population_workers=1"]
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         return compose(config_name="config", overrides=overrides)

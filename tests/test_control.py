@@ -1,6 +1,7 @@
 """Control trainer: every task x estimator runs, the output contract, autoreset and
 truncation handled by hand-worked values, identical group starts, resume, populations."""
 import json
+import logging
 
 import pyarrow.parquet as pq
 import pytest
@@ -285,6 +286,78 @@ def test_population_members_stopping_at_different_iterations_match_lone_runs(tmp
         iterations.add(len(a))
         frames[seed] = a
     assert len(iterations) > 1, "members should stop at different iterations for this test to bite"
+
+
+# ----------------------------------------------------------------- population worker processes
+WORKER_CASES = {
+    # persistent envs, per-member annealed learning rates
+    "ppo_gae": ["task=cartpole", "estimator=ppo_gae", "budget.iterations=5", "anneal_lr=true"],
+    # whole episodes: the members reach the step budget at different iterations; adaptive KL betas
+    "grpo": ["task=cartpole", "estimator=grpo", "budget.iterations=null", "budget.env_steps=700",
+             "task.max_episode_steps=60", "kl.adaptive=true", "kl.beta=0.01"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(WORKER_CASES))
+def test_population_split_across_worker_processes_gives_the_one_process_metrics(case, tmp_path, caplog):
+    """population_workers=2 trains seeds 0-1 and 2 in two forked processes; each member's metrics
+    and status equal those of the population trained in one process, up to float rounding (the
+    batched kernels' shapes differ, as between a member and its lone run)."""
+    import pandas as pd
+
+    from tests.test_checkpoint import metrics_by_run, statuses
+
+    args = ["seed=0", "population=3", *TINY, "eval_every=2", "threads=1", *WORKER_CASES[case]]
+    run(make_cfg(args + ["population_workers=1", f"results_dir={tmp_path}/one"]))
+    caplog.set_level(logging.INFO, logger="harness")
+    counts = run(make_cfg(args + ["population_workers=2", f"results_dir={tmp_path}/two"]))
+    assert counts == {"skipped": 0, "completed": 3}
+    assert "population of 3: 2 worker processes (seeds 0-1, 2-2)" in caplog.text
+    one, two = metrics_by_run(tmp_path / "one"), metrics_by_run(tmp_path / "two")
+    assert sorted(one) == sorted(two) and len(one) == 3
+    for key in one:
+        pd.testing.assert_frame_equal(one[key], two[key], atol=1e-5, rtol=1e-5, obj=key)
+    assert statuses(tmp_path / "one") == statuses(tmp_path / "two")
+    if case == "grpo":
+        assert len({len(df) for df in one.values()}) > 1, "members should stop at different iterations"
+
+
+def test_a_failing_population_worker_records_its_members_and_the_other_worker_finishes(tmp_path, monkeypatch):
+    """The worker training seed 2 raises (patched before the fork): seed 2 is recorded as failed
+    with the exception, seeds 0 and 1 (the other worker) complete."""
+    real = ControlSource.collect
+
+    def collect(self):
+        if 2 in self.seeds:
+            raise RuntimeError("boom in seed 2")
+        return real(self)
+
+    monkeypatch.setattr(ControlSource, "collect", collect)
+    counts = run(make_cfg(["task=cartpole", "estimator=ppo_gae", "seed=0", "population=3", *TINY,
+                           "population_workers=2", "threads=1", f"results_dir={tmp_path}"]))
+    assert counts == {"skipped": 0, "completed": 2, "failed": 1}
+    summaries = {p.parent.name.split("-")[0]: json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")}
+    assert summaries["seed2"]["status"] == "failed" and summaries["seed2"]["reason"] == "RuntimeError: boom in seed 2"
+    assert summaries["seed0"]["status"] == summaries["seed1"]["status"] == "completed"
+
+
+@pytest.mark.parametrize("population,workers,threads,cores,want", [
+    (16, None, None, 2, (2, 1)),   # default: one worker per core, one thread each
+    (16, None, None, 8, (8, 1)),
+    (3, None, None, 8, (3, 2)),    # fewer members than cores: the spare cores become threads
+    (1, None, None, 8, (1, 1)),    # a lone run: one thread
+    (16, 1, None, 2, (1, 2)),      # one process: every core as a thread
+    (16, 4, 3, 2, (4, 3)),         # as set
+    (2, 8, None, 2, (2, 1)),       # never more workers than members
+])
+def test_population_layout(population, workers, threads, cores, want, monkeypatch):
+    import harness.train.control as control
+
+    monkeypatch.setattr(control, "cores_available", lambda: cores)
+    cfg = make_cfg(["task=cartpole", "estimator=ppo_gae", f"population={population}",
+                    f"population_workers={'null' if workers is None else workers}",
+                    f"threads={'null' if threads is None else threads}"])
+    assert control.layout(cfg, population) == want
 
 
 @pytest.mark.parametrize("estimator", ["ppo_gae", "grpo"])

@@ -29,11 +29,13 @@ from harness.io.rundir import FINISHED, LOCK_FILE, WRITE_DELAY_ENV
 from tests.control_helpers import TINY, make_cfg
 
 # 4 jobs (one population of 2 seeds each) = 8 runs; whole-episode estimators stop their
-# members at different iterations, so restarts also train finished members as shadows.
+# members at different iterations. Each population splits into two worker processes (one member
+# each, killed with the sweep), so a restart skips the worker of a member that finished; the
+# shadows of finished members are tested in-process (tests/test_checkpoint.py, rloo).
 SWEEP = ["task=cartpole", "estimator=a2c,ppo_gae,rloo,remax", "seed=0", "population=2",
          "budget.env_steps=960", "task.num_envs=4", "task.rollout_steps=16", "task.episodes_per_iter=4",
          "group_size=2", "task.max_episode_steps=50", "task.hidden=[16]", "epochs=4", "minibatches=2",
-         "eval_every=5", "eval_episodes=2", "checkpoint_every=2", "threads=1", "progress=false"]
+         "eval_every=5", "eval_episodes=2", "checkpoint_every=2", "threads=1", "population_workers=2", "progress=false"]
 N_RUNS = 8
 REPO = Path(__file__).resolve().parents[1]
 KILLS = 22

@@ -11,7 +11,8 @@ Layout (docs/design.md, "Outputs")::
         .lock              flock'd by the process running the run (pid, host, start time)
 
 ``hash`` covers the resolved config except ``seed`` (in the name), ``results_dir``,
-``population``, ``progress``, ``threads``, ``checkpoint_every``, ``deterministic`` and ``logger``:
+``population``, ``population_workers``, ``progress``, ``threads``, ``checkpoint_every``, ``deterministic``
+and ``logger``:
 a population member and a lone run of the same seed share a directory, a rerun of the same sweep
 finds finished runs and skips them, and switching checkpoints or deterministic kernels on
 (neither changes CPU results: resume is exact) or TensorBoard logging (a copy of the metric rows,
@@ -58,7 +59,7 @@ FINISHED = ("completed", "diverged")
 # checkpoint_every, deterministic: added after runs existed; neither changes CPU results; logger
 # only copies the metric rows elsewhere (harness.io.tblog)
 _NOT_HASHED = ("seed", "results_dir", "population", "progress", "threads", "checkpoint_every", "deterministic",
-               "logger")
+               "logger", "population_workers")
 LOCK_FILE = ".lock"
 CHECKPOINT_NAME = "checkpoint.safetensors"  # harness.io.checkpoint.CHECKPOINT_FILE
 # Test-only hook (tests/test_faults.py): seconds to sleep in the middle of every atomic write,

@@ -235,15 +235,11 @@ class ControlSource(Source):
         closer()
 
 
-def default_threads(cfg: DictConfig, population: int) -> int:
-    """A lone small MLP gains nothing from intra-op threads (they only add synchronisation);
-    a population's batched matmuls do. Measured in benchmarks/control_speed.py."""
-    if cfg.threads:
-        return int(cfg.threads)
-    if population == 1:
-        return 1
-    cores = os.cpu_count() or 1
-    try:  # under a parallel Hydra launcher, share the cores among its workers
+def cores_available() -> int:
+    """The cores this process may run on (its CPU affinity: what Slurm or ``taskset`` gave it),
+    shared among the workers of a parallel Hydra launcher."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
         from hydra.core.hydra_config import HydraConfig
 
         n_jobs = int(HydraConfig.get().launcher.get("n_jobs") or 1)
@@ -254,8 +250,30 @@ def default_threads(cfg: DictConfig, population: int) -> int:
     return max(1, cores // n_jobs)
 
 
+def layout(cfg: DictConfig, population: int) -> tuple[int, int]:
+    """``(workers, threads)``: how many processes train the population's members (contiguous
+    slices of them, :func:`harness.train.loop.train_population`) and torch's intra-op threads in
+    each. ``population_workers`` and ``threads`` where set; by default one worker per available
+    core, each with the cores left over (one thread when every core has a worker), and a lone run
+    one worker with one thread. A small MLP's update is a few thousand short kernels per
+    iteration, and collection is Python: intra-op threads only split the kernels (and wake each
+    other for every one), while processes run everything side by side. Measured in
+    benchmarks/control_speed.py (``--one-process``)."""
+    cores = cores_available()
+    workers = cfg.population_workers
+    if workers is None:
+        workers = min(population, cores)
+    workers = max(1, min(int(workers), population))
+    if cfg.threads:
+        threads = int(cfg.threads)
+    else:
+        threads = 1 if population == 1 else max(1, cores // workers)
+    return workers, threads
+
+
 def train(cfg: DictConfig, runs: list[RunDir]) -> None:
     """Train ``runs`` (claimed and started by :func:`harness.app.run`) as one population,
     resuming from the newest valid checkpoint if there is one, else from zero."""
-    torch.set_num_threads(default_threads(cfg, int(cfg.population)))
-    train_population(cfg, runs, ControlSource, "control")
+    workers, threads = layout(cfg, int(cfg.population))
+    torch.set_num_threads(threads)
+    train_population(cfg, runs, ControlSource, "control", workers=workers)

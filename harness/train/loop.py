@@ -543,13 +543,89 @@ def population_runs(cfg: DictConfig, runs: list[RunDir]) -> list[RunDir]:
     return [mine.get(int(m.seed)) or ShadowRun(m) for m in members]
 
 
-def train_population(cfg: DictConfig, runs: list[RunDir], make_source, family: str) -> None:
+def train_population(cfg: DictConfig, runs: list[RunDir], make_source, family: str, workers: int = 1) -> None:
     """Train every member of ``cfg.population`` as one batched population (members that are
     already finished or held elsewhere as write-nothing shadows: the batch shapes, which couple
-    members, stay those of an uninterrupted run)."""
+    members, stay those of an uninterrupted run).
+
+    ``workers > 1``: the members are split into that many contiguous slices
+    (:func:`worker_slices`), each trained as its own batched population by a forked process
+    (:func:`train_slice`, with this process's torch thread count); this process waits for them.
+    Members share nothing but batch shapes, so a member's run is the same whatever the split, up
+    to float rounding (as it is its lone run's). Each slice checkpoints and resumes on its own:
+    a resumed run with the same split continues, one with another split restarts the slices
+    whose checkpoint does not fit (named in a log line)."""
     full = population_runs(cfg, runs)
-    loop, resume = start(cfg, lambda: Loop(cfg, make_source(cfg, full), full, family), full)
-    loop.run(resume)
+    slices = worker_slices(len(full), workers)
+    if len(slices) == 1:
+        train_slice(cfg, full, make_source, family)
+        return
+    import multiprocessing
+
+    log.info("population of %d: %d worker processes (seeds %s), %d torch thread(s) each", len(full), len(slices),
+             ", ".join(f"{full[i.start].cfg.seed}-{full[i.stop - 1].cfg.seed}" for i in slices),
+             torch.get_num_threads())
+    ctx = multiprocessing.get_context("fork")  # the children need nothing re-imported or pickled
+    procs = []
+    try:
+        for idx in slices:
+            part = [full[i] for i in idx]
+            if not any(getattr(r, "writable", True) for r in part):
+                continue  # every member finished or held elsewhere
+            show = cfg.progress and not procs  # one progress bar: the first slice's
+            procs.append((ctx.Process(target=train_slice, args=(cfg, part, make_source, family, show,
+                                                                torch.get_num_threads()),
+                                      name=f"population-worker-{part[0].cfg.seed}", daemon=True), part))
+            procs[-1][0].start()
+        for proc, _ in procs:
+            proc.join()
+    except BaseException:  # e.g. Ctrl-C: stop every worker before going
+        for proc, _ in procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+        raise
+    lost = [f"seeds {part[0].cfg.seed}-{part[-1].cfg.seed} (exit code {proc.exitcode})"
+            for proc, part in procs if proc.exitcode != 0]
+    if lost:
+        raise RuntimeError(f"population worker(s) failed: {', '.join(lost)}")
+
+
+def worker_slices(n: int, workers: int) -> list[range]:
+    """Members ``0..n-1`` as ``min(workers, n)`` contiguous slices, sizes differing by at most one
+    (the larger first)."""
+    k = max(1, min(int(workers), n))
+    q, extra = divmod(n, k)
+    out, lo = [], 0
+    for w in range(k):
+        hi = lo + q + (w < extra)
+        out.append(range(lo, hi))
+        lo = hi
+    return out
+
+
+def train_slice(cfg: DictConfig, runs: list, make_source, family: str, progress: bool | None = None,
+                threads: int | None = None) -> None:
+    """Train ``runs`` as one batched population, resuming from their newest valid checkpoint.
+    In a worker process (``threads`` given) a member that raises is recorded as failed, with
+    the exception, before the worker exits."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if progress is not None and progress != cfg.progress:
+        cfg = cfg.copy()
+        cfg.progress = progress
+    t0 = time.time()
+    try:
+        loop, resume = start(cfg, lambda: Loop(cfg, make_source(cfg, runs), runs, family), runs)
+        loop.run(resume)
+    except Exception as exc:
+        if threads is None:
+            raise  # the caller (harness.app.run) records it
+        log.exception("%s population worker (seeds %s-%s) failed", family, runs[0].cfg.seed, runs[-1].cfg.seed)
+        for r in runs:
+            if getattr(r, "writable", True) and r.status() is None:
+                r.finish("failed", f"{type(exc).__name__}: {exc}", time.time() - t0)
+        raise
 
 
 def train_one_by_one(cfg: DictConfig, runs: list[RunDir], make_source, family: str) -> None:
