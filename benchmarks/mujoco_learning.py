@@ -73,9 +73,11 @@ def table(out: str, tasks: list[str], estimators: list[str], steps: int) -> str:
                          f"{final.median():.0f} ({final.min():.0f}, {final.max():.0f}) | {train.median():.0f} | {div} | "
                          f"{published} | {within} |")
     for task in tasks:  # one seed's evaluation moves a lot between logged steps: show the neighbours
-        env = ZOO_ENV.get(task)
+        if task not in ZOO_ENV:
+            continue
+        env = ZOO_ENV[task]
         near = reference[(reference["env"] == env) & (reference["timesteps"] >= steps // 2)
-                         & (reference["timesteps"] <= steps * 3 // 2)] if env else reference.iloc[:0]
+                         & (reference["timesteps"] <= steps * 3 // 2)]
         if not near.empty:
             lines += ["", f"SB3 zoo {env}, mean evaluation return at the logged steps around the budget: "
                       + ", ".join(f"{int(t):,}: {m:.0f}" for t, m in zip(near["timesteps"], near["mean"])) + "."]

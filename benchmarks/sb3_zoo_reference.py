@@ -54,6 +54,7 @@ def main() -> None:
             sys.exit(2)
     commit = subprocess.run(["git", "-C", str(args.checkout), "rev-parse", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
+    data = rows(args.checkout)
     lines = [
         "# rl-baselines3-zoo's published PPO agents, evaluation during training (SB3 EvalCallback:",
         "# every 25,000 env steps, 20 deterministic episodes; one training seed per env; hyperparameters",
@@ -62,10 +63,10 @@ def main() -> None:
         "# Written by: python benchmarks/sb3_zoo_reference.py <checkout>",
         "env,timesteps,episodes,mean,min,max",
     ]
-    lines += [f"{e},{t},{n},{m:.1f},{lo:.1f},{hi:.1f}" for e, t, n, m, lo, hi in rows(args.checkout)]
+    lines += [f"{e},{t},{n},{m:.1f},{lo:.1f},{hi:.1f}" for e, t, n, m, lo, hi in data]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out} ({len(lines) - 6} evaluations)")
+    print(f"wrote {args.out} ({len(data)} evaluations)")
 
 
 if __name__ == "__main__":

@@ -550,7 +550,7 @@ def train_population(cfg: DictConfig, runs: list[RunDir], make_source, family: s
 
     ``workers > 1``: the members are split into that many contiguous slices
     (:func:`worker_slices`), each trained as its own batched population by a forked process
-    (:func:`train_slice`, with this process's torch thread count); this process waits for them.
+    (:func:`_slice_worker`, with this process's torch thread count); this process waits for them.
     Members share nothing but batch shapes, so a member's run is the same whatever the split, up
     to float rounding (as it is its lone run's). Each slice checkpoints and resumes on its own:
     a resumed run with the same split continues, one with another split restarts the slices
@@ -562,9 +562,9 @@ def train_population(cfg: DictConfig, runs: list[RunDir], make_source, family: s
         return
     import multiprocessing
 
+    threads = torch.get_num_threads()
     log.info("population of %d: %d worker processes (seeds %s), %d torch thread(s) each", len(full), len(slices),
-             ", ".join(f"{full[i.start].cfg.seed}-{full[i.stop - 1].cfg.seed}" for i in slices),
-             torch.get_num_threads())
+             ", ".join(f"{full[i.start].cfg.seed}-{full[i.stop - 1].cfg.seed}" for i in slices), threads)
     ctx = multiprocessing.get_context("fork")  # the children need nothing re-imported or pickled
     procs = []
     try:
@@ -573,8 +573,7 @@ def train_population(cfg: DictConfig, runs: list[RunDir], make_source, family: s
             if not any(getattr(r, "writable", True) for r in part):
                 continue  # every member finished or held elsewhere
             show = cfg.progress and not procs  # one progress bar: the first slice's
-            procs.append((ctx.Process(target=train_slice, args=(cfg, part, make_source, family, show,
-                                                                torch.get_num_threads()),
+            procs.append((ctx.Process(target=_slice_worker, args=(cfg, part, make_source, family, show, threads),
                                       name=f"population-worker-{part[0].cfg.seed}", daemon=True), part))
             procs[-1][0].start()
         for proc, _ in procs:
@@ -604,26 +603,28 @@ def worker_slices(n: int, workers: int) -> list[range]:
     return out
 
 
-def train_slice(cfg: DictConfig, runs: list, make_source, family: str, progress: bool | None = None,
-                threads: int | None = None) -> None:
-    """Train ``runs`` as one batched population, resuming from their newest valid checkpoint.
-    In a worker process (``threads`` given) a member that raises is recorded as failed, with
-    the exception, before the worker exits."""
-    if threads is not None:
-        torch.set_num_threads(threads)
-    if progress is not None and progress != cfg.progress:
+def train_slice(cfg: DictConfig, runs: list[RunDir], make_source, family: str) -> None:
+    """Train ``runs`` as one batched population, resuming from their newest valid checkpoint."""
+    loop, resume = start(cfg, lambda: Loop(cfg, make_source(cfg, runs), runs, family), runs)
+    loop.run(resume)
+
+
+def _slice_worker(cfg: DictConfig, runs: list[RunDir], make_source, family: str, progress: bool,
+                  threads: int) -> None:
+    """A worker process's :func:`train_slice`, on ``threads`` torch threads, with or without its
+    progress bar. If it raises, its unfinished members are recorded as failed with the exception
+    (the parent sees only an exit code), then the worker exits non-zero."""
+    torch.set_num_threads(threads)
+    if progress != cfg.progress:
         cfg = cfg.copy()
         cfg.progress = progress
     t0 = time.time()
     try:
-        loop, resume = start(cfg, lambda: Loop(cfg, make_source(cfg, runs), runs, family), runs)
-        loop.run(resume)
+        train_slice(cfg, runs, make_source, family)
     except Exception as exc:
-        if threads is None:
-            raise  # the caller (harness.app.run) records it
         log.exception("%s population worker (seeds %s-%s) failed", family, runs[0].cfg.seed, runs[-1].cfg.seed)
-        for r in runs:
-            if getattr(r, "writable", True) and r.status() is None:
+        for r in runs:  # a shadow's finish writes nothing
+            if r.status() is None:
                 r.finish("failed", f"{type(exc).__name__}: {exc}", time.time() - t0)
         raise
 
