@@ -49,18 +49,17 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 
 from harness.io import schema
-from harness.io.finished import (CORRUPT, MISSING, RunCheck, check_iterations, check_parts, read_config,
-                                 read_parquet, read_summary, unreadable_metrics)
+from harness.io.finished import (MISSING, check_iterations, check_parts, read_config, read_parquet, read_summary,
+                                 unreadable_metrics)
 
 __all__ = [
     "AnalysisWarning",
@@ -108,13 +107,14 @@ def _warn(message: str) -> None:
     warnings.warn(message, AnalysisWarning, stacklevel=3)
 
 
-def _walk(root: Path) -> tuple[list[str], list[str]]:
-    """One pass over ``root``: ``(runs, links)``. ``runs``: every directory (``root`` itself
-    included, as ".") holding metrics.parquet or summary.json; ``links``: every symlinked
-    directory; both relative to root. Hidden directories are
+def _walk(root: Path) -> tuple[list[str], list[str], set[str]]:
+    """One pass over ``root``: ``(runs, links, with_metrics)``. ``runs``: every directory
+    (``root`` itself included, as ".") holding metrics.parquet or summary.json; ``links``: every
+    symlinked directory; ``with_metrics``: the runs holding metrics.parquet; all relative to
+    root. Hidden directories are
     skipped and symlinked ones not followed (as ``os.walk`` does by default); both lists sorted
     as paths sort (part by part), so loading order, and hence row order, is deterministic."""
-    runs, links = [], []
+    runs, links, with_metrics = [], [], set()
     stack = [(os.fspath(root), "")]
     while stack:
         path, rel = stack.pop()
@@ -135,6 +135,8 @@ def _walk(root: Path) -> tuple[list[str], list[str]]:
                     files.add(e.name)
         if METRICS_FILE in files or SUMMARY_FILE in files:
             runs.append(rel or ".")
+            if METRICS_FILE in files:
+                with_metrics.add(rel or ".")
         stack.extend(subdirs)
 
     def parts(rel: str) -> list[str]:
@@ -142,7 +144,7 @@ def _walk(root: Path) -> tuple[list[str], list[str]]:
 
     runs.sort(key=parts)
     links.sort(key=parts)
-    return runs, links
+    return runs, links, with_metrics
 
 
 def find_run_dirs(path: str | os.PathLike) -> list[Path]:
@@ -209,12 +211,12 @@ def _identity(cfg: dict | None) -> dict:
     return out
 
 
-def _survey(root: Path, run_dirs: list[str]) -> list[dict]:
+def _survey(root: Path, run_dirs: list[str], with_metrics: set[str]) -> list[dict]:
     """One record per run directory, from one read of its summary.json and its config
     (summary.json's ``config``, or config.yaml for older runs): rules 1-2 of the finished
     definition (:func:`harness.io.finished.check_parts`), status, identity. Rule 3 (the
     metrics' iterations) is left to the caller, which reads metrics.parquet anyway.
-    ``run_dirs``: :func:`_walk`'s, relative to ``root``."""
+    ``run_dirs``, ``with_metrics``: :func:`_walk`'s, relative to ``root``."""
     recs = []
     for rel in run_dirs:
         run_dir = root / rel
@@ -236,7 +238,7 @@ def _survey(root: Path, run_dirs: list[str]) -> list[dict]:
             "status": status,
             "reason": None if reason is None else str(reason),
             "run_id": None if run_id is None else str(run_id),
-            "has_metrics": (run_dir / METRICS_FILE).exists(),
+            "has_metrics": rel in with_metrics,
             "finished": parts.finished,  # rules 1-2 so far
             "left_out": None if parts.finished else parts.reason,
             **{f"config_{k}": v for k, v in _identity(cfg).items()},
@@ -249,6 +251,10 @@ def _stack(tables: list[pa.Table]) -> pa.Table:
     """Stack per-run tables with Arrow's permissive promotion (int -> float, a column absent in
     an older run -> null). A column that is a string in one run and a number in another (which
     no promotion unifies) is read as strings in every run, with a warning."""
+    first = tables[0].schema
+    if (not any(pa.types.is_dictionary(f.type) for f in first)
+            and all(t.schema.equals(first) for t in tables[1:])):  # one schema (one harness version): nothing to unify
+        return pa.concat_tables(tables)
     # Dictionary-encoded columns (pandas categoricals) do not promote against plain ones.
     decoded = []
     for t in tables:
@@ -311,53 +317,46 @@ def _read_metrics(path: Path) -> tuple[pa.Table | None, str | None]:
         return None, f"unreadable {METRICS_FILE} ({type(err).__name__}: {err})".splitlines()[0]
 
 
-def _finish_check(rec: dict, table: pa.Table | None, why: str | None) -> None:
-    """Rule 3 on one run whose metrics were read on their own (``table``, or ``why`` not)."""
-    parts = rec["_parts"]
-    if table is None:
-        check = RunCheck(False, parts.status, why, CORRUPT, parts.iterations, METRICS_FILE)
-    elif "iteration" not in table.column_names:
-        check = unreadable_metrics(parts, KeyError("iteration"))
+def _read_all(paths: list[Path]) -> list[tuple[pa.Table | None, str | None]]:
+    """:func:`_read_metrics` of every path, in order, on ``pa.cpu_count()`` threads (Arrow's own
+    count; ``pa.set_cpu_count`` changes it). Each file is read on its own, so a corrupt one is
+    named by its own read, and the reads overlap: a parquet read releases the GIL. On 10,000
+    small files this took less CPU than one ``pyarrow.dataset`` scan of them, whose footers
+    would have to be read up front, one after another, to check every file's schema
+    (benchmarks/analysis_load.py)."""
+    workers = min(len(paths), pa.cpu_count())
+    if workers <= 1:
+        return [_read_metrics(p) for p in paths]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(_read_metrics, paths))
+
+
+def _finish_checks(table: pa.Table, recs: list[dict], tables: list[pa.Table], counts: list[int]) -> None:
+    """Rule 3 of the finished definition on the finished runs among ``recs``, whose metrics
+    ``tables`` (``counts[k]`` rows each) are stacked in order in ``table``: where the stacked
+    ``iteration`` column is plain numbers without nulls, every run's is compared with ``1..n``
+    at once; every run found off (or every run, where the column is not plain numbers) gets
+    :func:`harness.io.finished.check_iterations` on its own table, so each is named with its
+    reason."""
+    finished = np.array([r["finished"] for r in recs], dtype=bool)
+    n = np.array([r["_parts"].iterations if r["finished"] else -1 for r in recs], dtype=np.int64)
+    sizes = np.asarray(counts, dtype=np.int64)
+    check = finished & (sizes != n)
+    col = table.column("iteration") if "iteration" in table.column_names else None
+    if col is None or col.null_count or not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+        check = finished
     else:
-        check = check_iterations(parts, table.column("iteration").to_pylist())
-    rec["finished"], rec["left_out"] = check.finished, check.reason
-
-
-def _scan(paths: list[Path], ns: list[int]) -> pa.Table | None:
-    """Every file of ``paths`` in one pyarrow dataset scan (schemas unified permissively, in
-    order), or None where that is not the whole story and each file must be read on its own to
-    name the one at fault: a file that does not read, schemas that do not unify, or an
-    ``iteration`` column that is not ``1..n`` for each file's ``n`` of ``ns`` (rule 3 of the
-    finished definition, checked for all files at once)."""
-    if not paths:
-        return None
-    try:
-        fs, fmt = pafs.LocalFileSystem(), ds.ParquetFileFormat()
-        fragments = [fmt.make_fragment(str(p), fs) for p in paths]
-        schemas: dict[pa.Schema, None] = {}  # every file's schema, each distinct one once, in order
-        for f in fragments:
-            f.ensure_complete_metadata()  # each footer read once: the scan below reuses it
-            schemas.setdefault(f.physical_schema, None)
-        schema_ = pa.unify_schemas(list(schemas), promote_options="permissive")
-        if any(pa.types.is_dictionary(f.type) for f in schema_) or "iteration" not in schema_.names:
-            return None
-        table = ds.FileSystemDataset(fragments, schema_, fmt, fs).to_table()
-        table.validate(full=True)
-    except Exception:  # noqa: BLE001 - any failure: per-file reads name the file
-        return None
-    its = table.column("iteration")
-    counts = np.asarray(ns, dtype=np.int64)
-    if table.num_rows != int(counts.sum()) or its.null_count:
-        return None
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
-    expected = np.arange(table.num_rows, dtype=np.int64) - starts + 1
-    try:
-        got = its.to_numpy(zero_copy_only=False)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
-    if got.dtype.kind not in "iuf" or not np.array_equal(got, expected):
-        return None
-    return table
+        starts = np.cumsum(sizes) - sizes
+        off = col.to_numpy() != np.arange(table.num_rows, dtype=np.int64) - np.repeat(starts, sizes) + 1
+        check |= finished & (np.bincount(np.repeat(np.arange(len(recs)), sizes), weights=off,
+                                          minlength=len(recs)) > 0)
+    for k in np.flatnonzero(check):
+        rec, own = recs[k], tables[k]
+        if "iteration" not in own.column_names:
+            result = unreadable_metrics(rec["_parts"], KeyError("iteration"))
+        else:
+            result = check_iterations(rec["_parts"], own.column("iteration").to_pylist())
+        rec["finished"], rec["left_out"] = result.finished, result.reason
 
 
 def load_runs(path: str | os.PathLike) -> pd.DataFrame:
@@ -369,7 +368,8 @@ def load_runs(path: str | os.PathLike) -> pd.DataFrame:
     so they can be counted even though they contribute no metrics.
     """
     root = Path(path)
-    recs = _survey(root, _walk(root)[0])
+    run_dirs, _, with_metrics = _walk(root)
+    recs = _survey(root, run_dirs, with_metrics)
     for rec in recs:
         if rec["finished"]:
             try:
@@ -427,9 +427,9 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
     the folder.
 
     Each file is read once: summary.json and the run's config (summary.json's ``config``;
-    config.yaml only for runs written before it) per run, then the finished runs' metrics in
-    one pyarrow dataset scan, which also checks their iterations; where that scan fails or a
-    file's iterations are off, every file is read on its own so the ones at fault are named.
+    config.yaml only for runs written before it) per run, then the metrics files, each on its
+    own, on Arrow's CPU threads; their iterations are checked all at once, and each run found
+    off is named with its reason.
 
     Raises FileNotFoundError / NotADirectoryError for a missing path or a file.
     """
@@ -439,19 +439,23 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
     if not root.is_dir():
         raise NotADirectoryError(f"{root} is not a folder")
 
-    run_dirs, links = _walk(root)
-    recs = _survey(root, run_dirs)
-    cands = [r for r in recs if r["finished"]]
-    counts = [r["_parts"].iterations for r in cands]
-    scanned = _scan([root / r["run_dir"] / METRICS_FILE for r in cands], counts)
-    alone = {}  # id(run) -> (its metrics or None, why not), for runs not in the scan
-    for rec in recs:
-        if scanned is not None and rec["finished"]:
-            continue
-        if rec["finished"] or (not finished_only and rec["has_metrics"]):
-            alone[id(rec)] = _read_metrics(root / rec["run_dir"] / METRICS_FILE)
+    run_dirs, links, with_metrics = _walk(root)
+    recs = _survey(root, run_dirs, with_metrics)
+    wanted = [r for r in recs if r["finished"] or (not finished_only and r["has_metrics"])]
+    read = _read_all([root / r["run_dir"] / METRICS_FILE for r in wanted])
+    unread = {}  # id(run) -> why its metrics do not read
+    for rec, (t, why) in zip(wanted, read):
+        if t is None:
+            unread[id(rec)] = why
             if rec["finished"]:
-                _finish_check(rec, *alone[id(rec)])
+                rec["finished"], rec["left_out"] = False, why
+    kept = [rec for rec, (t, _) in zip(wanted, read) if t is not None]  # in order: they are stacked
+    tables = [t for t, _ in read if t is not None]
+    counts = [t.num_rows for t in tables]
+    table = _stack([_without_own(t) for t in tables]) if tables else None
+    if kept:
+        _finish_checks(table, kept, tables, counts)
+    del read, tables
     runs = _runs_frame(recs)
     skipped, left_out = [], []
 
@@ -463,12 +467,11 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
                          "estimator": est if isinstance(est, str) else (parts_[-2] if len(parts_) >= 3 else None)})
         runs.at[i, "left_out"] = why
 
-    # ±inf scores in the scan: one vectorised look, nonfinite_score's message for the few (sliced)
-    bad = _nonfinite_runs(scanned, counts) if scanned is not None else set()
+    # ±inf scores, looked for in all the stacked runs at once
+    bad = _nonfinite_runs(table, counts) if kept else set()
     starts = np.cumsum(counts) - counts
-    in_scan = {id(rec): k for k, rec in enumerate(cands)} if scanned is not None else {}
-    keep_scanned = np.ones(len(cands), dtype=bool)
-    pieces: list[tuple[list[dict], list[int], pa.Table]] = []  # (runs, their row counts, their rows)
+    where = {id(rec): k for k, rec in enumerate(kept)}
+    keep = np.array([rec["finished"] or not finished_only for rec in kept], dtype=bool)
     for i, rec in enumerate(recs):
         if finished_only and not rec["finished"]:
             leave_out(i, rec, rec["left_out"])
@@ -478,42 +481,34 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
         if not rec["has_metrics"]:
             leave_out(i, rec, rec["left_out"] or f"no {METRICS_FILE}")
             continue
-        k = in_scan.get(id(rec))
-        if k is not None:
-            why = nonfinite_score(scanned.slice(starts[k], counts[k])) if k in bad else None
-            if why is not None:
-                keep_scanned[k] = False
-                leave_out(i, rec, why)
-            continue
-        t, why = alone[id(rec)]
-        if t is None:
+        k = where.get(id(rec))
+        if k is None:  # (finished_only=False) its metrics do not read
             skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
-            leave_out(i, rec, why)
+            leave_out(i, rec, unread[id(rec)])
             continue
-        why = nonfinite_score(t)
+        why = nonfinite_score(table.slice(starts[k], counts[k])) if k in bad else None
         if why is not None:
+            keep[k] = False
             leave_out(i, rec, why)
-            continue
-        pieces.append(([rec], [t.num_rows], t))
-    if scanned is not None and keep_scanned.any():
-        rows = scanned if keep_scanned.all() else scanned.filter(np.repeat(keep_scanned, counts))
-        kept = np.flatnonzero(keep_scanned)
-        pieces.insert(0, ([cands[k] for k in kept], [counts[k] for k in kept], rows))
+    if kept and not keep.all():
+        table = table.filter(np.repeat(keep, counts))
+        kept = [rec for rec, k in zip(kept, keep) if k]
+        counts = [n for n, k in zip(counts, keep) if k]
     for link in left_out_links(root, links):
         left_out.append({**link, "task": None, "estimator": None})
 
-    if not pieces:
+    if not kept:
         df, codes = _empty_frame(), {}
         df["estimator_name"] = df["estimator"]
     else:
-        df, codes = _frame(pieces)
+        df, codes = _frame(kept, counts, table)
     for c in METRIC_COLUMNS:  # numbers as float (string columns are objects with None already)
         if c not in _STRING_COLUMNS and df[c].dtype != np.float64:
             df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
     _label_variants_in_place(df, codes)
     lead = ["run_dir", "status"] + METRIC_COLUMNS + ["estimator_name"]
     df = df[lead + [c for c in df.columns if c not in lead]]
-    df = _sort_rows(df, [n for _, ns, _ in pieces for n in ns], codes)
+    df = _sort_rows(df, counts, codes)
     df.attrs["skipped"] = skipped
     df.attrs["left_out"] = left_out
     df.attrs["runs"] = runs
@@ -590,22 +585,23 @@ def _nonfinite_runs(table: pa.Table, counts: list[int]) -> set[int]:
     return {int(k) for k in np.unique(row_run[bad])}
 
 
-def _frame(pieces: list[tuple[list[dict], list[int], pa.Table]]) -> tuple[pd.DataFrame, dict]:
-    """The kept runs' rows stacked (``pieces``: runs, their row counts and their rows, in order), with
+#: The per-run columns load adds; a column of these names in a metrics file is dropped.
+_OWN = ("run_dir", "status", "reason", "worst_return")
+
+
+def _without_own(table: pa.Table) -> pa.Table:
+    names = set(table.schema.names)
+    return table.drop_columns([c for c in _OWN if c in names]) if names.intersection(_OWN) else table
+
+
+def _frame(recs: list[dict], counts: list[int], table: pa.Table) -> tuple[pd.DataFrame, dict]:
+    """The kept runs' rows (``recs``, ``counts[k]`` rows each, stacked in order in ``table``), with
     per-run columns (run_dir, status, reason, worst_return) and identity filled from each run's
     config, then its layout; built in Arrow from one value per run (taken to the rows),
     converted to pandas once. Returns ``(frame, codes)``: the contract's string columns are
     objects (None where null), and ``codes`` holds :func:`_objects`' factorization of each that
     was a string column, for :func:`_label_variants_in_place`."""
-    recs = [rec for runs_, _, _ in pieces for rec in runs_]
-    counts = [n for _, ns, _ in pieces for n in ns]
     idx = pa.array(np.repeat(np.arange(len(recs), dtype=np.int32), counts))
-    own = ("run_dir", "status", "reason", "worst_return")
-    tables = []
-    for _, _, t in pieces:
-        names = set(t.schema.names)
-        tables.append(t.drop_columns([c for c in own if c in names]) if names.intersection(own) else t)
-    table = _stack(tables)
 
     def per_run(values: list, typ: pa.DataType = pa.string()) -> pa.Array:
         return pa.array(values, typ).take(idx)
@@ -624,12 +620,6 @@ def _frame(pieces: list[tuple[list[dict], list[int], pa.Table]]) -> tuple[pd.Dat
             have, fallback = have.cast(pa.string()), per_run([None if v is None else str(v) for v in values])
         return table.set_column(table.column_names.index(col), col, pc.coalesce(have, fallback))
 
-    table = table.append_column("run_dir", per_run([r["run_dir"] for r in recs]))
-    table = table.append_column("status", per_run([r["status"] for r in recs]))
-    table = table.append_column("reason", per_run([r["reason"] if isinstance(r["reason"], str) else None
-                                                   for r in recs]))
-    table = table.append_column("worst_return", per_run([r.get("config_worst_return") for r in recs],
-                                                        pa.float64()))
     for c, typ in schema.METRIC_COLUMNS.items():
         if c not in table.column_names:
             table = table.append_column(c, pa.nulls(table.num_rows, typ))
@@ -646,14 +636,34 @@ def _frame(pieces: list[tuple[list[dict], list[int], pa.Table]]) -> tuple[pd.Dat
     # values, not one new str per row: pandas' own conversion of 4M rows took seconds per column
     names = [c for c in table.column_names if c in _STRING_COLUMNS]
     converted = {c: _objects(table.column(c)) for c in names}
+    for i, (c, typ) in enumerate(zip(table.column_names, table.schema.types)):
+        if c in schema.METRIC_COLUMNS and c not in _STRING_COLUMNS and pa.types.is_integer(typ):
+            try:  # a number column as float in Arrow: pandas would make an int array, then a float copy
+                table = table.set_column(i, c, table.column(c).cast(pa.float64()))
+            except pa.ArrowInvalid:  # an int beyond float's exact range: load's to_numeric pass decides
+                pass
     df = table.drop_columns(names).to_pandas(split_blocks=True)
-    for c in names:  # dtype=object: left to itself pandas would infer its str dtype again
-        df[c] = pd.Series(converted[c][0], index=df.index, dtype=object, copy=False)
+    for c in names:
+        df[c] = _object_series(converted[c][0], df.index)
+    # the per-run columns, from one value per run (strings as objects, as the contract's)
+    rows = np.repeat(np.arange(len(recs)), counts)
+    for c, values in (("run_dir", [r["run_dir"] for r in recs]), ("status", [r["status"] for r in recs]),
+                      ("reason", [r["reason"] if isinstance(r["reason"], str) else None for r in recs])):
+        per = np.empty(len(values), dtype=object)
+        per[:] = values
+        df[c] = _object_series(per[rows], df.index)
+    df["worst_return"] = np.array([r.get("config_worst_return") for r in recs], dtype=float)[rows]
     df["estimator_name"] = df["estimator"]
     codes = {c: converted[c][1:] for c in names if converted[c][1] is not None}
     if "estimator" in codes:
         codes["estimator_name"] = codes["estimator"]
     return df, codes
+
+
+def _object_series(values: np.ndarray, index: pd.Index) -> pd.Series:
+    """``values`` (an object array) as a column of dtype object: left to itself pandas would infer
+    its ``str`` dtype and copy every value into Arrow."""
+    return pd.Series(values, index=index, dtype=object, copy=False)
 
 
 def _objects(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None, int]:
@@ -713,4 +723,4 @@ def _label_variants_in_place(df: pd.DataFrame, known: dict | None = None) -> Non
     for j, rec in enumerate(combos.to_dict("records")):
         differ = [f"{k}={rec[k]}" for k in keys if differs[k][j]]
         labels.append(f"{rec['name']}[{', '.join(differ)}]" if differ else rec["name"])
-    df["estimator"] = np.asarray(labels, dtype=object)[codes]
+    df["estimator"] = _object_series(np.asarray(labels, dtype=object)[codes], df.index)

@@ -2,6 +2,7 @@
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -204,14 +205,23 @@ def _folder_of_clean_runs(root, n=3):
 
 def test_summary_config_stands_in_for_config_yaml_and_each_file_is_read_once(tmp_path, monkeypatch):
     """A run whose summary.json records its config (the harness writes it since issue 16) is
-    loaded without config.yaml (torn here, so a YAML read would leave it out), and a folder of
-    clean runs is read in one dataset scan: no file read on its own."""
+    loaded without config.yaml (torn here, so a YAML read would leave it out), and each metrics
+    file of a folder of clean runs is read once."""
+    import collections
     import importlib
 
     load_mod = importlib.import_module("analysis.load")
     _folder_of_clean_runs(tmp_path)
-    monkeypatch.setattr(load_mod, "_read_metrics", lambda path: pytest.fail(f"read on its own: {path}"))
+    reads = collections.Counter()
+    read_parquet = load_mod.read_parquet
+
+    def counted(path, columns=None):
+        reads[Path(path).relative_to(tmp_path).as_posix()] += 1
+        return read_parquet(path, columns)
+
+    monkeypatch.setattr(load_mod, "read_parquet", counted)
     df = analysis.load(tmp_path)
+    assert dict(reads) == {f"{TASK}/ppo_gae/s{s}/metrics.parquet": 1 for s in range(3)}
     assert df.attrs["left_out"] == []
     assert len(df) == 18 and sorted(df["run_dir"].unique()) == [f"{TASK}/ppo_gae/s{s}" for s in range(3)]
     assert (df["worst_return"] == -7.0).all()                    # from summary.json's config
@@ -234,15 +244,21 @@ def test_summary_config_budget_is_checked(tmp_path):
     assert out["reason"] == "summary.json says 6 iterations, over budget.iterations=5 in summary.json's config"
 
 
-@pytest.mark.parametrize("fault", ["rows_off", "torn_file"])
+@pytest.mark.parametrize("fault", ["rows_off", "skips_one", "restarts", "torn_file"])
 def test_one_bad_file_among_clean_ones_is_named_and_the_rest_load(tmp_path, fault):
-    """The one-scan path falls back to reading each file on its own to name the one at fault:
-    a file whose iterations do not match its summary (it reads fine), or one that does not read."""
+    """The one at fault is named: a file whose iterations do not match its summary (it reads
+    fine, and the iterations of all files are checked at once: as many rows as the summary says
+    but one skipped, or counted again from 1), or one that does not read."""
     _folder_of_clean_runs(tmp_path, n=4)
     bad = tmp_path / TASK / "ppo_gae" / "s2" / "metrics.parquet"
     if fault == "rows_off":
         write_run(bad.parent, _cols("ppo_gae", 2, iterations=5))  # summary still says 6
         why = "metrics.parquet holds iterations [1..5] (5 rows), summary.json says 6"
+    elif fault in ("skips_one", "restarts"):
+        cols = _cols("ppo_gae", 2)
+        cols["iteration"] = np.array([1, 2, 3, 4, 5, 7] if fault == "skips_one" else [1, 2, 3, 1, 2, 3])
+        write_run(bad.parent, cols)
+        why = f"metrics.parquet holds iterations [1..{7 if fault == 'skips_one' else 3}] (6 rows), summary.json says 6"
     else:
         bad.write_bytes(bad.read_bytes()[:-40])
         why = "unreadable metrics.parquet ("
@@ -251,6 +267,23 @@ def test_one_bad_file_among_clean_ones_is_named_and_the_rest_load(tmp_path, faul
     (out,) = df.attrs["left_out"]
     assert out["run_dir"] == f"{TASK}/ppo_gae/s2" and out["reason"].startswith(why)
     assert len(df) == 18
+
+
+def test_iterations_written_as_floats_count_as_1_to_n(tmp_path):
+    """Rule 3 compares values, as the harness's check does (``[1.0, 2.0] == [1, 2]``): a run
+    whose iteration column is float is finished when its values are 1..n, in a folder where the
+    other runs' column is int (stacked as float)."""
+    _folder_of_clean_runs(tmp_path, n=3)
+    cols = _cols("ppo_gae", 1)
+    cols["iteration"] = np.arange(1.0, 7.0)
+    write_run(tmp_path / TASK / "ppo_gae" / "s1", cols)
+    df = analysis.load(tmp_path)
+    assert df.attrs["left_out"] == [] and len(df) == 18
+    cols["iteration"] = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.5])
+    write_run(tmp_path / TASK / "ppo_gae" / "s1", cols)
+    (out,) = analysis.load(tmp_path).attrs["left_out"]
+    assert out["run_dir"] == f"{TASK}/ppo_gae/s1"
+    assert out["reason"] == "metrics.parquet holds iterations [1.0..6.5] (6 rows), summary.json says 6"
 
 
 def test_a_column_string_in_one_run_and_number_in_another_is_read_as_strings(tmp_path):

@@ -20,6 +20,7 @@ when all of these hold:
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,11 +67,11 @@ def _err(exc: BaseException) -> str:
 def read_summary(path: Path) -> tuple[dict | None, str | None]:
     """``(summary, None)`` for a summary.json that parses as a JSON object with a string
     ``status``; ``(None, reason)`` otherwise (``reason`` None when the file does not exist)."""
-    summary_path = Path(path) / SUMMARY_FILE
-    if not summary_path.exists():
-        return None, None
     try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        with open(os.path.join(path, SUMMARY_FILE), encoding="utf-8") as f:
+            summary = json.loads(f.read())
+    except FileNotFoundError:
+        return None, None
     except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
         return None, f"unreadable {SUMMARY_FILE} ({_err(exc)})"
     if not isinstance(summary, dict):
