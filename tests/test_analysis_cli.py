@@ -48,8 +48,15 @@ def _cases(tmp: Path):
     ]
 
 
+#: The cases run through the real CLI too (each a whole interpreter start): one of each kind of
+#: refusal (argparse's type and choice errors, the checks after parsing, both commands); every
+#: case runs through ``main`` in-process below.
+SUBPROCESS_CASES = [2, 5, 6, 9, 12]
+
+
 def test_bad_arguments_are_one_line_exit_2_in_a_subprocess(tmp_path):
-    for args, line in _cases(tmp_path):
+    cases = _cases(tmp_path)
+    for args, line in (cases[i] for i in SUBPROCESS_CASES):
         r = _cli(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.splitlines() == [line], args
@@ -62,6 +69,7 @@ def test_main_returns_2_for_the_same_arguments(i, tmp_path, capsys):
     args, line = _cases(tmp_path)[i]
     assert main(args) == 2
     assert capsys.readouterr().err.splitlines() == [line]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]   # nothing written anywhere
 
 
 def test_good_arguments_still_parse(tmp_path):

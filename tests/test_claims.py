@@ -10,6 +10,7 @@ import pytest
 
 from analysis import claims as C
 from analysis.claims import kinds as K
+from analysis.claims.evidence import NotRun
 from analysis.claims.report import (README_END, README_START, SUMMARY_END, SUMMARY_START, readme_table, update_pages,
                                     update_readme)
 from analysis.claims.rules import POWER_FACTOR, Rule, judge_part, needed_n
@@ -382,8 +383,13 @@ def test_the_claims_blocks_go_into_any_page_with_their_markers(tmp_path, capsys)
     assert "claims-summary:start" in capsys.readouterr().err
 
 
-def test_a_report_compares_its_own_offset_with_the_others(tmp_path):
-    """The report of offset K shows the stability section with K in it (its JSON is written first)."""
+def test_a_report_compares_its_own_offset_with_the_others(tmp_path, monkeypatch):
+    """The report of offset K shows the stability section with K in it (its JSON is written first).
+    No experiment is composed (each claim is then not run): the section reads the offsets' JSON."""
+    def not_composed(name, *args, **kwargs):
+        raise NotRun(f"{name}: not composed in this test")
+
+    monkeypatch.setattr(C, "compose_points", not_composed)
     _report(tmp_path, 0, {"C1": "supported"})
     out, _ = C.build_claims_report(tmp_path, quick=False, seed_offset=1000, progress=lambda s: None)
     text = out.read_text()

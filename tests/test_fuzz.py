@@ -494,7 +494,10 @@ def test_unusable_results_dir_is_one_line_naming_the_path(tmp_path, monkeypatch)
 
 
 def test_unusable_results_dir_through_the_cli(tmp_path):
-    for results_dir, culprit in _file_cases(tmp_path):
+    """Each kind of path through the real command line (an interpreter start each): a file, a
+    path under one, a folder root cannot make; the test above runs every case in-process."""
+    cases = _file_cases(tmp_path)
+    for results_dir, culprit in (cases[0], cases[1], cases[3]):
         out = _cli(with_defaults([], results_dir), tmp_path)
         assert out.returncode == 2, out.stdout + out.stderr
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("invalid config:")]
