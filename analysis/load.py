@@ -596,11 +596,12 @@ def _without_own(table: pa.Table) -> pa.Table:
 
 def _frame(recs: list[dict], counts: list[int], table: pa.Table) -> tuple[pd.DataFrame, dict]:
     """The kept runs' rows (``recs``, ``counts[k]`` rows each, stacked in order in ``table``), with
-    per-run columns (run_dir, status, reason, worst_return) and identity filled from each run's
-    config, then its layout; built in Arrow from one value per run (taken to the rows),
-    converted to pandas once. Returns ``(frame, codes)``: the contract's string columns are
-    objects (None where null), and ``codes`` holds :func:`_objects`' factorization of each that
-    was a string column, for :func:`_label_variants_in_place`."""
+    identity filled from each run's config, then its layout (in Arrow, from one value per run
+    taken to the rows, where a column has nulls), converted to pandas once, then the per-run
+    columns (run_dir, status, reason, worst_return) added from one value per run as numpy
+    arrays. Returns ``(frame, codes)``: the string columns are objects (None where null), and
+    ``codes`` holds :func:`_objects`' factorization of each contract column that was a string
+    column, for :func:`_label_variants_in_place`."""
     idx = pa.array(np.repeat(np.arange(len(recs), dtype=np.int32), counts))
 
     def per_run(values: list, typ: pa.DataType = pa.string()) -> pa.Array:
