@@ -643,7 +643,7 @@ def _frame(recs: list[dict], counts: list[int], table: pa.Table) -> tuple[pd.Dat
                 table = table.set_column(i, c, table.column(c).cast(pa.float64()))
             except pa.ArrowInvalid:  # an int beyond float's exact range: load's to_numeric pass decides
                 pass
-    df = table.drop_columns(names).to_pandas(split_blocks=True)
+    df = _to_pandas(table.drop_columns(names))
     for c in names:
         df[c] = _object_series(converted[c][0], df.index)
     # the per-run columns, from one value per run (strings as objects, as the contract's)
@@ -659,6 +659,49 @@ def _frame(recs: list[dict], counts: list[int], table: pa.Table) -> tuple[pd.Dat
     if "estimator" in codes:
         codes["estimator_name"] = codes["estimator"]
     return df, codes
+
+
+def _to_pandas(table: pa.Table) -> pd.DataFrame:
+    """``table`` as a frame whose every column is writable and its own, so ``df.loc[i, c] = v``
+    works as on any frame. ``Table.to_pandas(split_blocks=True)`` would hand over a one-chunk
+    number column without nulls (one run's file; a column load cast) as a read-only view of
+    Arrow's memory. Number columns are converted one each (as ``to_pandas`` converts them: ints
+    with nulls become float with NaN), on Arrow's thread count; each that arrives read-only is a
+    writable view of its buffer where Arrow made that buffer writable for load alone (a cast's
+    result: no second copy), else a copy. Other types go through ``to_pandas`` into
+    consolidated blocks, which are always new arrays."""
+    numbers = [c for c, t in zip(table.column_names, table.schema.types)
+               if pa.types.is_integer(t) or pa.types.is_floating(t)]
+    workers = max(1, min(len(numbers), pa.cpu_count()))
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            values = list(pool.map(lambda c: table.column(c).to_numpy(), numbers))
+    else:
+        values = [table.column(c).to_numpy() for c in numbers]
+    arrays, seen = {}, set()  # seen: buffer addresses given out (a buffer two columns share is copied)
+    for c, v in zip(numbers, values):
+        if not v.flags.writeable:
+            v = _own(table.column(c), v, seen)
+        arrays[c] = v
+    rest = table.drop_columns(numbers).to_pandas(split_blocks=False) if len(numbers) < table.num_columns else None
+    columns = {c: arrays[c] if c in arrays else rest[c] for c in table.column_names}
+    return pd.DataFrame(columns, index=pd.RangeIndex(table.num_rows), copy=False)
+
+
+def _own(col: pa.ChunkedArray, values: np.ndarray, seen: set[int]) -> np.ndarray:
+    """A writable array of ``values``, the read-only zero-copy view ``col.to_numpy()`` gave of
+    ``col``'s one chunk: a writable view of the same buffer where Arrow marks it writable (made
+    by load, e.g. a cast's result, and held by nothing else once load returns) and no column
+    before it was given that buffer (``seen``), else a copy."""
+    if col.num_chunks == 1:
+        chunk = col.chunk(0)
+        buf = chunk.buffers()[1]
+        if buf is not None and buf.is_mutable and buf.address not in seen:
+            view = np.frombuffer(buf, dtype=values.dtype, count=len(chunk), offset=chunk.offset * values.itemsize)
+            if view.flags.writeable:
+                seen.add(buf.address)
+                return view
+    return values.copy()
 
 
 def _object_series(values: np.ndarray, index: pd.Index) -> pd.Series:

@@ -383,3 +383,28 @@ def test_rows_are_in_pandas_sort_order_when_the_walk_order_is_not(tmp_path, fini
         rows = df[df["run_dir"] == rel]
         assert rows["iteration"].tolist() == list(range(1, len(ret) + 1))
         np.testing.assert_array_equal(rows["episode_return"].to_numpy(), ret)
+
+
+@pytest.mark.parametrize("runs", [1, 3])
+def test_every_column_of_the_frame_takes_an_in_place_write_to_itself_alone(tmp_path, runs):
+    """A loaded frame is the user's to edit: ``df.loc[row, col] = v`` works on every column
+    (none is a read-only view of Arrow memory, as a column Arrow hands over without copying
+    would be: one run's file read as one chunk, or a number column cast in Arrow), and the write
+    changes that cell only, in no other column. Extra columns of each kind a run may log ride
+    along."""
+    for s in range(runs):
+        cols = _cols("ppo_gae", s)
+        cols.update(extra_int=np.arange(6, dtype=np.int64), extra_float=np.linspace(0, 1, 6),
+                    extra_bool=np.arange(6) % 2 == 0, extra_str=[f"x{i}" for i in range(6)])
+        write_run(tmp_path / TASK / "ppo_gae" / f"s{s}", cols, summary=_summary(f"r{s}", "completed", 6))
+    df = analysis.load(tmp_path)
+    assert len(df) == 6 * runs
+    row = df.index[len(df) // 2]
+    for c in df.columns:
+        before = df.copy()
+        kind = df[c].dtype.kind
+        value = (not df.at[row, c]) if kind == "b" else 7 if kind in "iuf" else "edited"
+        df.loc[row, c] = value
+        assert df.at[row, c] == value, c
+        changed = [o for o in df.columns if o != c and not df[o].equals(before[o])]
+        assert not changed and df.drop(index=row).equals(before.drop(index=row)), (c, changed)
