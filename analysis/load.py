@@ -638,7 +638,8 @@ def _frame(recs: list[dict], counts: list[int], table: pa.Table) -> tuple[pd.Dat
     names = [c for c in table.column_names if c in _STRING_COLUMNS]
     converted = {c: _objects(table.column(c)) for c in names}
     for i, (c, typ) in enumerate(zip(table.column_names, table.schema.types)):
-        if c in schema.METRIC_COLUMNS and c not in _STRING_COLUMNS and pa.types.is_integer(typ):
+        if (c in schema.METRIC_COLUMNS and c not in _STRING_COLUMNS and pa.types.is_integer(typ)
+                and table.column(c).null_count < table.num_rows):  # (an all-null column becomes NaN anyway)
             try:  # a number column as float in Arrow: pandas would make an int array, then a float copy
                 table = table.set_column(i, c, table.column(c).cast(pa.float64()))
             except pa.ArrowInvalid:  # an int beyond float's exact range: load's to_numeric pass decides
@@ -668,10 +669,14 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
     Arrow's memory. Number columns are converted one each (as ``to_pandas`` converts them: ints
     with nulls become float with NaN), on Arrow's thread count; each that arrives read-only is a
     writable view of its buffer where Arrow made that buffer writable for load alone (a cast's
-    result: no second copy), else a copy. Other types go through ``to_pandas`` into
-    consolidated blocks, which are always new arrays."""
+    result: no second copy), else a copy. A number column null in every row is float NaN, as
+    ``to_pandas`` makes it, and all such columns share one array until one of them is written (pandas' copy on write: a sweep of control runs has a dozen all-null LM columns, a
+    quarter of the frame). Other types go through ``to_pandas`` into consolidated blocks, which
+    are always new arrays."""
     numbers = [c for c, t in zip(table.column_names, table.schema.types)
                if pa.types.is_integer(t) or pa.types.is_floating(t)]
+    empty = [c for c in numbers if table.num_rows and table.column(c).null_count == table.num_rows]
+    numbers = [c for c in numbers if c not in empty]
     workers = max(1, min(len(numbers), pa.cpu_count()))
     if workers > 1:
         with ThreadPoolExecutor(workers) as pool:
@@ -683,7 +688,11 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
         if not v.flags.writeable:
             v = _own(table.column(c), v, seen)
         arrays[c] = v
-    rest = table.drop_columns(numbers).to_pandas(split_blocks=False) if len(numbers) < table.num_columns else None
+    if empty:  # one all-NaN array behind every such column, copied by pandas (copy on write) when written
+        nan = pd.Series(np.full(table.num_rows, np.nan))
+        arrays.update((c, nan) for c in empty)
+    others = [c for c in table.column_names if c not in arrays]
+    rest = table.select(others).to_pandas(split_blocks=False) if others else None
     columns = {c: arrays[c] if c in arrays else rest[c] for c in table.column_names}
     return pd.DataFrame(columns, index=pd.RangeIndex(table.num_rows), copy=False)
 
