@@ -740,8 +740,10 @@ def label_variants(df: pd.DataFrame) -> pd.DataFrame:
     ``estimator`` label, ``name[key=value, ...]`` (only the keys that differ for that name,
     over the whole frame so a label means the same on every task; ``null`` where a run did
     not record the setting). Names run with one setting keep the plain name. The registered
-    name is (or stays) in ``estimator_name``. Returns a new frame."""
-    df = df.copy()
+    name is (or stays) in ``estimator_name``. Returns a new frame: a shallow copy, which pandas'
+    copy on write keeps apart from ``df`` (the data is copied only where one of them is written;
+    a deep copy of a 10,000-run frame took 20 s, most of it consolidating its blocks)."""
+    df = df.copy(deep=False)
     _label_variants_in_place(df)
     return df
 

@@ -68,6 +68,7 @@ __all__ = [
     "probability_of_improvement",
     "probability_of_improvement_interval",
     "performance_profile",
+    "fraction_above",
     "area_under_curve",
     "is_collapsed",
     "worst_returns",
@@ -285,6 +286,22 @@ def probability_of_improvement_interval(
 
 # ----------------------------------------------------------------------------- profiles
 
+def fraction_above(draws: np.ndarray, taus: np.ndarray) -> np.ndarray:
+    """``[reps, n_tau]``: for each row of ``draws`` (``[reps, n]``), the fraction of its ``n``
+    values ``> tau`` (NaN is never above), i.e. ``(draws[:, :, None] > taus).mean(axis=1)``,
+    counted from each row sorted instead of that ``reps x n x n_tau`` comparison (10,000 runs,
+    2,000 resamples and 100 taus made two billion)."""
+    draws = np.asarray(draws, dtype=float)
+    taus = np.asarray(taus, dtype=float)
+    n = draws.shape[1]
+    ordered = np.sort(draws, axis=1)  # NaN last
+    valid = n - np.isnan(draws).sum(axis=1)
+    out = np.empty((draws.shape[0], taus.size))
+    for i, (row, m) in enumerate(zip(ordered, valid)):
+        out[i] = m - np.searchsorted(row[:m], taus, side="right")
+    return out / n if n else np.full_like(out, np.nan)
+
+
 def performance_profile(
     scores: Scores,
     taus,
@@ -305,7 +322,7 @@ def performance_profile(
         return pd.DataFrame({"tau": taus, "fraction": nan, "low": nan, "high": nan})
 
     def frac(batch: list[np.ndarray]) -> np.ndarray:  # -> [reps, n_tau]
-        return np.mean([(t[:, :, None] > taus).mean(axis=1) for t in batch], axis=0)
+        return np.mean([fraction_above(t, taus) for t in batch], axis=0)
 
     point = frac([t[None, :] for t in tasks])[0]
     rng = np.random.default_rng(seed)

@@ -191,6 +191,13 @@ def test_runs_differing_in_update_or_loss_agg_get_separate_labels(tmp_path):
     assert sorted(df["estimator_name"].unique()) == ["a2c", "grpo", "ppo_gae"]
     from analysis.load import label_variants
     assert label_variants(df)["estimator"].tolist() == df["estimator"].tolist()  # idempotent
+    # a frame with the registered names only gets its labels in a new frame; the caller's is untouched
+    plain = df.assign(estimator=df["estimator_name"]).drop(columns="estimator_name")
+    before = plain.copy()
+    labelled = label_variants(plain)
+    assert labelled["estimator"].tolist() == df["estimator"].tolist()
+    assert labelled["estimator_name"].tolist() == df["estimator_name"].tolist()
+    assert plain.equals(before) and "estimator_name" not in plain
 
 
 # ---------------------------------------------------------------- reading each file once (issue 16)

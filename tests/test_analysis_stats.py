@@ -178,6 +178,21 @@ def test_performance_profile_averages_tasks():
     assert prof["fraction"].iloc[0] == pytest.approx((0.0 + 0.75) / 2)
 
 
+def test_fraction_above_counts_values_strictly_above_each_tau():
+    """By hand (NaN is never above; a tie is not above), then against the comparison it
+    replaces on draws with ties, NaN and infinities."""
+    from analysis.stats import fraction_above
+    got = fraction_above(np.array([[1.0, 2.0, 2.0, np.nan], [np.inf, -np.inf, 0.0, 0.0]]), [0.0, 1.5, 2.0])
+    np.testing.assert_array_equal(got, [[0.75, 0.5, 0.0], [0.25, 0.25, 0.25]])
+    rng = np.random.default_rng(0)
+    draws = rng.integers(-3, 4, size=(50, 30)).astype(float)
+    draws[rng.random(draws.shape) < 0.1] = np.nan
+    draws[rng.random(draws.shape) < 0.05] = np.inf
+    draws[rng.random(draws.shape) < 0.05] = -np.inf
+    taus = np.array([-np.inf, -3.0, -0.5, 0.0, 2.0, 3.0, np.inf])
+    np.testing.assert_array_equal(fraction_above(draws, taus), (draws[:, :, None] > taus).mean(axis=1))
+
+
 # ----------------------------------------------------------------------------- per run
 
 
