@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
-from harness.io.scores import SCORE_COLUMNS, final_score, score_column
+from harness.io.scores import SCORE_COLUMNS, by_iteration, final_score, score_column
 
 from .load import HYPERPARAMETERS, RUN_KEYS, VARIANT_KEYS
 
@@ -493,7 +493,7 @@ def run_table(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_DIVE
             v = v[np.isfinite(v)]
             score_min[col] = float(v.min()) if v.size else 0.0
         for (run_dir, seed), run in _runs(tdf, "status", "iteration", x_col, *SCORE_COLUMNS):
-            run = run.sort_values("iteration", kind="stable")
+            run = by_iteration(run)
             col = score_column(run)
             row = {"run_dir": run_dir, "seed": seed, "x_col": x_col, "budget": budget,
                    "iterations": int(run["iteration"].notna().sum()) or len(run)}

@@ -233,6 +233,19 @@ def test_final_scores_mean_of_last_evaluations_with_fallback():
     assert out.loc["r2", "score_source"] == "episode_return"
 
 
+def test_run_table_sorts_a_runs_rows_by_iteration_when_they_are_not_in_order():
+    """Rows in order (as load gives them) are used as they are; the same rows reversed give the
+    same table (score, AUC over env_steps, collapse flag)."""
+    df = _runs(("a", "completed", [0, 10, 20, 30], [0.0, 4.0, 8.0, 8.0], np.nan),
+               ("b", "completed", [0, 10, 20, 30], [5.0, 1.0, 0.0, 0.0], np.nan))
+    ordered = run_table(df, last_n=2).set_index("run_dir")
+    assert ordered.loc["a", "score"] == 8.0 and ordered.loc["b", "score"] == 0.0
+    # AUC by hand (trapezoids over 0..30, divided by 30): a (20 + 60 + 80) / 30, b (30 + 5) / 30
+    assert ordered.loc["a", "auc"] == pytest.approx(160 / 30) and ordered.loc["b", "auc"] == pytest.approx(35 / 30)
+    reversed_ = run_table(df.iloc[::-1].reset_index(drop=True), last_n=2).set_index("run_dir")
+    pd.testing.assert_frame_equal(reversed_.sort_index(), ordered.sort_index())
+
+
 # ----------------------------------------------------------------------------- diverged runs
 
 

@@ -23,9 +23,18 @@ def score_column(run: pd.DataFrame) -> str | None:
     return None
 
 
+def by_iteration(run: pd.DataFrame) -> pd.DataFrame:
+    """One run's rows in iteration order: a stable sort, skipped where they are in that order
+    already (as ``analysis.load`` gives them; 20,000 sorts were a tenth of a report on 10,000
+    runs), which is the same rows in the same order."""
+    if run["iteration"].is_monotonic_increasing:
+        return run
+    return run.sort_values("iteration", kind="stable")
+
+
 def final_score(run: pd.DataFrame, last_n: int) -> tuple[float, str | None, int]:
     """``(score, column, n_points)`` of one run's rows (any order; sorted by iteration here)."""
-    run = run.sort_values("iteration", kind="stable")
+    run = by_iteration(run)
     col = score_column(run)
     if col is None:
         return float("nan"), None, 0
