@@ -318,17 +318,24 @@ def _read_metrics(path: Path) -> tuple[pa.Table | None, str | None]:
 
 
 def _read_all(paths: list[Path]) -> list[tuple[pa.Table | None, str | None]]:
-    """:func:`_read_metrics` of every path, in order, on ``pa.cpu_count()`` threads (Arrow's own
-    count; ``pa.set_cpu_count`` changes it). Each file is read on its own, so a corrupt one is
+    """:func:`_read_metrics` of every path, in order, on Arrow's threads
+    (:func:`_on_arrow_threads`). Each file is read on its own, so a corrupt one is
     named by its own read, and the reads overlap: a parquet read releases the GIL. On 10,000
     small files this took less CPU than one ``pyarrow.dataset`` scan of them, whose footers
     would have to be read up front, one after another, to check every file's schema
     (benchmarks/analysis_load.py)."""
-    workers = min(len(paths), pa.cpu_count())
+    return _on_arrow_threads(_read_metrics, paths)
+
+
+def _on_arrow_threads(fn, items: list) -> list:
+    """``[fn(x) for x in items]``, in order, on ``pa.cpu_count()`` threads (Arrow's own count;
+    ``pa.set_cpu_count`` changes it), for work that releases the GIL; in this thread where
+    there is one worker or one item."""
+    workers = min(len(items), pa.cpu_count())
     if workers <= 1:
-        return [_read_metrics(p) for p in paths]
+        return [fn(x) for x in items]
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(_read_metrics, paths))
+        return list(pool.map(fn, items))
 
 
 def _finish_checks(table: pa.Table, recs: list[dict], tables: list[pa.Table], counts: list[int]) -> None:
@@ -670,19 +677,15 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
     with nulls become float with NaN), on Arrow's thread count; each that arrives read-only is a
     writable view of its buffer where Arrow made that buffer writable for load alone (a cast's
     result: no second copy), else a copy. A number column null in every row is float NaN, as
-    ``to_pandas`` makes it, and all such columns share one array until one of them is written (pandas' copy on write: a sweep of control runs has a dozen all-null LM columns, a
-    quarter of the frame). Other types go through ``to_pandas`` into consolidated blocks, which
+    ``to_pandas`` makes it, and all such columns share one array until one of them is written
+    (pandas' copy on write: a sweep of control runs has nine all-null LM columns, a quarter of
+    the frame). Other types go through ``to_pandas`` into consolidated blocks, which
     are always new arrays."""
     numbers = [c for c, t in zip(table.column_names, table.schema.types)
                if pa.types.is_integer(t) or pa.types.is_floating(t)]
     empty = [c for c in numbers if table.num_rows and table.column(c).null_count == table.num_rows]
     numbers = [c for c in numbers if c not in empty]
-    workers = max(1, min(len(numbers), pa.cpu_count()))
-    if workers > 1:
-        with ThreadPoolExecutor(workers) as pool:
-            values = list(pool.map(lambda c: table.column(c).to_numpy(), numbers))
-    else:
-        values = [table.column(c).to_numpy() for c in numbers]
+    values = _on_arrow_threads(lambda c: table.column(c).to_numpy(), numbers)
     arrays, seen = {}, set()  # seen: buffer addresses given out (a buffer two columns share is copied)
     for c, v in zip(numbers, values):
         if not v.flags.writeable:
