@@ -352,11 +352,17 @@ def _finish_checks(table: pa.Table, recs: list[dict], tables: list[pa.Table], co
     col = table.column("iteration") if "iteration" in table.column_names else None
     if col is None or col.null_count or not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
         check = finished
-    else:
+    else:  # 1..n: each run's first value 1 and each step within it 1 (exact: 10,000 runs' worth of
+        # row-sized temporaries, as comparing with a made 1..n would take, cost seconds of fresh memory)
         starts = np.cumsum(sizes) - sizes
-        off = col.to_numpy() != np.arange(table.num_rows, dtype=np.int64) - np.repeat(starts, sizes) + 1
-        check |= finished & (np.bincount(np.repeat(np.arange(len(recs)), sizes), weights=off,
-                                          minlength=len(recs)) > 0)
+        its = col.to_numpy()
+        off = np.zeros(len(recs), dtype=bool)
+        some = sizes > 0
+        off[some] = its[starts[some]] != 1
+        rows = np.flatnonzero(np.diff(its) != 1) + 1  # rows whose step from the row before is not 1
+        run = np.searchsorted(starts, rows, side="right") - 1  # (an empty run shares the next one's start)
+        off[run[starts[run] != rows]] = True  # a step into a run's first row is from the run before
+        check |= finished & off
     for k in np.flatnonzero(check):
         rec, own = recs[k], tables[k]
         if "iteration" not in own.column_names:
@@ -508,7 +514,9 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
         df, codes = _empty_frame(), {}
         df["estimator_name"] = df["estimator"]
     else:
-        df, codes = _frame(kept, counts, table)
+        held = [table]  # _frame takes the table's only reference, to free it as it converts
+        del table
+        df, codes = _frame(kept, counts, held)
     for c in METRIC_COLUMNS:  # numbers as float (string columns are objects with None already)
         if c not in _STRING_COLUMNS and df[c].dtype != np.float64:
             df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
@@ -601,14 +609,17 @@ def _without_own(table: pa.Table) -> pa.Table:
     return table.drop_columns([c for c in _OWN if c in names]) if names.intersection(_OWN) else table
 
 
-def _frame(recs: list[dict], counts: list[int], table: pa.Table) -> tuple[pd.DataFrame, dict]:
-    """The kept runs' rows (``recs``, ``counts[k]`` rows each, stacked in order in ``table``), with
-    identity filled from each run's config, then its layout (in Arrow, from one value per run
-    taken to the rows, where a column has nulls), converted to pandas once, then the per-run
-    columns (run_dir, status, reason, worst_return) added from one value per run as numpy
-    arrays. Returns ``(frame, codes)``: the string columns are objects (None where null), and
-    ``codes`` holds :func:`_objects`' factorization of each contract column that was a string
-    column, for :func:`_label_variants_in_place`."""
+def _frame(recs: list[dict], counts: list[int], held: list[pa.Table]) -> tuple[pd.DataFrame, dict]:
+    """The kept runs' rows (``recs``, ``counts[k]`` rows each, stacked in order in the table
+    ``held`` holds, which this takes from it: the table's memory is freed as it is converted,
+    :func:`_to_pandas`), with identity filled from each run's config, then its layout (in
+    Arrow, from one value per run taken to the rows, where a column has nulls), converted to
+    pandas once, then the per-run columns (run_dir, status, reason, worst_return) added from one
+    value per run as numpy arrays. Returns ``(frame, codes)``: the string columns are objects
+    (None where null), the contract's number columns float, and ``codes`` holds
+    :func:`_objects`' factorization of each contract column that was a string column, for
+    :func:`_label_variants_in_place`."""
+    table = held.pop()
     idx = pa.array(np.repeat(np.arange(len(recs), dtype=np.int32), counts))
 
     def per_run(values: list, typ: pa.DataType = pa.string()) -> pa.Array:
@@ -644,16 +655,12 @@ def _frame(recs: list[dict], counts: list[int], table: pa.Table) -> tuple[pd.Dat
     # values, not one new str per row: pandas' own conversion of 4M rows took seconds per column
     names = [c for c in table.column_names if c in _STRING_COLUMNS]
     converted = {c: _objects(table.column(c)) for c in names}
-    for i, (c, typ) in enumerate(zip(table.column_names, table.schema.types)):
-        if (c in schema.METRIC_COLUMNS and c not in _STRING_COLUMNS and pa.types.is_integer(typ)
-                and table.column(c).null_count < table.num_rows):  # (an all-null column becomes NaN anyway)
-            try:  # a number column as float in Arrow: pandas would make an int array, then a float copy
-                table = table.set_column(i, c, table.column(c).cast(pa.float64()))
-            except pa.ArrowInvalid:  # an int beyond float's exact range: load's to_numeric pass decides
-                pass
-    df = _to_pandas(table.drop_columns(names))
-    for c in names:
-        df[c] = _object_series(converted[c][0], df.index)
+    held.append(table.drop_columns(names))
+    del table
+    df = _to_pandas(held, {c for c in schema.METRIC_COLUMNS if c not in _STRING_COLUMNS})
+    for c in names:  # each row's object, taken after the number columns (into the memory they freed)
+        values, codes, _ = converted[c]
+        df[c] = _object_series(values if codes is None else values[codes], df.index)
     # the per-run columns, from one value per run (strings as objects, as the contract's)
     rows = np.repeat(np.arange(len(recs)), counts)
     for c, values in (("run_dir", [r["run_dir"] for r in recs]), ("status", [r["status"] for r in recs]),
@@ -669,51 +676,77 @@ def _frame(recs: list[dict], counts: list[int], table: pa.Table) -> tuple[pd.Dat
     return df, codes
 
 
-def _to_pandas(table: pa.Table) -> pd.DataFrame:
-    """``table`` as a frame whose every column is writable and its own, so ``df.loc[i, c] = v``
-    works as on any frame. ``Table.to_pandas(split_blocks=True)`` would hand over a one-chunk
-    number column without nulls (one run's file; a column load cast) as a read-only view of
-    Arrow's memory. Number columns are converted one each (as ``to_pandas`` converts them: ints
-    with nulls become float with NaN), on Arrow's thread count; each that arrives read-only is a
-    writable view of its buffer where Arrow made that buffer writable for load alone (a cast's
-    result: no second copy), else a copy. A number column null in every row is float NaN, as
-    ``to_pandas`` makes it, and all such columns share one array until one of them is written
-    (pandas' copy on write: a sweep of control runs has nine all-null LM columns, a quarter of
-    the frame). Other types go through ``to_pandas`` into consolidated blocks, which
-    are always new arrays."""
+#: Rows :func:`_to_pandas` converts at a time (the runs' memory is freed in steps of about this).
+_BLOCK_ROWS = 1 << 16
+
+
+def _to_pandas(held: list[pa.Table], floats: set[str] = frozenset(), block: int | None = None) -> pd.DataFrame:
+    """The table ``held`` holds (taken from it: pass its only reference) as a frame whose every
+    column is writable and its own, so ``df.loc[i, c] = v`` works as on any frame.
+
+    Number columns (ints with nulls become float with NaN, as ``to_pandas`` makes them; the
+    columns named in ``floats`` become float64) are copied ``block`` rows at a time (default
+    :data:`_BLOCK_ROWS`) into arrays made for the frame, and the table's chunks are let go as
+    soon as every column has been copied past them. A stacked table of 10,000 runs has 10,000
+    chunks per column, each run's buffers side by side in memory; so the table is freed run
+    by run while the frame is filled, and the frame reuses that memory instead of touching as
+    much again (on the shared VM the benchmarks ran on, a first touch of memory cost 10-16 s
+    per GB: issue 16, benchmarks/analysis_load.py). A number column null in every row is float
+    NaN, and all such columns share one array until one of them is written (pandas' copy on
+    write: a sweep of control runs has nine all-null LM columns, a quarter of the frame). Other
+    types go through ``to_pandas`` (after the number columns, into the memory they freed) into
+    consolidated blocks, which are always new arrays."""
+    table = held.pop()
+    block = block or _BLOCK_ROWS
+    n = table.num_rows
     numbers = [c for c, t in zip(table.column_names, table.schema.types)
                if pa.types.is_integer(t) or pa.types.is_floating(t)]
-    empty = [c for c in numbers if table.num_rows and table.column(c).null_count == table.num_rows]
+    empty = {c for c in numbers if n and table.column(c).null_count == n}
     numbers = [c for c in numbers if c not in empty]
-    values = _on_arrow_threads(lambda c: table.column(c).to_numpy(), numbers)
-    arrays, seen = {}, set()  # seen: buffer addresses given out (a buffer two columns share is copied)
-    for c, v in zip(numbers, values):
-        if not v.flags.writeable:
-            v = _own(table.column(c), v, seen)
-        arrays[c] = v
+    others = table.select([c for c in table.column_names if c not in numbers and c not in empty])
+    arrays: dict = {}
+    chunks, ends, types = {}, {}, {}  # each number column's chunks, where each ends, its type
+    for c in numbers:
+        col = table.column(c)
+        types[c] = col.type
+        as_float = c in floats or (col.null_count and pa.types.is_integer(col.type))
+        arrays[c] = np.empty(n, dtype=np.float64 if as_float else col.type.to_pandas_dtype())
+        chunks[c] = col.chunks
+        ends[c] = np.cumsum([len(x) for x in chunks[c]], dtype=np.int64)
+        del col
+    order = table.column_names
+    del table  # from here the number columns' chunks are held in ``chunks`` alone
+    # blocks of about ``block`` rows that end where the first column's chunks end (the other
+    # columns' chunks, read from the same files, end there too: whole chunks, none cut)
+    bounds = [0]
+    for e in (ends[numbers[0]] if numbers else []):
+        if e > bounds[-1] and (e >= bounds[-1] + block or e == n):
+            bounds.append(int(e))
+
+    def copy(c: str, start: int, stop: int) -> None:  # column c's rows start:stop
+        cs, end = chunks[c], ends[c]
+        first, last = (int(i) for i in np.searchsorted(end, [start, stop], side="right"))
+        if (end[first - 1] if first else 0) == start and (end[last - 1] if last else 0) == stop:
+            pieces = cs[first:last]
+        else:  # chunked otherwise (a column filled or made by load): the parts in the block
+            pieces = []
+            for i in range(first, min(last + 1, len(cs))):
+                lo = int(end[i]) - len(cs[i])
+                a, b = max(start, lo) - lo, min(stop, int(end[i])) - lo
+                if b > a:
+                    pieces.append(cs[i].slice(a, b - a))
+        arrays[c][start:stop] = pa.chunked_array(pieces, types[c]).to_numpy()
+        cs[first:last] = [None] * (last - first)  # the chunks that end by ``stop``: copied in full
+
+    for start, stop in zip(bounds[:-1], bounds[1:]):  # the columns on Arrow's threads (the copies release the GIL)
+        _on_arrow_threads(lambda c: copy(c, start, stop), numbers)  # noqa: B023 - called before the loop moves on
+    rest = others.to_pandas(split_blocks=False)
+    del others
     if empty:  # one all-NaN array behind every such column, copied by pandas (copy on write) when written
-        nan = pd.Series(np.full(table.num_rows, np.nan))
+        nan = pd.Series(np.full(n, np.nan))
         arrays.update((c, nan) for c in empty)
-    others = [c for c in table.column_names if c not in arrays]
-    rest = table.select(others).to_pandas(split_blocks=False) if others else None
-    columns = {c: arrays[c] if c in arrays else rest[c] for c in table.column_names}
-    return pd.DataFrame(columns, index=pd.RangeIndex(table.num_rows), copy=False)
-
-
-def _own(col: pa.ChunkedArray, values: np.ndarray, seen: set[int]) -> np.ndarray:
-    """A writable array of ``values``, the read-only zero-copy view ``col.to_numpy()`` gave of
-    ``col``'s one chunk: a writable view of the same buffer where Arrow marks it writable (made
-    by load, e.g. a cast's result, and held by nothing else once load returns) and no column
-    before it was given that buffer (``seen``), else a copy."""
-    if col.num_chunks == 1:
-        chunk = col.chunk(0)
-        buf = chunk.buffers()[1]
-        if buf is not None and buf.is_mutable and buf.address not in seen:
-            view = np.frombuffer(buf, dtype=values.dtype, count=len(chunk), offset=chunk.offset * values.itemsize)
-            if view.flags.writeable:
-                seen.add(buf.address)
-                return view
-    return values.copy()
+    columns = {c: arrays[c] if c in arrays else rest[c] for c in order}
+    return pd.DataFrame(columns, index=pd.RangeIndex(n), copy=False)
 
 
 def _object_series(values: np.ndarray, index: pd.Index) -> pd.Series:
@@ -723,17 +756,19 @@ def _object_series(values: np.ndarray, index: pd.Index) -> pd.Series:
 
 
 def _objects(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None, int]:
-    """``(values, codes, n)``: ``col`` as an object array, None where null. Strings go through
-    their dictionary (each distinct value made once, taken to the rows); ``codes`` then number
-    the rows' values 0..n-1 (null is n), a factorization for :func:`_label_variants_in_place`.
-    Anything else is converted by pandas (codes None)."""
+    """``(values, codes, n)``: ``col`` as Python objects, None where null: the rows' objects are
+    ``values[codes]``. Strings go through their dictionary (each distinct value made once);
+    ``values`` are then the n distinct values and None, and ``codes`` number the rows' values
+    0..n-1 (null is n), a factorization for :func:`_label_variants_in_place`. Anything else is
+    converted by pandas: ``values`` one object per row, codes None."""
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         enc = pc.dictionary_encode(col).combine_chunks()
         n = len(enc.dictionary)
-        codes = enc.indices.fill_null(n).to_numpy(zero_copy_only=False)
+        codes = enc.indices  # null (none, where load filled the column) is n
+        codes = (codes if codes.null_count == 0 else codes.fill_null(n)).to_numpy(zero_copy_only=False)
         values = np.empty(n + 1, dtype=object)  # the last slot (null's code) stays None
         values[:-1] = enc.dictionary.to_pylist()
-        return values[codes], codes, n
+        return values, codes, n
     s = col.to_pandas().astype(object)
     return s.where(s.notna(), None).to_numpy(), None, 0
 
