@@ -1,7 +1,7 @@
 """How long analysis takes at sweep scale (issue 16): ``analysis.load`` against a plain pyarrow
 dataset read of the same metrics files, side by side in one process, on a synthetic results folder.
 
-    python benchmarks/analysis_load.py --runs 10000 [--report] [--rounds 3] [--docs]
+    python benchmarks/analysis_load.py --runs 10000 [--report] [--rounds 4] [--docs]
 
 The folder is built once under ``--folder`` (default a temp dir): one real run of the harness
 (``task=cartpole estimator=ppo_gae``, 400 iterations, a few seconds), copied ``--runs`` times as
@@ -65,7 +65,7 @@ def build(folder: Path, runs: int) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=10000)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4, help="an even number counts each order as often")
     ap.add_argument("--folder", default=None, help="where to build (and keep) the synthetic folder")
     ap.add_argument("--report", action="store_true", help="also time `python -m analysis report` on it")
     ap.add_argument("--docs", action="store_true",
