@@ -1,7 +1,7 @@
 """How long analysis takes at sweep scale (issue 16): ``analysis.load`` against a plain pyarrow
-dataset read of the same metrics files, side by side in one process, on a synthetic results folder.
+dataset read of the same metrics files, side by side, on a synthetic results folder.
 
-    python benchmarks/analysis_load.py --runs 10000 [--report] [--rounds 4] [--docs]
+    python benchmarks/analysis_load.py --runs 10000 [--report] [--rounds 4] [--fresh-rounds 4] [--docs]
 
 The folder is built once under ``--folder`` (default a temp dir): one real run of the harness
 (``task=cartpole estimator=ppo_gae``, 400 iterations, a few seconds), copied ``--runs`` times as
@@ -10,14 +10,21 @@ harness's finished definition, read, labelled and stacked) and ``pyarrow.dataset
 (the same parquet files, no checks), interleaved, the order alternating between rounds, each result
 freed before the next timing; the median ratio of wall times is printed, and of this process's
 CPU times (user + system, every thread), which a machine shared with other work disturbs less.
-``--report`` also
-times ``python -m analysis report`` on the folder as a whole process.
+
+The rounds above share one process, so each timing starts from what the one before left in the
+memory allocators (Arrow's pool keeps freed memory; where a first touch of memory is dear, as on
+the VM these ran on, the order of a round moves its ratio). ``--fresh-rounds`` also times each
+of the two in a fresh interpreter of its own (this script with ``--one``: the imports and the file
+list made before the clock starts), the order alternating as above: the state a user's
+``python -m analysis report`` or first ``load`` in a notebook starts from. Both are printed.
+``--report`` also times ``python -m analysis report`` on the folder as a whole process.
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import glob
+import json
 import os
 import resource
 import shutil
@@ -62,10 +69,30 @@ def build(folder: Path, runs: int) -> Path:
     return results
 
 
+def _timers(results: Path) -> dict:
+    """``{"load": ..., "dataset": ...}``: each times its read of the metrics files under ``results``
+    and returns (wall seconds, this process's CPU seconds: user + system, every thread, rows)."""
+    import pyarrow.dataset as ds
+
+    from analysis.load import load
+    files = sorted(glob.glob(str(results / "**/metrics.parquet"), recursive=True))
+
+    def timed(read) -> tuple[float, float, int]:
+        c, t = _cpu(), time.perf_counter()
+        n = read()
+        return time.perf_counter() - t, _cpu() - c, n
+
+    return {"load": lambda: timed(lambda: len(load(results))),
+            "dataset": lambda: timed(lambda: ds.dataset(files, format="parquet").to_table().num_rows)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=10000)
     ap.add_argument("--rounds", type=int, default=4, help="an even number counts each order as often")
+    ap.add_argument("--fresh-rounds", type=int, default=4,
+                    help="rounds that time each read in a fresh interpreter of its own (0: none)")
+    ap.add_argument("--one", choices=["load", "dataset"], help=argparse.SUPPRESS)  # a child of --fresh-rounds
     ap.add_argument("--folder", default=None, help="where to build (and keep) the synthetic folder")
     ap.add_argument("--report", action="store_true", help="also time `python -m analysis report` on it")
     ap.add_argument("--docs", action="store_true",
@@ -75,46 +102,45 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.folder or tempfile.mkdtemp(prefix="analysis-load-"))
     results = build(folder, args.runs)
 
-    import pyarrow.dataset as ds
+    time_one = _timers(results)
+    if args.one:  # a child of --fresh-rounds: one timing in this fresh process
+        print(json.dumps(time_one[args.one]()))
+        return 0
 
-    from analysis.load import load
-    files = sorted(glob.glob(str(results / "**/metrics.parquet"), recursive=True))
-    def timed(read) -> tuple[float, float, int]:
-        """Wall seconds, this process's CPU seconds (user + system, every thread), rows."""
-        c, t = _cpu(), time.perf_counter()
-        n = read()
-        return time.perf_counter() - t, _cpu() - c, n
-
-    def time_load() -> tuple[float, float, int]:
-        return timed(lambda: len(load(results)))
-
-    def time_dataset() -> tuple[float, float, int]:
-        return timed(lambda: ds.dataset(files, format="parquet").to_table().num_rows)
+    def time_fresh(which: str) -> tuple[float, float, int]:
+        out = subprocess.run([sys.executable, __file__, "--runs", str(args.runs), "--folder", str(folder),
+                              "--one", which], check=True, cwd=ROOT, capture_output=True, text=True).stdout
+        return tuple(json.loads(out.splitlines()[-1]))
 
     # Each result is freed before the next timing, and the order alternates between rounds: the
     # second read in a round reuses memory the first one freed, which is cheaper than fresh pages.
-    ratios, cpu_ratios = [], []
-    for r in range(args.rounds):
-        gc.collect()
-        if r % 2 == 0:
-            (t_load, c_load, n_load), (t_ds, c_ds, n_ds) = time_load(), time_dataset()
-        else:
-            (t_ds, c_ds, n_ds), (t_load, c_load, n_load) = time_dataset(), time_load()
-        ratios.append(t_load / t_ds)
-        cpu_ratios.append(c_load / c_ds)
-        first = "load first" if r % 2 == 0 else "dataset first"
-        print(f"round {r + 1} ({first}): analysis.load {t_load:.2f} s (CPU {c_load:.1f} s, {n_load} rows), "
-              f"pyarrow dataset {t_ds:.2f} s (CPU {c_ds:.1f} s, {n_ds} rows): ratio {t_load / t_ds:.2f}, "
-              f"CPU ratio {c_load / c_ds:.2f}")
-    median, cpu_median = statistics.median(ratios), statistics.median(cpu_ratios)
-    print(f"{args.runs} runs: analysis.load / pyarrow dataset read, median of {args.rounds}: "
-          f"{median:.2f} (goal <= 1.5); CPU time {cpu_median:.2f}")
-    rows = ["| measurement | measured | goal |", "| --- | --- | --- |",
-            f"| `analysis.load` / `pyarrow.dataset(files).to_table()`, {args.runs} runs "
-            f"({n_load} rows), wall time, median of {args.rounds} rounds | {median:.2f} (rounds: "
-            f"{', '.join(f'{r:.2f}' for r in ratios)}) | <= 1.5 |",
-            f"| the same, this process's CPU time (user + system, all threads), median | {cpu_median:.2f} (rounds: "
-            f"{', '.join(f'{r:.2f}' for r in cpu_ratios)}) | |"]
+    measured = {}
+    for where, rounds, one in (("one process", args.rounds, lambda w: (gc.collect(), time_one[w]())[1]),
+                               ("fresh processes", args.fresh_rounds, time_fresh)):
+        ratios, cpu_ratios = [], []
+        for r in range(rounds):
+            if r % 2 == 0:
+                (t_load, c_load, n_load), (t_ds, c_ds, n_ds) = one("load"), one("dataset")
+            else:
+                (t_ds, c_ds, n_ds), (t_load, c_load, n_load) = one("dataset"), one("load")
+            ratios.append(t_load / t_ds)
+            cpu_ratios.append(c_load / c_ds)
+            first = "load first" if r % 2 == 0 else "dataset first"
+            print(f"{where}, round {r + 1} ({first}): analysis.load {t_load:.2f} s (CPU {c_load:.1f} s, {n_load} "
+                  f"rows), pyarrow dataset {t_ds:.2f} s (CPU {c_ds:.1f} s, {n_ds} rows): ratio "
+                  f"{t_load / t_ds:.2f}, CPU ratio {c_load / c_ds:.2f}", flush=True)
+        if rounds:
+            measured[where] = ratios, cpu_ratios, n_load
+    rows = ["| measurement | measured | goal |", "| --- | --- | --- |"]
+    for where, (ratios, cpu_ratios, n_rows) in measured.items():
+        median, cpu_median = statistics.median(ratios), statistics.median(cpu_ratios)
+        print(f"{args.runs} runs, {where}: analysis.load / pyarrow dataset read, median of {len(ratios)}: "
+              f"{median:.2f} (goal <= 1.5); CPU time {cpu_median:.2f}")
+        rows += [f"| `analysis.load` / `pyarrow.dataset(files).to_table()`, {args.runs} runs ({n_rows} rows), "
+                 f"{where}, wall time, median of {len(ratios)} rounds | {median:.2f} (rounds: "
+                 f"{', '.join(f'{r:.2f}' for r in ratios)}) | <= 1.5 |",
+                 f"| the same, CPU time (user + system, all threads), median | {cpu_median:.2f} (rounds: "
+                 f"{', '.join(f'{r:.2f}' for r in cpu_ratios)}) | |"]
     if args.report:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "analysis", "report", str(results), "--out", str(folder / "report")],
@@ -124,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(f"| `python -m analysis report` on the folder, whole process | {t_report:.0f} s | < 120 s |")
     if args.docs:
         head = (f"A synthetic folder of {args.runs} copies of one real cartpole run (400 iterations each); "
-                f"{os.cpu_count()} cores, shared, so absolute times drift; the ratio is taken within one process.")
+                f"{os.cpu_count()} cores, shared, so absolute times drift; each ratio is of two timings taken side "
+                f"by side, in one process or each in a fresh one.")
         print(f"wrote {write_block('docs/benchmarks.md', 'analysis-speed', head + chr(10) + chr(10) + chr(10).join(rows))}")
     return 0
 
