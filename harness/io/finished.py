@@ -85,8 +85,10 @@ def read_summary(path: Path) -> tuple[dict | None, str | None]:
 def read_parquet(path: Path, columns: list[str] | None = None):
     """One parquet file as an Arrow table: ``ParquetFile.read`` on one thread (about 5x less
     overhead per file than ``pq.read_table``, which sets up a dataset scan and a thread pool;
-    analysis reads thousands of small files)."""
-    with pq.ParquetFile(path) as f:
+    analysis reads thousands of small files), without ``pre_buffer`` (whose coalesced reads on
+    Arrow's I/O threads pay off against an object store's latency, not on a file of a few dozen
+    kB in the page cache: about 10-25% less CPU per file of benchmarks/analysis_load.py's folder)."""
+    with pq.ParquetFile(path, pre_buffer=False) as f:
         return f.read(columns=columns, use_threads=False)
 
 
