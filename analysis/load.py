@@ -680,13 +680,13 @@ def _frame(recs: list[dict], counts: list[int], held: list[pa.Table]) -> tuple[p
 _BLOCK_ROWS = 1 << 16
 
 
-def _to_pandas(held: list[pa.Table], floats: set[str] = frozenset(), block: int | None = None) -> pd.DataFrame:
+def _to_pandas(held: list[pa.Table], floats: set[str] = frozenset()) -> pd.DataFrame:
     """The table ``held`` holds (taken from it: pass its only reference) as a frame whose every
     column is writable and its own, so ``df.loc[i, c] = v`` works as on any frame.
 
     Number columns (ints with nulls become float with NaN, as ``to_pandas`` makes them; the
-    columns named in ``floats`` become float64) are copied ``block`` rows at a time (default
-    :data:`_BLOCK_ROWS`) into arrays made for the frame, and the table's chunks are let go as
+    columns named in ``floats`` become float64) are copied :data:`_BLOCK_ROWS` rows at a time
+    into arrays made for the frame, and the table's chunks are let go as
     soon as every column has been copied past them. A stacked table of 10,000 runs has 10,000
     chunks per column, each run's buffers side by side in memory; so the table is freed run
     by run while the frame is filled, and the frame reuses that memory instead of touching as
@@ -697,7 +697,6 @@ def _to_pandas(held: list[pa.Table], floats: set[str] = frozenset(), block: int 
     types go through ``to_pandas`` (after the number columns, into the memory they freed) into
     consolidated blocks, which are always new arrays."""
     table = held.pop()
-    block = block or _BLOCK_ROWS
     n = table.num_rows
     numbers = [c for c, t in zip(table.column_names, table.schema.types)
                if pa.types.is_integer(t) or pa.types.is_floating(t)]
@@ -716,11 +715,11 @@ def _to_pandas(held: list[pa.Table], floats: set[str] = frozenset(), block: int 
         del col
     order = table.column_names
     del table  # from here the number columns' chunks are held in ``chunks`` alone
-    # blocks of about ``block`` rows that end where the first column's chunks end (the other
+    # blocks of about _BLOCK_ROWS rows that end where the first column's chunks end (the other
     # columns' chunks, read from the same files, end there too: whole chunks, none cut)
     bounds = [0]
     for e in (ends[numbers[0]] if numbers else []):
-        if e > bounds[-1] and (e >= bounds[-1] + block or e == n):
+        if e > bounds[-1] and (e >= bounds[-1] + _BLOCK_ROWS or e == n):
             bounds.append(int(e))
 
     def copy(c: str, start: int, stop: int) -> None:  # column c's rows start:stop

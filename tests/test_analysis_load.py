@@ -418,7 +418,7 @@ def test_every_column_of_the_frame_takes_an_in_place_write_to_itself_alone(tmp_p
 
 
 @pytest.mark.parametrize("block", [1, 2, 3, 4, 7, 100])
-def test_the_tables_conversion_equals_arrows_own_at_any_block_size(block):
+def test_the_tables_conversion_equals_arrows_own_at_any_block_size(block, monkeypatch):
     """load converts the stacked table to pandas a block of rows at a time (so it can free the
     table as it goes): at any block size, with columns chunked alike and unalike, the frame
     equals Arrow's own ``to_pandas`` of the table, dtypes included (ints with nulls as float
@@ -427,7 +427,10 @@ def test_the_tables_conversion_equals_arrows_own_at_any_block_size(block):
     import pandas as pd
     import pyarrow as pa
 
-    from analysis.load import _to_pandas
+    import importlib
+
+    L = importlib.import_module("analysis.load")
+    monkeypatch.setattr(L, "_BLOCK_ROWS", block)
 
     def chunked(values, sizes, typ):
         out, i = [], 0
@@ -453,7 +456,7 @@ def test_the_tables_conversion_equals_arrows_own_at_any_block_size(block):
     expected["i32_as_float"] = expected["i32_as_float"].astype(np.float64)
     held = [table]
     del table
-    df = _to_pandas(held, {"i32_as_float"}, block=block)
+    df = L._to_pandas(held, {"i32_as_float"})
     assert held == []
     pd.testing.assert_frame_equal(df, expected)
     assert df["i64"].dtype == np.int64 and df["f32_nulls"].dtype == np.float32  # the oracle's own dtypes
