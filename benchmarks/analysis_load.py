@@ -107,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(time_one[args.one]()))
         return 0
 
+    def time_here(which: str) -> tuple[float, float, int]:
+        gc.collect()
+        return time_one[which]()
+
     def time_fresh(which: str) -> tuple[float, float, int]:
         out = subprocess.run([sys.executable, __file__, "--runs", str(args.runs), "--folder", str(folder),
                               "--one", which], check=True, cwd=ROOT, capture_output=True, text=True).stdout
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     # Each result is freed before the next timing, and the order alternates between rounds: the
     # second read in a round reuses memory the first one freed, which is cheaper than fresh pages.
     measured = {}
-    for where, rounds, one in (("one process", args.rounds, lambda w: (gc.collect(), time_one[w]())[1]),
+    for where, rounds, one in (("one process", args.rounds, time_here),
                                ("fresh processes", args.fresh_rounds, time_fresh)):
         ratios, cpu_ratios = [], []
         for r in range(rounds):
