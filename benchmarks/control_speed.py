@@ -12,7 +12,10 @@ are issue 16's:
 1. ``population=16`` (16 seeds in one process) vs SB3's 16 seeds as 2 parallel worker
    processes: wall time ratio <= 1/3 at equal median final return; and the per-seed cost of
    ``population=16`` >= 3x lower than ``population=1``'s.
-2. A lone run (``population=1``) vs one SB3 run: wall time ratio <= 0.5.
+2. A lone run (``population=1``) vs one SB3 run: wall time ratio <= 0.5. Beside it, measured
+   in the same run, what a plain PPO pays before it collects a step: a hand-written PPO update
+   step times the run's minibatches (:func:`update_floor`), plus a process that only imports torch and makes an
+   Adam (:func:`startup_floor`).
 
 ``population=16`` runs with the harness's default layout (one worker process per core, each
 training a slice of the members on one torch thread; the table names the split it used);
@@ -99,6 +102,56 @@ def joblib_sweep(steps: int, seeds: int) -> float:
         return time.perf_counter() - t0
 
 
+def update_floor(steps: int, batch: int = 256, epochs: int = 20, reps: int = 2000) -> tuple[float, int]:
+    """``(seconds per minibatch, minibatches)``: a plain hand-written PPO update step on the zoo's
+    shapes (CartPole's 4 inputs and 2 actions, 64-64 tanh actor and critic, one minibatch of
+    ``batch`` samples: clipped policy loss, value loss x 0.5, backward, gradient clipping at 0.5,
+    Adam), timed on one torch thread in this process, and how many of them ``steps`` env steps
+    make (``ceil(steps / batch)`` iterations x ``epochs``). What any eager-PyTorch PPO pays for
+    its updates on this CPU written the plain way (the harness's own step is below it: one fused
+    actor-critic pass, fused Adam), before collecting a step."""
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(1)  # this process only launches the others: its own threads are this timing's
+    torch.manual_seed(0)
+
+    def mlp(out: int) -> nn.Module:
+        return nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, out))
+
+    pi, vf = mlp(2), mlp(1)
+    params = [*pi.parameters(), *vf.parameters()]
+    opt = torch.optim.Adam(params, lr=1e-3, eps=1e-5)
+    obs, act = torch.randn(batch, 4), torch.randint(0, 2, (batch,))
+    old, adv, ret = torch.randn(batch) * 0.1 - 0.7, torch.randn(batch), torch.randn(batch)
+
+    def step() -> None:
+        logp = torch.log_softmax(pi(obs), -1).gather(1, act[:, None]).squeeze(1)
+        ratio = torch.exp(logp - old)
+        loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
+        loss = loss + 0.5 * ((vf(obs).squeeze(1) - ret) ** 2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+
+    for _ in range(reps // 10):  # warm-up
+        step()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        step()
+    return (time.perf_counter() - t0) / reps, -(-steps // batch) * epochs
+
+
+def startup_floor() -> float:
+    """Seconds of a whole ``python -c`` process that imports torch and makes one Adam (whose first
+    use imports ``torch._dynamo``): what any torch PPO process pays before its first step."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch; torch.optim.Adam([torch.zeros(1, requires_grad=True)])"],
+                   check=True)
+    return time.perf_counter() - t0
+
+
 def verdict(ok: bool) -> str:
     return "met" if ok else "**not met**"
 
@@ -150,6 +203,17 @@ def main() -> None:
                     f"`learn`; final return {med([x['return'] for x in sb3]):.1f} | |")
         rows.append(f"| lone run: ours / SB3 wall time, whole process (in-run) | **{ratio:.2f}** ({t1_run / ts_run:.2f}) "
                     f"| <= 0.50: {verdict(ratio <= 0.5)} |")
+        # beside the lone ratio: what a plain eager-PyTorch PPO process pays before it collects a step
+        per_mb, n_mb = update_floor(steps)
+        t_start = med([startup_floor() for _ in range(3)])
+        floor = per_mb * n_mb + t_start
+        print(f"-> plain PPO update step {per_mb * 1e3:.2f} ms x {n_mb} minibatches = {per_mb * n_mb:.1f} s, "
+              f"+ start-up (python, import torch, first Adam) {t_start:.1f} s = {floor:.1f} s = {floor / ts:.2f} of "
+              f"SB3's whole process, before collecting a step", flush=True)
+        rows.append(f"| a plain hand-written PPO update step (same networks, batch, loss terms, clipping, Adam; "
+                    f"1 thread) x {n_mb} minibatches | {per_mb * n_mb:.1f} s ({per_mb * 1e3:.2f} ms each) | |")
+        rows.append(f"| a whole process that only imports torch and makes one Adam (median of 3) | {t_start:.1f} s | |")
+        rows.append(f"| the two above / SB3's whole process (no env step collected, no evaluation) | **{floor / ts:.2f}** | |")
 
     pop = ours_process(steps, P)
     tp, tp_run = pop["wall"], max(pop["run_s"])
