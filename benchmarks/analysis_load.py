@@ -18,6 +18,11 @@ of the two in a fresh interpreter of its own (this script with ``--one``: the im
 list made before the clock starts), the order alternating as above: the state a user's
 ``python -m analysis report`` or first ``load`` in a notebook starts from. Both are printed.
 ``--report`` also times ``python -m analysis report`` on the folder as a whole process.
+
+How dear a first touch of memory is, is measured too, before the rounds and after them: the time
+a fresh interpreter takes to fill a new 1 GB numpy array (:func:`first_touch`). On the shared VM
+where the benchmark first ran that took 14-16 s and the in-process median ratio was 1.51; on a
+quiet machine it took under 3 s and the median was 1.18-1.19. So it is printed and written beside them.
 """
 from __future__ import annotations
 
@@ -48,6 +53,19 @@ TEMPLATE = ["task=cartpole", "estimator=ppo_gae", "seed=0", "budget.iterations=4
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+_TOUCH = """
+import time, numpy as np
+t = time.perf_counter(); a = np.ones(1 << 27); print(time.perf_counter() - t)
+"""
+
+
+def first_touch() -> float:
+    """Seconds a fresh interpreter takes to fill a new 1 GB float64 array (its pages touched for
+    the first time: the kernel zeroes each one)."""
+    out = subprocess.run([sys.executable, "-c", _TOUCH], check=True, capture_output=True, text=True).stdout
+    return float(out.split()[-1])
 
 
 def build(folder: Path, runs: int) -> Path:
@@ -116,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                               "--one", which], check=True, cwd=ROOT, capture_output=True, text=True).stdout
         return tuple(json.loads(out.splitlines()[-1]))
 
+    touch = [first_touch()]
+    print(f"first touch: a new 1 GB numpy array filled in {touch[0]:.2f} s (fresh process)", flush=True)
     # Each result is freed before the next timing, and the order alternates between rounds: the
     # second read in a round reuses memory the first one freed, which is cheaper than fresh pages.
     measured = {}
@@ -135,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{t_load / t_ds:.2f}, CPU ratio {c_load / c_ds:.2f}", flush=True)
         if rounds:
             measured[where] = ratios, cpu_ratios, n_load
+    touch.append(first_touch())
+    print(f"first touch after the rounds: {touch[1]:.2f} s", flush=True)
     rows = ["| measurement | measured | goal |", "| --- | --- | --- |"]
     for where, (ratios, cpu_ratios, n_rows) in measured.items():
         median, cpu_median = statistics.median(ratios), statistics.median(cpu_ratios)
@@ -155,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.docs:
         head = (f"A synthetic folder of {args.runs} copies of one real cartpole run (400 iterations each); "
                 f"{os.cpu_count()} cores, shared, so absolute times drift; each ratio is of two timings taken side "
-                f"by side, in one process or each in a fresh one.")
+                f"by side, in one process or each in a fresh one. A fresh process filled a new 1 GB numpy array in "
+                f"{touch[0]:.2f} s before the rounds and {touch[1]:.2f} s after them (the first touch of memory; "
+                f"where it is dear, the ratios rise).")
         print(f"wrote {write_block('docs/benchmarks.md', 'analysis-speed', head + chr(10) + chr(10) + chr(10).join(rows))}")
     return 0
 
