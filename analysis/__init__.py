@@ -11,23 +11,36 @@ Command line: ``python -m analysis report RESULTS [--x env_steps|wall_time_s] [-
 ``python -m analysis rliable RESULTS [--out FILE.npz]``.
 """
 
-from . import stats
-from .interop import read_rliable_npz, rliable_scores, write_rliable_npz
+from importlib import import_module as _import_module
+
+# analysis.load is imported here, not on first use: the submodule and the function share the name
+# ``load``, and importing the submodule (as stats and interop do) binds the attribute to it.
 from .load import AnalysisWarning, find_run_dirs, load, load_runs
-from .stats import (
-    Interval,
-    aggregate_iqm,
-    aggregate_mean,
-    area_under_curve,
-    final_scores,
-    iqm,
-    is_collapsed,
-    performance_profile,
-    probability_of_improvement,
-    probability_of_improvement_interval,
-    run_table,
-    stratified_bootstrap,
-)
+
+#: Names imported on first use, from the submodule given (``None``: the name is that submodule).
+#: scipy (stats), seaborn and matplotlib take a second or more to import; ``python -m analysis``
+#: checks its arguments before it needs them.
+_LAZY = {
+    "stats": None,
+    **dict.fromkeys(["read_rliable_npz", "rliable_scores", "write_rliable_npz"], "interop"),
+    **dict.fromkeys(["Interval", "aggregate_iqm", "aggregate_mean", "area_under_curve", "final_scores", "iqm",
+                     "is_collapsed", "performance_profile", "probability_of_improvement",
+                     "probability_of_improvement_interval", "run_table", "stratified_bootstrap"], "stats"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _import_module(f".{_LAZY[name] or name}", __name__)
+    value = module if _LAZY[name] is None else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "AnalysisWarning",

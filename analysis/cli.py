@@ -16,12 +16,10 @@ import sys
 import warnings
 from pathlib import Path
 
-import numpy as np
+from .options import DEFAULT_DIVERGED, DEFAULT_REPS, DEFAULT_SEED, DIVERGED_RULES, EXPECTED, RAGGED
 
-from . import stats
-from .interop import RAGGED, score_matrices, write_rliable_npz
-from .load import AnalysisWarning, load
-from .report import EXPECTED, NoRunsError, build_report, diverged_rule_text, format_left_out
+# The arguments are checked before anything heavy is imported: scipy (analysis.stats), seaborn and
+# matplotlib (analysis.report) are imported by the command that runs, after parsing succeeded.
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,19 +90,21 @@ def _add_report(sub) -> None:
                    help="final score = mean of the last N evaluations, N >= 1 (default: 5)")
     p.add_argument("--out", type=_out_folder, default=None, metavar="DIR",
                    help="output folder, not an existing file (default: RESULTS/report)")
-    p.add_argument("--reps", type=_int_at_least(1), default=stats.DEFAULT_REPS,
-                   help=f"bootstrap replicates, >= 1 (default: {stats.DEFAULT_REPS})")
-    p.add_argument("--seed", type=_int_at_least(0), default=stats.DEFAULT_SEED,
-                   help=f"bootstrap random seed, >= 0 (default: {stats.DEFAULT_SEED})")
-    p.add_argument("--diverged", choices=stats.DIVERGED_RULES, default=stats.DEFAULT_DIVERGED,
+    p.add_argument("--reps", type=_int_at_least(1), default=DEFAULT_REPS,
+                   help=f"bootstrap replicates, >= 1 (default: {DEFAULT_REPS})")
+    p.add_argument("--seed", type=_int_at_least(0), default=DEFAULT_SEED,
+                   help=f"bootstrap random seed, >= 0 (default: {DEFAULT_SEED})")
+    p.add_argument("--diverged", choices=DIVERGED_RULES, default=DEFAULT_DIVERGED,
                    help="how a diverged run is scored after it diverged: worst = its task's worst return "
                         "(task.worst_return, else the lowest observed score of its task) for the rest of the "
                         "budget; last = its last evaluations carried forward (default: "
-                        f"{stats.DEFAULT_DIVERGED})")
+                        f"{DEFAULT_DIVERGED})")
     p.set_defaults(func=_run_report)
 
 
 def _print_left_out(left_out: list, file=None) -> None:
+    from .report import format_left_out
+
     if left_out:
         print(f"{len(left_out)} run(s) left out (not scored):", file=file)
         for line in format_left_out(left_out):
@@ -116,6 +116,8 @@ def _warnings_after():
     """Warnings raised inside the block, printed when it ends (after its error line, if it returns
     one): an :class:`AnalysisWarning` as one ``warning: ...`` line (one per skipped file, without
     warnings' source line), any other as Python shows it."""
+    from .load import AnalysisWarning
+
     caught: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -130,6 +132,8 @@ def _warnings_after():
 
 
 def _run_report(args) -> int:
+    from .report import NoRunsError, build_report, diverged_rule_text
+
     with _warnings_after():
         try:
             t = build_report(args.results, args.out, x=args.x, last_n=args.last_n,
@@ -171,9 +175,9 @@ def _add_rliable(sub) -> None:
                    help="the .npz to write (default: RESULTS/rliable_scores.npz)")
     p.add_argument("--last-n", type=_int_at_least(1), default=5, metavar="N",
                    help="final score = mean of the last N evaluations, N >= 1 (default: 5)")
-    p.add_argument("--diverged", choices=stats.DIVERGED_RULES, default=stats.DEFAULT_DIVERGED,
+    p.add_argument("--diverged", choices=DIVERGED_RULES, default=DEFAULT_DIVERGED,
                    help="how a diverged run is scored, as for report (default: "
-                        f"{stats.DEFAULT_DIVERGED})")
+                        f"{DEFAULT_DIVERGED})")
     p.add_argument("--normalize", action="store_true",
                    help="min-max normalise each task's scores over all runs (the report's 'all tasks' scores)")
     p.add_argument("--ragged", choices=RAGGED, default="error",
@@ -183,6 +187,11 @@ def _add_rliable(sub) -> None:
 
 
 def _run_rliable(args) -> int:
+    import numpy as np
+
+    from .interop import score_matrices, write_rliable_npz
+    from .load import load
+
     left_out: list = []
     with _warnings_after():
         try:
@@ -238,7 +247,7 @@ def _add_claims(sub) -> None:
     p.add_argument("--seed-offset", type=_int_at_least(0), default=0, metavar="K",
                    help="run/judge every experiment on seeds shifted by K (1000: disjoint from the default seeds); "
                         "each offset keeps its own report and every report shows all offsets side by side")
-    p.add_argument("--diverged", choices=stats.DIVERGED_RULES, default=stats.DEFAULT_DIVERGED,
+    p.add_argument("--diverged", choices=DIVERGED_RULES, default=DEFAULT_DIVERGED,
                    help="how a diverged run is scored after it diverged: worst = its task's worst return "
                         "(default), last = its last evaluation carried forward")
     p.add_argument("--budget-min", type=_int_at_least(0), default=None, metavar="MIN",

@@ -36,10 +36,10 @@ from harness.io import atomic_write_bytes
 
 from . import stats
 from .load import label_variants, load
+from .options import RAGGED
 
 __all__ = ["RAGGED", "TASKS_KEY", "rliable_scores", "score_matrices", "write_rliable_npz", "read_rliable_npz"]
 
-RAGGED = ("error", "nan")
 TASKS_KEY = "_tasks"  # the .npz entry holding the column (task) names
 _NPZ_RESERVED = (TASKS_KEY, "file", "allow_pickle")  # keys np.savez or this format use itself
 

@@ -19,6 +19,7 @@ import pandas as pd
 from . import figures as figs
 from . import stats
 from .load import VARIANT_KEYS, label_variants, load
+from .options import EXPECTED
 
 __all__ = ["NoRunsError", "Tables", "compute_tables", "build_report", "FIGURES"]
 
@@ -33,7 +34,6 @@ FIGURES = {
     "failures": ("failures.png", "Diverged and collapsed runs"),
 }
 
-EXPECTED = "a folder containing run directories with metrics.parquet"
 
 
 class NoRunsError(ValueError):

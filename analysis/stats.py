@@ -57,6 +57,7 @@ import scipy.stats
 from harness.io.scores import SCORE_COLUMNS, by_iteration, final_score, score_column
 
 from .load import HYPERPARAMETERS, RUN_KEYS, VARIANT_KEYS
+from .options import DEFAULT_DIVERGED, DEFAULT_REPS, DEFAULT_SEED, DIVERGED_RULES
 
 __all__ = [
     "Interval",
@@ -84,13 +85,7 @@ __all__ = [
     "DEFAULT_DIVERGED",
 ]
 
-DEFAULT_REPS = 2000
-DEFAULT_SEED = 0
 CONFIDENCE = 0.95
-#: How a diverged run is scored after its divergence (module docstring): ``worst`` its task's
-#: worst return, ``last`` its last evaluations carried forward.
-DIVERGED_RULES = ("worst", "last")
-DEFAULT_DIVERGED = "worst"
 #: ``worst_source``: where a diverged run's worst return came from.
 WORST_FROM_TASK = "task.worst_return"
 WORST_OBSERVED = "lowest observed"

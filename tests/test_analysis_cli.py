@@ -72,6 +72,49 @@ def test_main_returns_2_for_the_same_arguments(i, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]   # nothing written anywhere
 
 
+#: Imported by a command once its arguments are good, never to refuse one.
+HEAVY = ("scipy", "seaborn", "matplotlib.pyplot")
+
+
+def test_a_bad_argument_is_refused_before_scipy_seaborn_or_pyplot_is_imported(tmp_path):
+    """Each of report's, rliable's and claims' refusals in a fresh interpreter: the one line and exit
+    code 2 come before any of :data:`HEAVY` is imported (together over a second of imports)."""
+    import json
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    code = ("import json, sys; from analysis.cli import main; rc = main(json.loads(sys.argv[1])); "
+            f"print(json.dumps([rc, [m for m in {HEAVY!r} if m in sys.modules]]))")
+    for args in (["report", str(tmp_path / "missing")], ["rliable", str(tmp_path), "--out", "scores.txt"],
+                 ["claims", str(tmp_path), "--diverged", "best"]):
+        r = subprocess.run([sys.executable, "-c", code, json.dumps(args)], cwd=repo, capture_output=True, text=True,
+                           env={**__import__("os").environ, "PYTHONPATH": str(repo)}, timeout=120)
+        assert json.loads(r.stdout.splitlines()[-1]) == [2, []], (args, r.stdout, r.stderr)
+        assert len(r.stderr.splitlines()) == 1 and "error: argument" in r.stderr, (args, r.stderr)
+
+
+def test_the_package_names_resolve_on_first_use_to_the_submodules_objects():
+    """``analysis.<name>`` of every name in ``analysis.__all__`` is the object its submodule defines,
+    imported on first use; ``analysis.load`` stays the function once the submodule of that name is
+    imported (as stats and interop import it)."""
+    import importlib
+
+    import analysis
+
+    stats, interop, load = (importlib.import_module(f"analysis.{m}") for m in ("stats", "interop", "load"))
+    assert analysis.load is load.load and callable(analysis.load)
+    assert analysis.stats is stats
+    for name in analysis.__all__:
+        owner = {"stats": None, "load": load}.get(name)
+        if owner is None and name != "stats":
+            owner = next(m for m in (load, stats, interop) if name in vars(m))
+        assert getattr(analysis, name) is (stats if name == "stats" else getattr(owner, name)), name
+    assert set(analysis.__all__) <= set(dir(analysis))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        analysis.nope  # noqa: B018
+
+
 def test_good_arguments_still_parse(tmp_path):
     from analysis.cli import build_parser
 
