@@ -102,37 +102,47 @@ def joblib_sweep(steps: int, seeds: int) -> float:
         return time.perf_counter() - t0
 
 
-def update_floor(steps: int, batch: int = 256, epochs: int = 20, reps: int = 2000) -> tuple[float, int]:
-    """``(seconds per minibatch, minibatches)``: a plain hand-written PPO update step on the zoo's
-    shapes (CartPole's 4 inputs and 2 actions, 64-64 tanh actor and critic, one minibatch of
-    ``batch`` samples: clipped policy loss, value loss x 0.5, backward, gradient clipping at 0.5,
-    Adam), timed on one torch thread in this process, and how many of them ``steps`` env steps
-    make (``ceil(steps / batch)`` iterations x ``epochs``). What any eager-PyTorch PPO pays for
-    its updates on this CPU written the plain way (the harness's own step is below it: one fused
-    actor-critic pass, fused Adam), before collecting a step."""
+def update_floor(steps: int, reps: int = 2000) -> tuple[float, int]:
+    """``(seconds per minibatch, minibatches)``: a plain hand-written PPO update step with
+    :data:`ZOO`'s settings (CartPole's 4 inputs and 2 actions, the zoo's hidden sizes with tanh for
+    actor and critic, one minibatch of ``num_envs x rollout_steps`` samples: clipped policy loss,
+    value loss x ``vf_coef``, backward, gradient clipping at ``max_grad_norm``, Adam at ``lr`` with
+    the harness's eps), timed on one torch thread in this process, and how many of them ``steps``
+    env steps make (``ceil(steps / batch)`` iterations x ``epochs``). What any eager-PyTorch PPO
+    pays for its updates on this CPU written the plain way (the harness's own step is below it: one
+    fused actor-critic pass, fused Adam), before collecting a step."""
     import torch
     from torch import nn
 
+    from harness.train.update import ADAM_EPS
+
+    zoo = dict(a.split("=", 1) for a in ZOO)
+    assert zoo["task.activation"] == "tanh" and zoo["minibatches"] == "1", "update_floor times ZOO's step"
+    batch, epochs = int(zoo["task.num_envs"]) * int(zoo["task.rollout_steps"]), int(zoo["epochs"])
+    clip, vf_coef, max_norm = float(zoo["clip_eps"]), float(zoo["vf_coef"]), float(zoo["max_grad_norm"])
     torch.set_num_threads(1)  # this process only launches the others: its own threads are this timing's
     torch.manual_seed(0)
 
     def mlp(out: int) -> nn.Module:
-        return nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, out))
+        sizes, layers = [4, *json.loads(zoo["task.hidden"])], []
+        for a, b in zip(sizes, sizes[1:]):
+            layers += [nn.Linear(a, b), nn.Tanh()]
+        return nn.Sequential(*layers, nn.Linear(sizes[-1], out))
 
     pi, vf = mlp(2), mlp(1)
     params = [*pi.parameters(), *vf.parameters()]
-    opt = torch.optim.Adam(params, lr=1e-3, eps=1e-5)
+    opt = torch.optim.Adam(params, lr=float(zoo["lr"]), eps=ADAM_EPS)
     obs, act = torch.randn(batch, 4), torch.randint(0, 2, (batch,))
     old, adv, ret = torch.randn(batch) * 0.1 - 0.7, torch.randn(batch), torch.randn(batch)
 
     def step() -> None:
         logp = torch.log_softmax(pi(obs), -1).gather(1, act[:, None]).squeeze(1)
         ratio = torch.exp(logp - old)
-        loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
-        loss = loss + 0.5 * ((vf(obs).squeeze(1) - ret) ** 2).mean()
+        loss = -torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv).mean()
+        loss = loss + vf_coef * ((vf(obs).squeeze(1) - ret) ** 2).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        nn.utils.clip_grad_norm_(params, 0.5)
+        nn.utils.clip_grad_norm_(params, max_norm)
         opt.step()
 
     for _ in range(reps // 10):  # warm-up

@@ -80,6 +80,7 @@ def test_a_bad_argument_is_refused_before_scipy_seaborn_or_pyplot_is_imported(tm
     """Each of report's, rliable's and claims' refusals in a fresh interpreter: the one line and exit
     code 2 come before any of :data:`HEAVY` is imported (together over a second of imports)."""
     import json
+    import os
     import subprocess
     import sys
 
@@ -89,7 +90,7 @@ def test_a_bad_argument_is_refused_before_scipy_seaborn_or_pyplot_is_imported(tm
     for args in (["report", str(tmp_path / "missing")], ["rliable", str(tmp_path), "--out", "scores.txt"],
                  ["claims", str(tmp_path), "--diverged", "best"]):
         r = subprocess.run([sys.executable, "-c", code, json.dumps(args)], cwd=repo, capture_output=True, text=True,
-                           env={**__import__("os").environ, "PYTHONPATH": str(repo)}, timeout=120)
+                           env={**os.environ, "PYTHONPATH": str(repo)}, timeout=120)
         assert json.loads(r.stdout.splitlines()[-1]) == [2, []], (args, r.stdout, r.stderr)
         assert len(r.stderr.splitlines()) == 1 and "error: argument" in r.stderr, (args, r.stderr)
 
@@ -105,11 +106,9 @@ def test_the_package_names_resolve_on_first_use_to_the_submodules_objects():
     stats, interop, load = (importlib.import_module(f"analysis.{m}") for m in ("stats", "interop", "load"))
     assert analysis.load is load.load and callable(analysis.load)
     assert analysis.stats is stats
-    for name in analysis.__all__:
-        owner = {"stats": None, "load": load}.get(name)
-        if owner is None and name != "stats":
-            owner = next(m for m in (load, stats, interop) if name in vars(m))
-        assert getattr(analysis, name) is (stats if name == "stats" else getattr(owner, name)), name
+    for name in analysis.__all__:  # each defined in the first of load, stats, interop that has it
+        want = stats if name == "stats" else next(vars(m)[name] for m in (load, stats, interop) if name in vars(m))
+        assert getattr(analysis, name) is want, name
     assert set(analysis.__all__) <= set(dir(analysis))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         analysis.nope  # noqa: B018
