@@ -137,6 +137,9 @@ class ProbeSettings:
     negative_control: bool = False
     control_scale: float = 0.5
     arcsin: bool = False  # toy, policy_gradient, binary rewards: also cos(E g, grad sum_x arcsin sqrt p_x) (C25)
+    # toy, policy_gradient, no KL: none | reward_std (the truth is grad J / sigma_tok, the population limit
+    # of batch whitening of the reward-to-go: REINFORCE++, C24)
+    truth_scale: str = "none"
     reps: int = 1000
     store_batches: bool = True
     reference_batches: int = 0  # control: batches of the REINFORCE reference (0: 2 x batches)
@@ -146,6 +149,7 @@ class ProbeSettings:
 
 PROBE_TARGETS = ("policy_gradient", "importance", "kl")
 PROBE_CRITICS = ("fitted", "exact", "noisy")
+PROBE_TRUTH_SCALES = ("none", "reward_std")
 
 
 def settings_from_config(cfg) -> ProbeSettings:
@@ -206,6 +210,8 @@ def check_probe_settings(s: ProbeSettings) -> None:
         bad("target", f"one of {list(PROBE_TARGETS)}", s.target)
     if s.critic not in PROBE_CRITICS:
         bad("critic", f"one of {list(PROBE_CRITICS)}", s.critic)
+    if s.truth_scale not in PROBE_TRUTH_SCALES:
+        bad("truth_scale", f"one of {list(PROBE_TRUTH_SCALES)}", s.truth_scale)
     if s.critic_noise < 0:
         bad("critic_noise", ">= 0", s.critic_noise)
     if s.critic_samples < 1:

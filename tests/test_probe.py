@@ -165,7 +165,148 @@ def test_control_probe_on_cartpole_writes_a_reference_based_summary(tmp_path):
     rows = {p.parent.parent.name: pd.read_parquet(p).iloc[0] for p in tmp_path.glob("cartpole/*/*/probe.parquet")}
     assert rows["reinforce"]["truth"] == "reference" and rows["reinforce"]["reference_batches"] == 16
     assert np.isfinite(rows["baseline"]["critic_ev"]) and rows["baseline"]["total_var"] > 0
+    for col in ("adv_within_std_se", "weight_se", "rel_bias_sq_se", "value_bias_se"):
+        assert np.isfinite(rows["baseline"][col]) and rows["baseline"][col] >= 0, col
     b = {p.parent.parent.name: pd.read_parquet(p) for p in tmp_path.glob("cartpole/*/*/probe_batches.parquet")}
     # the same seeds and layout: both estimators saw the same episodes (common random numbers)
     assert np.array_equal(b["reinforce"]["value_est"], b["baseline"]["value_est"])
 
+
+
+# ----------------------------------------------------------------------------- standard errors (_se)
+
+def test_se_columns_are_the_sample_std_of_the_bootstrap_replicates():
+    rng = np.random.default_rng(3)
+    M, D = 4000, 12
+    truth = rng.standard_normal(D)
+    G = 0.9 * truth + 1.5 * rng.standard_normal((M, D))
+    W = pstats.resample_weights(M, 800, 5)
+    out = pstats.gradient_summary(G, truth, W)
+    tn2 = truth @ truth
+    gbar_r = W @ G / M  # worked out here, independently of gradient_summary
+    weight_r = gbar_r @ truth / tn2
+    assert out["weight_se"] == pytest.approx(np.std(weight_r, ddof=1), rel=1e-10)
+    tr_r = (W @ (G**2).sum(1) / M - (gbar_r**2).sum(1)) * M / (M - 1)
+    assert out["total_var_se"] == pytest.approx(np.std(tr_r, ddof=1), rel=1e-10)
+    for name in ("bias_sq", "total_var", "mean_sq"):
+        assert out[f"rel_{name}_se"] == pytest.approx(out[f"{name}_se"] / tn2, rel=1e-12)
+    for name in ("total_var", "bias_sq", "snr", "cos", "weight", "cos_exp", "mean_sq"):
+        assert np.isfinite(out[f"{name}_se"]) and out[f"{name}_se"] > 0, name
+    # sanity, not the main check: at this M the normal interval is close to the percentile one
+    for name in ("weight", "total_var", "bias_sq"):
+        lo, hi = out[f"{name}_low"], out[f"{name}_high"]
+        z = 1.959963984540054 * out[f"{name}_se"]
+        assert abs(out[name] - z - lo) < 0.1 * (hi - lo) and abs(out[name] + z - hi) < 0.1 * (hi - lo), name
+    values = G[:, 0]
+    v = pstats.value_summary(values, 0.0, W)
+    assert v["value_bias_se"] == pytest.approx(np.std(W @ values / M, ddof=1), rel=1e-10)
+    assert np.isfinite(v["value_var_se"])
+    assert np.isnan(pstats.bootstrap_se(np.array([1.0, np.nan, np.inf])))
+    assert pstats.bootstrap_se(np.array([1.0, np.nan, 3.0])) == pytest.approx(np.sqrt(2.0))
+
+
+def test_toy_probe_per_batch_extras_and_directions_carry_a_standard_error():
+    task = ToyTask(PRESETS["varlen"])  # binary rewards: probe.arcsin applies
+    M, reps, seed = 200, 400, 0
+    s = ProbeSettings(batches=M, reps=reps, arcsin=True)
+    res = probe_toy(task, task.init_logits(), get_estimator("grpo"), EstimatorParams(gamma=1.0), settings=s,
+                    batch_size=32, group_size=4, seed=seed)
+    r = _all(res)
+    W = pstats.resample_weights(M, reps, seed=seed + 7)  # the probe's resampling
+    b = res.batches.query("scope == 'all'")
+    for name in ("adv_mse", "adv_within_std"):
+        assert r[f"{name}_se"] == pytest.approx(np.std(W @ b[name].to_numpy() / M, ddof=1), rel=1e-10), name
+    for x in ("", "_low", "_high", "_se"):
+        assert r[f"cos_linear{x}"] == r[f"cos_exp{x}"]
+    assert np.isfinite(r["cos_arcsin_se"]) and np.isfinite(r["cos_arcsin_gap_se"])
+
+
+# ----------------------------------------------------------------------------- probe.truth_scale (C24)
+
+def _enumerated_rtg_moments(task, theta, gamma):
+    """Token-weighted mean and std of the reward-to-go, walking the response tree from each root."""
+    probs = torch.softmax(theta, -1).numpy()
+    child, leaf_of, R = task.child.numpy(), task.leaf_of.numpy(), task.leaf_reward.numpy()
+    weights, rtg = [], []
+
+    def walk(state, p, depth):
+        for a in range(task.spec.vocab):
+            q = p * probs[state, a]
+            if leaf_of[state, a] >= 0:  # the response ends after depth + 1 tokens
+                n = depth + 1
+                for t in range(n):
+                    weights.append(q)
+                    rtg.append(gamma ** (n - 1 - t) * R[leaf_of[state, a]])
+            else:
+                walk(child[state, a], q, depth + 1)
+
+    for root in task.root.numpy():
+        walk(root, 1.0 / task.n_prompts, 0)
+    w, g = np.array(weights), np.array(rtg)
+    mean = (w * g).sum() / w.sum()
+    return mean, np.sqrt((w * (g - mean) ** 2).sum() / w.sum())
+
+
+@pytest.mark.parametrize("preset", ["tiny", "varlen", "mixed"])
+def test_reward_to_go_moments_match_an_enumeration_of_the_tokens(preset):
+    task = ToyTask(PRESETS[preset])
+    theta = task.init_logits(scale=1.0, seed=3)
+    for gamma in (1.0, 0.8):
+        mean, std = task.reward_to_go_moments(theta, gamma)
+        ref_mean, ref_std = _enumerated_rtg_moments(task, theta, gamma)
+        assert float(mean) == pytest.approx(ref_mean, rel=1e-12) and float(std) == pytest.approx(ref_std, rel=1e-12)
+
+
+def test_reward_to_go_std_is_that_of_the_sampled_tokens():
+    from harness.probes.toy import discounted_returns
+
+    task = ToyTask(PRESETS["varlen"])  # variable lengths: token weighting differs from sequence weighting
+    theta = task.init_logits(scale=1.0, seed=1)
+    g = torch.Generator().manual_seed(0)
+    batch = task.sample(theta, torch.randint(task.n_prompts, (200_000,), generator=g), g)
+    for gamma in (1.0, 0.8):
+        tokens = discounted_returns(task, batch, gamma).T[batch.mask.bool()]  # the trainer's reward-to-go
+        mean, std = task.reward_to_go_moments(theta, gamma)
+        assert float(mean) == pytest.approx(float(tokens.mean()), rel=0.01)
+        assert float(std) == pytest.approx(float(tokens.std(unbiased=False)), rel=0.01)
+
+
+def test_truth_scale_reward_std_makes_reinforce_pp_unbiased_in_weight(tmp_path):
+    from harness.tasks.toy import build_task
+
+    rows = {}
+    for scale in ("none", "reward_std"):
+        cfg = make_cfg(["task=toy", "estimator=reinforce_pp", "mode=probe", "++probe.batches=300",
+                        "++probe.reps=400", f"++probe.truth_scale={scale}", "task.episodes_per_iter=256",
+                        f"results_dir={tmp_path}/{scale}", "progress=false"])
+        assert run(cfg).get("completed") == 1
+        df = pd.read_parquet(next((tmp_path / scale).glob("toy/reinforce_pp/*/probe.parquet")))
+        rows[scale] = df.iloc[0]
+        assert (df["truth_scale"] == scale).all()
+    task = build_task(cfg)
+    sigma = float(task.reward_to_go_moments(task.init_logits(), float(cfg.gamma))[1])
+    none, scaled = rows["none"], rows["reward_std"]
+    assert np.isnan(none["reward_std_tok"]) and scaled["reward_std_tok"] == pytest.approx(sigma, rel=1e-12)
+    assert scaled["weight_low"] < 1.0 < scaled["weight_high"]  # E g = grad J / sigma_tok
+    assert scaled["rel_bias_sq_low"] < 0 < scaled["rel_bias_sq_high"]
+    assert none["rel_bias_sq_low"] > 0  # against grad J itself the whitened estimator is off in scale
+    # the same batches: only the truth's scale differs
+    assert none["weight"] == pytest.approx(scaled["weight"] / sigma, rel=1e-10)
+    assert none["cos_exp"] == pytest.approx(scaled["cos_exp"], rel=1e-12)
+    assert none["total_var"] == pytest.approx(scaled["total_var"], rel=1e-12)
+
+
+def test_truth_scale_is_refused_where_it_does_not_apply():
+    from harness.probes import validate_probe
+
+    base = ["task=toy", "estimator=reinforce_pp", "mode=probe"]
+    with pytest.raises(ValueError, match=r"probe\.truth_scale must be one of \['none', 'reward_std'\], got 'foo'"):
+        validate_probe(make_cfg([*base, "++probe.truth_scale=foo"]))
+    with pytest.raises(ValueError, match=r"probe\.truth_scale must be none with probe\.target=kl"):
+        validate_probe(make_cfg([*base, "++probe.truth_scale=reward_std", "++probe.target=kl"]))
+    with pytest.raises(ValueError, match=r"probe\.truth_scale must be none with kl\.beta"):
+        validate_probe(make_cfg([*base, "++probe.truth_scale=reward_std", "kl.beta=0.1"]))
+    with pytest.raises(ValueError, match=r"probe\.truth_scale must be none on control tasks"):
+        validate_probe(make_cfg(["task=cartpole", "estimator=reinforce", "mode=probe",
+                                 "++probe.truth_scale=reward_std"]))
+    validate_probe(make_cfg([*base, "++probe.truth_scale=reward_std"]))

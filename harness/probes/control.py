@@ -55,6 +55,9 @@ def validate_control_probe(cfg, s: ProbeSettings) -> None:
                          "selects the initial policy")
     if s.target != "policy_gradient":
         raise ValueError(f"probe.target must be policy_gradient on control tasks, got {s.target!r}")
+    if s.truth_scale != "none":
+        raise ValueError("probe.truth_scale must be none on control tasks (its scale is computed exactly on the toy "
+                         f"task), got {s.truth_scale!r}")
     if s.arcsin:
         raise ValueError("probe.arcsin must be false on control tasks (it needs the toy task's exact success "
                          "probabilities), got True")
@@ -215,7 +218,7 @@ def probe_run(cfg, run: RunDir) -> None:
            "env_steps_per_batch": steps / M}
     row.update(pstats.value_summary(rets, float(ref_rets.mean()), W))
     row["adv_within_std"] = float(spread.mean())
-    row["adv_within_std_low"], row["adv_within_std_high"] = pstats.percentile_interval(W @ spread / M)
+    row.update(pstats.bootstrap_columns("adv_within_std", W @ spread / M))
     wall = time.time() - t0
     ident = {"run_id": run.run_id, "task": str(cfg.task.name), "estimator": str(cfg.estimator),
              "seed": int(cfg.seed), "policy": f"initial (init_seed={s.init_seed})", "wall_time_s": wall}

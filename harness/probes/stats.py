@@ -23,7 +23,10 @@ task), ``gbar`` the mean estimate and ``Sigma`` the covariance of one estimate.
   same statistic against any other direction ``u`` (C25: the gradient of the arcsin objective).
 
 Intervals are percentile intervals of a bootstrap over batches (multinomial resampling weights
-``W [reps, M]``, drawn from a fixed seed), the same resampling for every statistic.
+``W [reps, M]``, drawn from a fixed seed), the same resampling for every statistic. Beside each
+interval ``<name>_low``, ``<name>_high`` the column ``<name>_se`` is the bootstrap standard error
+(:func:`bootstrap_se`: the sample std of the same replicates), which the claims report uses to form
+normal intervals ``<name> +- z se`` at any level.
 """
 from __future__ import annotations
 
@@ -46,6 +49,21 @@ def percentile_interval(reps: np.ndarray, confidence: float = CONFIDENCE) -> tup
     tail = 100.0 * (1.0 - confidence) / 2.0
     lo, hi = np.percentile(reps, [tail, 100.0 - tail])
     return float(lo), float(hi)
+
+
+def bootstrap_se(reps: np.ndarray) -> float:
+    """Bootstrap standard error: the sample standard deviation (``ddof = 1``) of the finite
+    replicates, ``sqrt(sum_r (x_r - xbar)^2 / (R - 1))``; nan with fewer than 2 finite ones."""
+    reps = np.asarray(reps, dtype=float)
+    reps = reps[np.isfinite(reps)]
+    return float(reps.std(ddof=1)) if reps.size >= 2 else float("nan")
+
+
+def bootstrap_columns(name: str, reps: np.ndarray, confidence: float = CONFIDENCE) -> dict[str, float]:
+    """``<name>_low``, ``<name>_high`` (:func:`percentile_interval`) and ``<name>_se``
+    (:func:`bootstrap_se`) of one statistic's bootstrap replicates."""
+    lo, hi = percentile_interval(reps, confidence)
+    return {f"{name}_low": lo, f"{name}_high": hi, f"{name}_se": bootstrap_se(reps)}
 
 
 def per_batch_scalars(G: np.ndarray, truth: np.ndarray) -> dict[str, np.ndarray]:
@@ -89,7 +107,8 @@ def gradient_summary(G: np.ndarray, truth: np.ndarray, W: np.ndarray, gbar_reps:
                      confidence: float = CONFIDENCE, truth_reps: np.ndarray | None = None,
                      truth_noise: float = 0.0, truth_noise_reps: np.ndarray | None = None,
                      directions: dict[str, np.ndarray] | None = None) -> dict[str, float]:
-    """Point estimates and bootstrap intervals of bias, variance, cosine and SNR.
+    """Point estimates, bootstrap intervals and standard errors (:func:`bootstrap_columns`) of
+    bias, variance, cosine and SNR.
 
     ``W`` is :func:`resample_weights`; ``gbar_reps = W @ G / M`` may be passed in when a caller
     slices it for several column subsets (scopes) of the same resampling.
@@ -145,15 +164,10 @@ def gradient_summary(G: np.ndarray, truth: np.ndarray, W: np.ndarray, gbar_reps:
         out[f"cos_{name}"], out[f"cos_{name}_gap"] = point, point - cos_exp
         named += [(f"cos_{name}", reps), (f"cos_{name}_gap", reps - cos_exp_reps)]
     for name, reps in named:
-        out[f"{name}_low"], out[f"{name}_high"] = percentile_interval(reps, confidence)
-    if tn2 > 0:
-        for name in ("total_var", "bias_sq", "mean_sq"):
-            for suffix in ("", "_low", "_high"):
-                out[f"rel_{name}{suffix}"] = out[f"{name}{suffix}"] / tn2
-    else:
-        for name in ("total_var", "bias_sq", "mean_sq"):
-            for suffix in ("", "_low", "_high"):
-                out[f"rel_{name}{suffix}"] = float("nan")
+        out.update(bootstrap_columns(name, reps, confidence))
+    for name in ("total_var", "bias_sq", "mean_sq"):
+        for suffix in ("", "_low", "_high", "_se"):
+            out[f"rel_{name}{suffix}"] = out[f"{name}{suffix}"] / tn2 if tn2 > 0 else float("nan")
     out["rel_bias"] = float(np.sign(out["rel_bias_sq"]) * np.sqrt(abs(out["rel_bias_sq"]))) \
         if np.isfinite(out["rel_bias_sq"]) else float("nan")
     return out
@@ -161,14 +175,15 @@ def gradient_summary(G: np.ndarray, truth: np.ndarray, W: np.ndarray, gbar_reps:
 
 def value_summary(values: np.ndarray, truth: float, W: np.ndarray,
                   confidence: float = CONFIDENCE) -> dict[str, float]:
-    """Bias and variance of a scalar estimate (one per batch) against its exact value."""
+    """Bias and variance of a scalar estimate (one per batch) against its exact value, each with
+    its interval and standard error (:func:`bootstrap_columns`)."""
     M = values.shape[0]
     mean_reps = W @ values / M
     var_reps = (W @ values**2 / M - mean_reps**2) * M / max(M - 1, 1)
     out = {"value_true": float(truth), "value_mean": float(values.mean()),
            "value_bias": float(values.mean() - truth), "value_var": float(values.var(ddof=1)) if M > 1 else float("nan")}
-    out["value_bias_low"], out["value_bias_high"] = percentile_interval(mean_reps - truth, confidence)
-    out["value_var_low"], out["value_var_high"] = percentile_interval(var_reps, confidence)
+    out.update(bootstrap_columns("value_bias", mean_reps - truth, confidence))
+    out.update(bootstrap_columns("value_var", var_reps, confidence))
     return out
 
 

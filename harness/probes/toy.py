@@ -35,6 +35,12 @@ Targets (``probe.target``):
   ``probe.arcsin=true`` (binary rewards) also compares ``E g`` with the gradient of
   :meth:`ToyTask.arcsin_objective`: columns ``cos_arcsin``, ``cos_linear`` (``= cos_exp``, against
   ``grad J``) and ``cos_arcsin_gap``, each with an interval (C25).
+  ``probe.truth_scale=reward_std`` (no KL term) divides the truth by ``sigma_tok``, the
+  token-weighted std of the reward-to-go under the frozen policy (:meth:`ToyTask.reward_to_go_moments`,
+  at the estimator's gamma): the expected gradient of REINFORCE++'s batch-whitened reward-to-go
+  ``(G - mean) / std`` in the infinite-batch limit is ``grad J / sigma_tok``, so ``weight``,
+  ``rel_bias_sq`` and ``cos_exp`` then measure it against that population-whitened gradient, scale
+  included (C24). Every row records ``truth_scale`` and ``reward_std_tok`` (nan with ``none``).
   ``probe.negative_control=true`` subtracts an action-dependent baseline
   ``probe.control_scale * [a_t == 0]`` from the advantages: a deliberately biased estimator the
   probe must flag (labelled ``<estimator>+action_baseline``).
@@ -228,6 +234,7 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
               kl_in_reward: bool = False) -> ProbeResult:
     """Run one probe (one estimator, one target) and summarise it per scope (all, prompt<x>)."""
     s = settings
+    check_truth_scale(s, kl_beta)
     M, k = int(s.batches or TOY_DEFAULT_BATCHES), int(group_size)
     if batch_size % k:
         raise ValueError(f"batch_size={batch_size} must be a multiple of group_size={k}")
@@ -242,7 +249,8 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
                   "std_normalize": params.std_normalize, "critic": "none", "critic_noise": 0.0,
                   "critic_rmse": float("nan"), "critic_ev": float("nan"), "proposal_shift": float("nan"),
                   "is_weight_m2": float("nan"), "kl_estimator": None, "label": spec.name,
-                  "kl_beta": 0.0, "kl_placement": "none"}
+                  "kl_beta": 0.0, "kl_placement": "none", "truth_scale": s.truth_scale,
+                  "reward_std_tok": float("nan")}
     V_exact, Q_exact = task.values(theta)
     per_batch_extra: dict[str, np.ndarray] = {}
 
@@ -324,6 +332,13 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
             objective = objective - beta * task.sequence_kl(th, theta_ref)
         (true_grad,) = torch.autograd.grad(objective, th)
         value_true = float(objective.detach())
+        if s.truth_scale == "reward_std":  # the population limit of batch whitening (C24)
+            sigma = float(task.reward_to_go_moments(theta, params.gamma)[1])
+            if not sigma > 0:
+                raise ValueError("probe.truth_scale=reward_std needs a reward-to-go that varies: its token-weighted "
+                                 f"std is {sigma} at this policy")
+            meta["reward_std_tok"] = sigma
+            true_grad = true_grad / sigma
         # advantage diagnostics against the exact advantage Q(s, a) - V(s)
         true_adv = (Q_exact[batch.states, batch.tokens] - V_exact[batch.states]).T * mask_tm
         err = ((adv - true_adv) ** 2 * mask_tm).reshape(L, M, -1)
@@ -364,14 +379,14 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
                                        directions={n: u[cols] for n, u in directions.items()})
         row = {**meta, "scope": scope, **summ}
         if s.arcsin:  # the comparison's other side, under the name C25 gives it
-            row.update({f"cos_linear{x}": summ[f"cos_exp{x}"] for x in ("", "_low", "_high")})
+            row.update({f"cos_linear{x}": summ[f"cos_exp{x}"] for x in ("", "_low", "_high", "_se")})
         pb = pstats.per_batch_scalars(G[:, cols], truth[cols])
         tab = {"scope": scope, "batch": np.arange(M), **pb}
         if scope == "all":
             row.update(pstats.value_summary(np.asarray(values, dtype=float), value_true, W))
             for name, arr in per_batch_extra.items():
                 row[name] = float(np.mean(arr))
-                row[f"{name}_low"], row[f"{name}_high"] = pstats.percentile_interval(W @ arr / M)
+                row.update(pstats.bootstrap_columns(name, W @ arr / M))
             tab["value_est"] = np.asarray(values, dtype=float)
             for name, arr in per_batch_extra.items():
                 tab[name] = arr
@@ -387,9 +402,24 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
 
 # ----------------------------------------------------------------------------- run directory
 
+def check_truth_scale(s: ProbeSettings, kl_beta: float) -> None:
+    """``probe.truth_scale=reward_std`` scales ``grad J``: it needs the ``policy_gradient`` target
+    and no KL term."""
+    if s.truth_scale == "none":
+        return
+    if s.target != "policy_gradient":
+        raise ValueError(f"probe.truth_scale must be none with probe.target={s.target} (it scales the policy "
+                         f"gradient's truth; set probe.target=policy_gradient), got {s.truth_scale!r}")
+    if float(kl_beta) > 0:
+        raise ValueError(f"probe.truth_scale must be none with kl.beta={kl_beta} (it scales grad J, without a KL "
+                         f"term), got {s.truth_scale!r}")
+
+
 def validate_toy_probe(cfg, s: ProbeSettings) -> None:
-    """Toy probe checks that need the task: ``probe.arcsin`` needs binary rewards, the
-    ``policy_gradient`` target and no KL term (its ``cos_linear`` is against ``grad J``)."""
+    """Toy probe checks that need the task: ``probe.truth_scale`` (:func:`check_truth_scale`);
+    ``probe.arcsin`` needs binary rewards, the ``policy_gradient`` target and no KL term (its
+    ``cos_linear`` is against ``grad J``)."""
+    check_truth_scale(s, float(cfg.kl.beta))
     if not s.arcsin:
         return
     if s.target != "policy_gradient":

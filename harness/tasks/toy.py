@@ -317,6 +317,27 @@ class ToyTask:
             raise ValueError("arcsin_objective needs binary rewards (every prompt binary or first_token)")
         return torch.asin(self.prompt_rewards(theta).sqrt()).mean()
 
+    def reward_to_go_moments(self, theta: torch.Tensor, gamma: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token-weighted mean and standard deviation of the reward-to-go under ``pi_theta``
+        (prompts uniform), by enumeration of the complete responses:
+
+        .. math:: \\mu = \\frac{\\sum_{x,y} P(x, y) \\sum_{t<n_y} G_t}{\\sum_{x,y} P(x, y)\\, n_y}, \\qquad
+                  \\sigma^2 = \\frac{\\sum_{x,y} P(x, y) \\sum_{t<n_y} (G_t - \\mu)^2}{\\sum_{x,y} P(x, y)\\, n_y},
+
+        with ``P(x, y) = pi(y | x) / X``, ``n_y`` the response's length (EOS included) and
+        ``G_t = gamma^(n_y - 1 - t) R(x, y)`` the reward-to-go of token ``t`` (the reward sits on the
+        last token, :func:`time_major`). Every token counts once, as it occurs in a batch, so these
+        are the infinite-batch limits of the mean and (biased) std that batch whitening of the
+        reward-to-go uses (``normalize_advantages=batch``, REINFORCE++): the whitened estimator's
+        expected gradient is then ``grad J / sigma`` at ``gamma = 1`` (the mean multiplies a score
+        function of zero expectation). ``(mu, sigma)``, differentiable."""
+        w = self.leaf_log_probs(theta).exp()[:, None] * self.leaf_mask / self.n_prompts  # [N, L]
+        steps = (self.leaf_len[:, None] - 1 - torch.arange(self.spec.length)[None, :]).clamp(min=0)
+        G = float(gamma) ** steps.to(DTYPE) * self.leaf_reward[:, None]
+        tokens = w.sum()
+        mean = (w * G).sum() / tokens
+        return mean, ((w * (G - mean) ** 2).sum() / tokens).sqrt()
+
     def exact_gradient(self, theta: torch.Tensor) -> torch.Tensor:
         """``grad J`` by autograd through :meth:`values`, shape of theta."""
         th = theta.detach().clone().requires_grad_(True)
