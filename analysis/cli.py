@@ -250,19 +250,20 @@ def _add_claims(sub) -> None:
     p.add_argument("--diverged", choices=DIVERGED_RULES, default=DEFAULT_DIVERGED,
                    help="how a diverged run is scored after it diverged: worst = its task's worst return "
                         "(default), last = its last evaluation carried forward")
-    p.add_argument("--budget-min", type=_int_at_least(0), default=None, metavar="MIN",
-                   help="with --run: the time budget in minutes for both stages; an undecided claim's experiment is "
-                        "extended only when its estimated time, judging again and writing the report fit what is left "
-                        "(default 45; 1.5 with --quick, whose whole command should take under 2)")
     p.add_argument("--readme", type=_readme_file, action="append", default=None, metavar="FILE",
                    help="also rewrite the claims blocks of the markdown file FILE (README.md, docs/claims.md, any "
                         "page) from the reports of every offset in DIR: the table between its claims-table markers, "
                         "the verdict counts between its claims-summary markers; may be given more than once")
+    p.add_argument("--publish", type=_out_folder, default=None, metavar="FOLDER",
+                   help="also copy every offset's whole report and its figures from DIR into FOLDER (e.g. "
+                        "docs/claims_reports), each page headed by the command, date and commit")
     p.set_defaults(func=_run_claims)
 
 
 def _run_claims(args) -> int:
     import time
+
+    from harness.io import atomic_write_json
 
     from . import claims
 
@@ -272,43 +273,59 @@ def _run_claims(args) -> int:
               "folder holding the claim experiments' runs (or --run, which runs them there)", file=sys.stderr)
         return 2
     t0 = time.time()
-    judged = None  # stage one's judgement, reused when the second stage runs nothing
+    command = "python -m analysis claims " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else \
+        f"python -m analysis claims {args.results}"
+    judged = None  # the last judgement, reused when the plan asks for nothing more
     if args.run:
         from harness.experiments.run import describe, run_claims  # the one named exception (.importlinter)
 
+        from .claims.plan import next_looks, variant, write_plan
+
         root = Path(args.results).resolve()
-        totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print)
+        timings: dict[str, float] = {}
+        totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print,
+                            timings=timings)
         print(f"[claims] stage one: {describe(totals) or 'nothing to run'} ({time.time() - t0:.0f} s)")
-        t_judge = time.time()
-        verdicts, data, meta = claims.evaluate_all(root, args.quick, only, args.seed_offset, diverged=args.diverged)
-        t_judge = time.time() - t_judge
-        budget_min = args.budget_min if args.budget_min is not None else (1.5 if args.quick else 45)
-        # the budget covers the whole command: an extension costs its runs and judging again, and the
-        # report (written either way) takes about as long as a judgement
-        plan = claims.make_plan(verdicts, data, budget_min * 60 - (time.time() - t0) - 2 * t_judge, meta["plan"],
-                                only=only)
-        claims.write_plan(root, args.quick, args.seed_offset, plan)
-        ext = claims.extensions(plan)
-        fresh = {k: v for k, v in ext.items() if k not in claims.extensions(meta["plan"])
-                 or claims.extensions(meta["plan"])[k] != v}
-        for name, e in plan["experiments"].items():
-            print(f"[claims] stage two: {name}: {e.get('status')}"
-                  + (f" ({e['why']})" if e.get("why") else "") + " - " + "; ".join(e.get("parts", []))[:200])
-        if fresh:
+        looks_run = 0
+        while True:
+            t_judge = time.time()
+            verdicts, data, meta = claims.evaluate_all(root, args.quick, only, args.seed_offset,
+                                                       diverged=args.diverged)
+            timings["judging"] = timings.get("judging", 0.0) + time.time() - t_judge
+            plan = meta["plan"] if args.quick else next_looks(verdicts, claims.CLAIMS_BY_ID, meta["plan"])
+            fresh = {name: {"population": e["looks"][e["reached"]]} for name, e in plan["experiments"].items()
+                     if e.get("reached", 0) != meta["plan"].get("experiments", {}).get(name, {}).get("reached", 0)}
+            if not fresh:
+                judged = (verdicts, data, meta)
+                break
+            write_plan(root, args.quick, args.seed_offset, plan)
+            looks_run += 1
+            for name, e in fresh.items():
+                print(f"[claims] next look: {name} to {e['population']} seeds per arm - "
+                      + "; ".join(plan["experiments"][name].get("why", []))[:200])
             t1 = time.time()
             totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, extensions=fresh,
-                                progress=print)
-            print(f"[claims] stage two: {describe(totals) or 'nothing to run'} ({time.time() - t1:.0f} s)")
-        else:
-            judged = (verdicts, data, {**meta, "plan": plan})
+                                progress=print, timings=timings)
+            print(f"[claims] look {looks_run + 1}: {describe(totals) or 'nothing to run'} ({time.time() - t1:.0f} s)")
+        if not only:  # the wall time of a whole run, for the docs blocks
+            atomic_write_json(root / f"claims_run{variant(args.quick, args.seed_offset)}.json",
+                              {"wall_s": time.time() - t0, "seconds": timings, "command": command,
+                               "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
     res = claims.build_claims(args.results, quick=args.quick, only=only, seed_offset=args.seed_offset,
-                              diverged=args.diverged, progress=print, judged=judged)
+                              diverged=args.diverged, progress=print, judged=judged, command=command)
     out, verdicts = res.out, res.verdicts
     print(claims.format_table(verdicts))
-    counts = {v: sum(x.verdict == v and not x.not_run for x in verdicts) for v in claims.VERDICTS}
-    not_run = sum(bool(x.not_run) for x in verdicts)
-    print(f"{len(verdicts)} claims: " + ", ".join(f"{n} {k}" for k, n in counts.items())
-          + f", {not_run} not run  ({time.time() - t0:.0f} s)")
+    stat = [x for x in verdicts if not x.exact]
+    if args.quick:
+        print(f"{len(stat)} statistical claims: pilot estimates only, no verdict; "
+              f"{sum(x.exact and x.verdict == 'supported' for x in verdicts)} of {sum(x.exact for x in verdicts)} "
+              f"exact checks passed  ({time.time() - t0:.0f} s)")
+    else:
+        counts = {v: sum(x.verdict == v and not x.not_run for x in stat) for v in claims.VERDICTS}
+        not_run = sum(bool(x.not_run) for x in stat)
+        print(f"{len(stat)} statistical claims: " + ", ".join(f"{n} {k}" for k, n in counts.items())
+              + f", {not_run} not run; {sum(x.exact and x.verdict == 'supported' for x in verdicts)} of "
+              f"{sum(x.exact for x in verdicts)} exact checks passed  ({time.time() - t0:.0f} s)")
     stab = claims.stability(Path(args.results).resolve(), args.quick)
     if len(stab["offsets"]) > 1:
         print(f"seed offsets {stab['offsets']}: {stab['summary']}")
@@ -325,6 +342,11 @@ def _run_claims(args) -> int:
                + " ".join(f"--readme {f}" for f in args.readme))
         for written in update_pages(args.readme, Path(args.results).resolve(), args.quick, cmd):
             print(f"claims block: {written}")
+    if args.publish:
+        from .claims.report import publish
+
+        for page in publish(Path(args.results).resolve(), args.quick, args.publish, command):
+            print(f"published: {page}")
     print(f"report: {out}")
     return 0
 

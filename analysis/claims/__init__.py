@@ -1,72 +1,95 @@
 """Claims report: ``python -m analysis claims DIR [--run] [--quick] [--seed-offset K]``.
 
-Every claim of ``conf/claims.yaml`` (the claims as data: source, experiments, parts, each part a
-statistic kind with its selection and a rule) gets a row: statistic, 95% interval, n, verdict -
-**supported**, **refuted** or **inconclusive** - and, when undecided, about how much data would
-decide it. The rules (:mod:`.rules`) are fixed before any data is read and write their own text;
-the statistics (:mod:`.kinds`) compute their own intervals; the figures are chosen by statistic
-kind (:mod:`.figures`). Evidence is only what the harness produced in ``DIR`` for exactly the
-configs of each experiment (:mod:`.evidence`). Exact claims quote the tests marked
-``@pytest.mark.claim`` and their outcomes (``DIR/exact_tests.json``).
+Every claim of ``conf/claims.yaml`` gets a row. A *statistical* claim is judged by one
+registered primary test (:mod:`.spec`): its statistic (:mod:`.kinds`) with an interval method
+whose coverage at the n used is tested (:mod:`.intervals`), read against its rule (:mod:`.rules`)
+at the level Holm's procedure across all claims tested in the report assigns it
+(:mod:`.protocol`). Verdicts: **supported**, **refuted**, **undecided** (the interval at that
+level straddles the rule's boundary, a power check failed, or a learning claim has fewer than
+``min_seeds`` seeds per arm) and **untestable here** (a premise check failed: what the claim
+presupposes did not happen in these runs). Premise and power checks never refute. *Exact*
+claims are identities checked by unit tests (``@pytest.mark.claim``), listed apart and not
+counted among the statistical verdicts.
 
-``--run`` first runs what is missing (:func:`harness.experiments.run.run_claims`); without it
-nothing runs. ``--seed-offset K`` judges (and with ``--run`` runs) every experiment on seeds
-shifted by K; each offset's verdicts are kept (``claims.json``, ``claims_seed<K>.json``) and every
-report shows the verdicts of all offsets judged in DIR side by side: a decided verdict that
-differs between offsets is reported as **unstable**.
+Evidence is only what the harness produced in ``DIR`` for exactly the configs of each experiment
+(:mod:`.evidence`). ``--run`` first runs what is missing, then the group-sequential second stage
+(:mod:`.plan`); without it nothing runs. ``--seed-offset K`` judges (and with ``--run`` runs)
+every experiment on seeds shifted by K; each offset keeps its report and every report shows
+the verdicts of all offsets judged in DIR side by side. ``--quick`` is a pilot: small budgets,
+estimates and 95% intervals labelled "pilot", no verdict for any statistical claim.
 """
 from __future__ import annotations
 
+import json
+import math
 import sys
-import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 from harness.experiments import EXPERIMENTS, FAMILY_ORDER, Point, lm_unavailable
 
 from ..stats import DEFAULT_DIVERGED
-
 from .evidence import ExpData, NotRun, compose_points, load_points, sweep_key
-from .kinds import KINDS, group_bootstrap, paired_bootstrap
-from .plan import extensions, make_plan, read_plan, write_plan
-from .rules import VERDICTS, Part, Rule, combine, judge_part
-from .spec import Claim, PartSpec, load_claims
+from .intervals import Estimate, decision_p, n_needed
+from .kinds import KINDS
+from .plan import extensions, looks_of, read_plan, write_plan
+from .protocol import holm, nominal_level, sequential_p, spending_boundaries
+from .rules import PILOT, VERDICTS, Part, Rule
+from .spec import Claim, ClaimsFile, PartSpec, load_claims, load_claims_file
 
-CLAIMS: list[Claim] = load_claims()
+CLAIMS_FILE_DATA: ClaimsFile = load_claims_file()
+CLAIMS: list[Claim] = CLAIMS_FILE_DATA.claims
 CLAIMS_BY_ID = {c.id: c for c in CLAIMS}
+PROTOCOL = CLAIMS_FILE_DATA.protocol
+#: The number of registered statistical claims: the Bonferroni level alpha / m of the sequential
+#: plan's stopping boundaries is fixed by it before any data.
+M_REGISTERED = sum(not c.exact for c in CLAIMS)
 
 
 @dataclass
 class Verdict:
     claim: str
-    verdict: str
+    verdict: str  # supported | refuted | undecided | untestable | pilot
     statistic: str = ""
     point: float = float("nan")
     low: float = float("nan")
     high: float = float("nan")
+    level: float = 0.95
     n: str = ""
-    parts: list[Part] = field(default_factory=list)
+    parts: list[Part] = field(default_factory=list)  # the primary first, then its checks
     reported: list[Part] = field(default_factory=list)
     note: str = ""
     not_run: str | None = None  # reason, when the evidence is missing
     figure: str | None = None
+    deciding: str = ""  # what decided the verdict, in words
+    p: float = float("nan")  # the primary's p-value (sequential, before Holm)
+    p_adjusted: float = float("nan")  # Holm-adjusted
+    rank: int = 0
+    m: int = 0
+    tested: bool = False  # in the Holm family
+    exact: bool = False
+    estimate: Estimate | None = None
 
     @property
     def label(self) -> str:
         if self.not_run:
-            return f"inconclusive — not run: {self.not_run}"
-        return self.verdict
+            return f"not run: {self.not_run}"
+        return "untestable here" if self.verdict == "untestable" else self.verdict
+
+    @property
+    def primary(self) -> Part | None:
+        return self.parts[0] if self.parts and self.parts[0].role == "primary" else None
 
     @property
     def needs(self) -> str:
-        """For an undecided claim: the undecided parts' "undecided at n = .., needs about n = ..". """
-        if self.verdict != "inconclusive" or self.not_run:
+        """For an undecided claim: "undecided at n = .., the registered effect needs about n = ..". """
+        p = self.primary
+        if self.verdict != "undecided" or self.not_run or p is None or p.n_needed is None:
             return ""
-        return "; ".join(f"{p.name}: {p.needs}" for p in self.parts if p.needs)
+        return (f"undecided at n = {p.n_units:g} {p.unit} per arm; detecting the registered effect "
+                f"{p.effect:g} with {PROTOCOL.power:.0%} power at the level it was tested needs about "
+                f"n = {p.n_needed:g}")
 
 
 def expand(ps: PartSpec, e: ExpData) -> list[PartSpec]:
@@ -82,86 +105,172 @@ def expand(ps: PartSpec, e: ExpData) -> list[PartSpec]:
             if sel in args or sel == "where":
                 args[sel] = {**(args.get(sel) or {}), ps.for_each: v}
         name = ps.name.format(value="none" if v is None else f"{v:g}" if isinstance(v, float) else v)
-        out.append(PartSpec(name, ps.stat, ps.rule, ps.experiment, ps.role, ps.optional, ps.primary, None, args))
+        out.append(PartSpec(name, ps.stat, ps.rule, ps.experiment, ps.role, ps.optional, None, args, ps.effect,
+                            ps.rationale))
     return out
 
 
-def _compute(ps: PartSpec, data: dict[str, ExpData]) -> Part:
-    e = data[ps.experiment]
-    e.require(1)
-    st = KINDS[ps.stat](e, ps.args)
+def _powered_distance(est: Estimate, rule: Rule, effect: float) -> float:
+    """The registered effect on the estimate's scale: from the rule's boundary to ``effect`` away."""
+    ds = []
+    for b in rule.boundaries:
+        for alt in (b - effect, b + effect):
+            d = abs(est.to_scale(b) - est.to_scale(alt))
+            if math.isfinite(d) and d > 0:
+                ds.append(d)
+    return min(ds) if ds else float("nan")
+
+
+def _part(ps: PartSpec, est: Estimate, level: float, look: int = 0) -> Part:
+    lo, hi = est.interval(level)
     if ps.rule is None:
-        return Part(ps.name, st.point, st.low, st.high, "reported", "", st.n, st.n_units, None, "reported", st.unit,
-                    experiment=ps.experiment)
-    part = judge_part(ps.name, ps.rule, st.point, st.low, st.high, st.n_units, st.n, st.unit, ps.role)
-    part.experiment = ps.experiment
-    return part
+        verdict = "reported"
+    else:
+        verdict = ps.rule.judge(est.point, lo, hi)
+    return Part(ps.name, est.point, lo, hi, ps.rule.text if ps.rule else "", verdict, est.n_text, est.n, est.unit,
+                ps.role, ps.rule, ps.experiment, level, method=est.method, effect=ps.effect, look=look)
 
 
-def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str]) -> Verdict:
-    """The claim's parts on the evidence; NotRun when a required part cannot be computed."""
-    parts, primary, notes = [], 0, []
-    for ps in c.parts:
+def _data_at(e: ExpData, n: int | None) -> ExpData:
+    return e if n is None else e.first_members(n)
+
+
+def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], quick: bool = False,
+                   reached: dict[str, int] | None = None) -> Verdict:
+    """The claim's primary test (at every look its experiment reached, stopping at the first
+    whose boundary it crosses), its checks and reported parts at that look. Holm's level is
+    applied afterwards (:func:`apply_holm`); until then the primary is shown at 95%."""
+    pr = c.primary
+    if pr.experiment not in data:
+        raise NotRun(skipped.get(pr.experiment, f"{pr.experiment} not composed"))
+    e = data[pr.experiment]
+    e.require(1)
+    looks = looks_of(pr.experiment)
+    upto = (reached or {}).get(pr.experiment, 0)
+    used = looks[: upto + 1] if looks else [None]
+    alpha_stop = PROTOCOL.alpha / max(M_REGISTERED, 1)
+    bounds = spending_boundaries(looks, alpha_stop) if len(looks) > 1 else []
+    est, p_nom, look = None, 1.0, 0
+    for k, n in enumerate(used):
+        est = KINDS[pr.stat](_data_at(e, n), pr.args)
+        p_nom = decision_p(est, pr.rule.judge)
+        look = k
+        if bounds and k < len(looks) - 1 and p_nom <= nominal_level(bounds[k]):
+            break  # crossed the stopping boundary at this look
+    at_n = used[look]
+    primary = _part(pr, est, PROTOCOL.check_level, look)
+    v = Verdict(c.id, PILOT if quick else "undecided", pr.name, primary.point, primary.low, primary.high,
+                PROTOCOL.check_level, est.n_text, [primary], estimate=est)
+    notes = []
+    if at_n is not None and len(looks) > 1:
+        notes.append(f"Judged at look {look + 1} of {len(looks)} ({at_n} seeds per arm; looks at "
+                     f"{', '.join(map(str, looks))}).")
+    failed = None
+    for ps in c.checks:
         if ps.experiment not in data:
             why = skipped.get(ps.experiment, f"{ps.experiment} not composed")
-            if ps.optional:
-                notes.append(f"{ps.name}: not run ({why})")
-                continue
-            raise NotRun(why)
+            v.parts.append(Part(ps.name, math.nan, math.nan, math.nan, ps.rule.text, "undecided", "not run",
+                                role=ps.role, spec=ps.rule, experiment=ps.experiment))
+            failed = failed or (ps.role, f"{ps.role} check {ps.name!r} not run ({why})")
+            continue
         try:
             for one in expand(ps, data[ps.experiment]):
-                if ps.primary:
-                    primary = len(parts)
-                parts.append(_compute(one, data))
+                part = _part(one, KINDS[one.stat](_data_at(data[one.experiment], at_n), one.args),
+                             PROTOCOL.check_level, look)
+                v.parts.append(part)
+                if part.verdict != "supported" and (failed is None or failed[0] == "power"):
+                    failed = (ps.role, f"{ps.role} check {one.name!r} not supported ({part.verdict} at "
+                                       f"{PROTOCOL.check_level:.0%})")
         except NotRun as exc:
-            if ps.role == "power":  # a missing power check leaves the claim undecidable, not unjudged
-                parts.append(Part(ps.name, float("nan"), float("nan"), float("nan"), ps.rule.text, "inconclusive",
-                                  "not run", role="power", spec=ps.rule))
-                notes.append(f"Power check {ps.name!r} not run ({exc}): the claim cannot be supported without it.")
-            elif ps.optional:
-                notes.append(f"{ps.name}: not run ({exc})")
-            else:
-                raise
-    reported = []
+            v.parts.append(Part(ps.name, math.nan, math.nan, math.nan, ps.rule.text, "undecided", "not run",
+                                role=ps.role, spec=ps.rule, experiment=ps.experiment))
+            failed = failed or (ps.role, f"{ps.role} check {ps.name!r} not run ({exc})")
     for ps in c.reported:
+        if ps.experiment not in data:
+            if not ps.optional:
+                notes.append(f"{ps.name}: not run ({skipped.get(ps.experiment, 'not composed')}).")
+            continue
         try:
-            if ps.experiment in data:
-                reported += [_compute(one, data) for one in expand(ps, data[ps.experiment])]
+            for one in expand(ps, data[ps.experiment]):
+                v.reported.append(_part(one, KINDS[one.stat](_data_at(data[one.experiment], at_n), one.args),
+                                        PROTOCOL.check_level, look))
         except NotRun as exc:
             notes.append(f"{ps.name}: {exc}")
-    p = parts[primary]
-    return Verdict(c.id, combine(parts), p.name, p.point, p.low, p.high, p.n, parts, reported, " ".join(notes))
+    v.note = " ".join(notes)
+    if quick:
+        v.deciding = "pilot (--quick): estimate and 95% interval only, no verdict"
+        primary.verdict = PILOT
+        for part in v.parts[1:]:
+            part.verdict = PILOT
+        return v
+    if failed is not None and failed[0] == "premise":
+        v.verdict, v.deciding = "untestable", f"{failed[1]}: the claim's premise did not hold in these runs"
+        return v
+    if failed is not None:
+        v.deciding = f"{failed[1]}: the design could not have detected the effect"
+        return v
+    if est.unit == "seeds" and est.n < PROTOCOL.min_seeds:
+        v.deciding = f"n = {est.n} < {PROTOCOL.min_seeds} seeds per arm: a learning claim is not decided below that"
+        return v
+    v.tested = True
+    v.p = sequential_p(p_nom, look, looks, alpha_stop) if len(looks) > 1 else p_nom
+    return v
+
+
+def apply_holm(verdicts: list[Verdict], claims: dict[str, Claim] | None = None) -> None:
+    """Holm's procedure over the tested claims: each one's level, interval, verdict and n needed."""
+    claims = claims or CLAIMS_BY_ID
+    tested = {v.claim: v.p for v in verdicts if v.tested}
+    res = holm(tested, PROTOCOL.alpha)
+    for v in verdicts:
+        if v.not_run or v.exact or v.verdict == PILOT or v.estimate is None:
+            continue
+        pr = claims[v.claim].primary
+        part = v.parts[0]
+        alpha = res[v.claim].level if v.claim in res else PROTOCOL.alpha / max(M_REGISTERED, 1)
+        level = 1 - alpha
+        lo, hi = v.estimate.interval_alpha(alpha)
+        part.low, part.high, part.level = lo, hi, level
+        part.p = v.p
+        v.low, v.high, v.level = lo, hi, level
+        part.n_needed = n_needed(v.estimate, _powered_distance(v.estimate, pr.rule, pr.effect), alpha,
+                                 PROTOCOL.power)
+        if v.claim not in res:
+            part.verdict = "not tested"
+            continue
+        h = res[v.claim]
+        v.rank, v.m, v.p_adjusted = h.rank, h.m, h.p_adjusted
+        verdict = pr.rule.judge(v.point, lo, hi)
+        part.verdict = verdict
+        v.verdict = verdict if verdict in ("supported", "refuted") else "undecided"
+        if v.verdict == "undecided":
+            v.deciding = (f"primary undecided: its {level:.4%} interval (Holm rank {h.rank} of {h.m}) straddles "
+                          f"{pr.rule.text}")
+        else:
+            v.deciding = f"primary {v.verdict}: {level:.4%} interval (Holm rank {h.rank} of {h.m}) vs {pr.rule.text}"
 
 
 def eval_exact(claim: Claim, record: dict | None) -> Verdict:
     where = f'tests marked `@pytest.mark.claim("{claim.id}")`'
     if record is None:
-        return Verdict(claim.id, "inconclusive", where,
+        return Verdict(claim.id, "undecided", where, exact=True,
                        not_run="tests not run here (python -m analysis claims DIR --run runs them)")
     r = record.get("claims", {}).get(claim.id, {"nodes": [], "outcomes": []})
     nodes, outcomes = r["nodes"], r["outcomes"]
     if not nodes:
-        return Verdict(claim.id, "inconclusive", where, not_run=f"no test marked claim({claim.id!r}) was collected")
+        return Verdict(claim.id, "undecided", where, exact=True,
+                       not_run=f"no test marked claim({claim.id!r}) was collected")
     n_pass = sum(o == "passed" for o in outcomes)
     n_fail = sum(o == "failed" for o in outcomes)
-    verdict = "refuted" if n_fail else "supported" if n_pass == len(outcomes) else "inconclusive"
-    return Verdict(claim.id, verdict, "tests passed", float(n_pass), float(n_pass), float(n_pass),
-                   f"{len(nodes)} tests", note="tests: " + ", ".join(f"`{n}` ({o})" for n, o in zip(nodes, outcomes)))
+    verdict = "refuted" if n_fail else "supported" if n_pass == len(outcomes) else "undecided"
+    return Verdict(claim.id, verdict, "tests passed", float(n_pass), float(n_pass), float(n_pass), 1.0,
+                   f"{len(nodes)} tests", exact=True,
+                   note="tests: " + ", ".join(f"`{n}` ({o})" for n, o in zip(nodes, outcomes)))
 
 
-def evaluate_all(root: Path, quick: bool, only: set[str] | None = None, seed_offset: int = 0,
-                 claims: list[Claim] | None = None, diverged: str = DEFAULT_DIVERGED,
-                 ) -> tuple[list[Verdict], dict[str, ExpData], dict]:
-    """Verdicts from what lies in ``root`` (runs nothing); ``diverged``: how a diverged run's
-    score and AUC count after it diverged (:data:`analysis.stats.DIVERGED_RULES`)."""
-    import json
-
-    claims = [c for c in (claims or CLAIMS) if only is None or c.id in only]
-    names = sorted({x for c in claims for x in c.experiments}, key=lambda x: (FAMILY_ORDER[EXPERIMENTS[x].family], x))
+def compose_all(root: Path, quick: bool, names: list[str], seed_offset: int, extended: dict) -> tuple[dict, dict]:
     skipped: dict[str, str] = {}
     points: dict[str, list[Point]] = {}
-    plan = read_plan(root, quick, seed_offset)
-    extended = extensions(plan)
     for name in names:
         ex = EXPERIMENTS[name]
         if quick and ex.quick_skip:
@@ -178,23 +287,39 @@ def evaluate_all(root: Path, quick: bool, only: set[str] | None = None, seed_off
             skipped[name] = str(exc)
         except Exception as exc:  # noqa: BLE001 - reported as the claim's reason
             skipped[name] = f"cannot compose {name}: {type(exc).__name__}: {exc}".splitlines()[0]
+    return points, skipped
+
+
+def evaluate_all(root: Path, quick: bool, only: set[str] | None = None, seed_offset: int = 0,
+                 claims: list[Claim] | None = None, diverged: str = DEFAULT_DIVERGED,
+                 ) -> tuple[list[Verdict], dict[str, ExpData], dict]:
+    """Verdicts from what lies in ``root`` (runs nothing); ``diverged``: how a diverged run's
+    score and AUC count after it diverged (:data:`analysis.stats.DIVERGED_RULES`)."""
+    claims = [c for c in (claims or CLAIMS) if only is None or c.id in only]
+    names = sorted({x for c in claims for x in c.experiments}, key=lambda x: (FAMILY_ORDER[EXPERIMENTS[x].family], x))
+    plan = read_plan(root, quick, seed_offset)
+    points, skipped = compose_all(root, quick, names, seed_offset, extensions(plan))
     data = {name: load_points(name, pts) for name, pts in points.items()}
     for e in data.values():
         e.diverged = diverged
     tests_json = root / "exact_tests.json"
     record = json.loads(tests_json.read_text()) if tests_json.is_file() else None
+    reached = {name: int(e.get("reached", 0)) for name, e in plan.get("experiments", {}).items()}
     verdicts = []
     for c in claims:
         if c.exact:
             verdicts.append(eval_exact(c, record))
             continue
         try:
-            verdicts.append(evaluate_claim(c, data, skipped))
+            verdicts.append(evaluate_claim(c, data, skipped, quick, reached))
         except NotRun as exc:
-            verdicts.append(Verdict(c.id, "inconclusive", not_run=str(exc)))
+            verdicts.append(Verdict(c.id, "undecided", c.primary.name, not_run=str(exc)))
         except Exception as exc:  # an analysis error is reported, never turned into a verdict
             traceback.print_exc(file=sys.stderr)
-            verdicts.append(Verdict(c.id, "inconclusive", not_run=f"analysis error: {type(exc).__name__}: {exc}"))
+            verdicts.append(Verdict(c.id, "undecided", c.primary.name,
+                                    not_run=f"analysis error: {type(exc).__name__}: {exc}"))
+    if not quick:
+        apply_holm(verdicts, {c.id: c for c in claims})
     return verdicts, data, {"skipped": skipped, "tests": record, "plan": plan, "diverged": diverged}
 
 
@@ -202,7 +327,6 @@ from .report import (  # noqa: E402 - the report needs the names above
     ClaimsResult, build_claims, build_claims_report, format_table, readme_table, stability,
 )
 
-__all__ = ["CLAIMS", "CLAIMS_BY_ID", "VERDICTS", "Claim", "ClaimsResult", "ExpData", "NotRun", "Part", "Rule",
-           "Verdict", "build_claims", "build_claims_report", "combine", "evaluate_all", "evaluate_claim",
-           "format_table", "group_bootstrap", "judge_part", "load_claims", "make_plan", "paired_bootstrap", "readme_table",
-           "stability", "sweep_key"]
+__all__ = ["CLAIMS", "CLAIMS_BY_ID", "M_REGISTERED", "PROTOCOL", "VERDICTS", "Claim", "ClaimsResult", "ExpData",
+           "NotRun", "Part", "Rule", "Verdict", "apply_holm", "build_claims", "build_claims_report", "evaluate_all",
+           "evaluate_claim", "format_table", "load_claims", "readme_table", "stability", "sweep_key", "write_plan"]

@@ -28,7 +28,7 @@ from ..stats import DEFAULT_DIVERGED
 
 
 class NotRun(Exception):
-    """Evidence missing: the claim (or part) is inconclusive - not run: <reason>."""
+    """Evidence missing: the claim (or part) is not run: <reason>."""
 
 
 def sweep_params(name: str, quick: bool) -> dict[str, str]:
@@ -105,6 +105,20 @@ class ExpData:
         if set(st) <= {"missing"}:
             why += f" (run them: {run_command(self.name)})"
         raise NotRun(why)
+
+    def first_members(self, n: int) -> "ExpData":
+        """The evidence of the first ``n`` members (seeds) of every training config: what a look
+        of the sequential plan at ``n`` seeds per arm judges. Probe configs are kept whole."""
+        keep = set()
+        for p in self.points:
+            dirs = [str(d) for d in p.run_dirs]
+            keep.update(dirs[:n] if p.cfg is not None and p.cfg.mode == "train" else dirs)
+        if not self.points:  # synthetic evidence without composed points: every run
+            return self
+        sub = lambda t: t[t["run_dir"].isin(keep)] if len(t) and "run_dir" in t else t  # noqa: E731
+        out = ExpData(self.name, sub(self.runs), sub(self.probe), sub(self.batches), sub(self.metrics),
+                      sub(self.sweep), self.points, self.diverged)
+        return out
 
     def select(self, table: pd.DataFrame, where: dict | None, what: str) -> pd.DataFrame:
         """Rows of ``table`` whose run's sweep values (or, for keys not swept, the table's own
@@ -215,13 +229,3 @@ def load_points(name: str, points: list[Point]) -> ExpData:
                 metrics.append(tables["metrics"])
     cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
     return ExpData(name, pd.DataFrame(runs), cat(probes), cat(batches), cat(metrics), pd.DataFrame(sweep), list(points))
-
-
-def wall_seconds(run_dir: Path) -> float:
-    """A finished run's recorded wall time (summary.json), 0 when unknown."""
-    try:
-        s = json.loads((Path(run_dir) / "summary.json").read_text())
-        w = s.get("wall_time_s", (s.get("final") or {}).get("wall_time_s"))
-        return float(w) if w is not None and np.isfinite(float(w)) else 0.0
-    except (OSError, ValueError, TypeError, AttributeError):
-        return 0.0

@@ -1,9 +1,11 @@
-"""One figure per judged claim, chosen by statistic kind.
+"""One figure per statistical claim: its deciding statistic.
 
-Left: every part's point and 95% interval against its rule (the threshold as a line, a tolerance
-band shaded), one axis per part on its own scale. Right, when the claim has training evidence (``run_metric``
-parts): the mean curve of the first such part's metric column for each compared group; when it
-has probe evidence, each compared config's per-batch values as box plots.
+Left: the primary test's estimate and interval at the level it was judged at, against its rule
+(the threshold as a line, the smallest effect that counts dashed, a band shaded), then each check.
+Right, for a claim on training runs: the per-seed values of the compared arms (dots, each seed's
+pair joined) and, below, the mean curve of the primary's metric column per arm with a 95% t band
+over seeds and the number of seeds; for a claim on probe batches: the per-batch values of the
+compared configs as box plots.
 """
 from __future__ import annotations
 
@@ -12,13 +14,19 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import scipy.stats
 
 from .evidence import ExpData, NotRun
 
 
+def _level_text(level: float) -> str:
+    pct = 100 * level
+    return f"{pct:.0f}%" if abs(pct - round(pct)) < 1e-9 else f"{pct:.3g}%"
+
+
 def _interval_axis(ax, p) -> None:
     """One part: its point and interval against its rule, on the part's own scale."""
-    color = {"supported": "tab:green", "refuted": "tab:red"}.get(p.verdict, "tab:grey")
+    color = {"supported": "tab:green", "refuted": "tab:red", "reported": "tab:purple"}.get(p.verdict, "tab:grey")
     xs = [x for x in (p.point, p.low, p.high) if np.isfinite(x)]
     rule = p.spec
     if rule is not None:
@@ -42,14 +50,53 @@ def _interval_axis(ax, p) -> None:
         ax.set_xlim(lo - pad, hi + pad)
     ax.set_yticks([])
     ax.tick_params(axis="x", labelsize=6)
-    role = ", power check" if p.role == "power" else ""
-    tail = f" [{p.rule}{role}]: {p.verdict}"  # the rule and the verdict are never cut; a long name is
-    ax.set_title(textwrap.shorten(p.name, max(95 - len(tail), 20)) + tail, fontsize=6.5, loc="left")
+    tail = (f" [{p.rule}, {_level_text(p.level)}]: {p.verdict}" if p.role != "reported"
+            else f" [{_level_text(p.level)}]")  # the rule and the verdict are never cut
+    role = "" if p.role == "primary" else f"{p.role}: "
+    ax.set_title(textwrap.shorten(role + p.name, max(95 - len(tail), 20)) + tail, fontsize=6.5, loc="left")
+
+
+def _arm(claim, tag: str) -> str:
+    where = (claim.primary.args.get(tag) or {}) if claim.primary else {}
+    return ", ".join(f"{k}={v}" for k, v in where.items()) or tag
+
+
+def _seed_panel(ax, verdict, claim) -> bool:
+    """Per-seed values of the primary's arms (training claims): dots, pairs joined by seed."""
+    est = verdict.estimate
+    vals = getattr(est, "values", None) or {}
+    if est is None or est.unit != "seeds" or not vals:
+        return False
+    if "a" in vals and "b" in vals and len(vals["a"]) == len(vals["b"]) and est.method != "Agresti-Caffo":
+        a, b = np.asarray(vals["a"], float), np.asarray(vals["b"], float)
+        for ya, yb in zip(a, b):
+            ax.plot([0, 1], [yb, ya], color="tab:grey", lw=0.5, alpha=0.6)
+        ax.plot(np.zeros_like(b), b, "o", ms=3, color="tab:orange", label=f"{_arm(claim, 'b')} (n={b.size})")
+        ax.plot(np.ones_like(a), a, "o", ms=3, color="tab:blue", label=f"{_arm(claim, 'a')} (n={a.size})")
+        ax.set_xticks([0, 1], ["b", "a"], fontsize=7)
+    elif "a" in vals and "b" in vals:
+        for i, (k, color) in enumerate((("b", "tab:orange"), ("a", "tab:blue"))):
+            y = np.asarray(vals[k], float)
+            jitter = np.random.default_rng(0).uniform(-0.08, 0.08, y.size)
+            ax.plot(i + jitter, y, "o", ms=3, alpha=0.6, color=color,
+                    label=f"{_arm(claim, k)} (n={y.size}, mean {y.mean():.2f})")
+        ax.set_xticks([0, 1], ["b", "a"], fontsize=7)
+    else:
+        (k, y), = list(vals.items())[:1]
+        y = np.asarray(y, float)
+        ax.plot(np.random.default_rng(0).uniform(-0.1, 0.1, y.size), y, "o", ms=3, color="tab:blue",
+                label=f"{_arm(claim, 'a') if k == 'a' else k} (n={y.size})")
+        ax.set_xticks([])
+    ax.set_ylabel("per-seed value", fontsize=7)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6)
+    ax.set_title("the primary's per-seed values (a, b: its arms)", fontsize=7, loc="left")
+    return True
 
 
 def _curve_panel(ax, claim, data: dict[str, ExpData]) -> bool:
-    ps = next((p for p in claim.parts if p.stat == "run_metric"), None)
-    if ps is None or ps.experiment not in data:
+    ps = claim.primary
+    if ps is None or ps.stat != "run_metric" or ps.experiment not in data:
         return False
     e = data[ps.experiment]
     col = ps.args["metric"]["column"]
@@ -57,7 +104,7 @@ def _curve_panel(ax, claim, data: dict[str, ExpData]) -> bool:
         return False
     x = "env_steps" if "env_steps" in e.metrics and e.metrics.env_steps.notna().any() else "iteration"
     drawn = False
-    for tag in ("a", "b"):
+    for tag, color in (("a", "tab:blue"), ("b", "tab:orange")):
         where = ps.args.get(tag)
         if where is None:
             continue
@@ -65,11 +112,18 @@ def _curve_panel(ax, claim, data: dict[str, ExpData]) -> bool:
             m = e.select(e.metrics, where, "metrics")
         except NotRun:
             continue
-        curve = m.groupby(x)[col].mean()
-        ax.plot(curve.index, curve.values, label=", ".join(f"{k}={v}" for k, v in where.items()))
+        m = m.dropna(subset=[col])
+        g = m.groupby(x)[col]
+        mean, sd, n = g.mean(), g.std(ddof=1), g.count()
+        q = scipy.stats.t.ppf(0.975, np.maximum(n - 1, 1))
+        half = (q * sd / np.sqrt(n)).fillna(0.0)
+        label = f"{tag}: " + ", ".join(f"{k}={v}" for k, v in where.items()) + f" (n={int(n.max())} seeds)"
+        ax.plot(mean.index, mean.values, color=color, label=label, lw=1)
+        ax.fill_between(mean.index, mean - half, mean + half, color=color, alpha=0.2, lw=0)
         drawn = True
     ax.set_xlabel(x, fontsize=7)
-    ax.set_ylabel(f"{col} (mean over seeds)", fontsize=7)
+    ax.set_ylabel(col, fontsize=7)
+    ax.set_title("mean over seeds, 95% t band", fontsize=7, loc="left")
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # five-digit step counts ran into each other
@@ -79,8 +133,8 @@ def _curve_panel(ax, claim, data: dict[str, ExpData]) -> bool:
 
 
 def _batch_panel(ax, claim, data: dict[str, ExpData]) -> bool:
-    ps = next((p for p in claim.parts if p.stat == "batch_ratio"), None)
-    if ps is None or ps.experiment not in data:
+    ps = claim.primary
+    if ps is None or ps.stat != "batch_ratio" or ps.experiment not in data:
         return False
     e = data[ps.experiment]
     col = ps.args.get("column", "dev_sq")
@@ -91,7 +145,7 @@ def _batch_panel(ax, claim, data: dict[str, ExpData]) -> bool:
         except NotRun:
             return False
         vals.append(rows[col].to_numpy(dtype=float))
-        labels.append(", ".join(f"{k}={v}" for k, v in ps.args[tag].items())[:40])
+        labels.append(", ".join(f"{k}={v}" for k, v in ps.args[tag].items())[:40] + f" (n={len(rows)})")
     ax.boxplot(vals, showfliers=False)
     ax.set_xticks([1, 2], labels, fontsize=6)
     ax.set_ylabel(f"per-batch {col}", fontsize=7)
@@ -104,18 +158,29 @@ def claim_figure(verdict, claim, data: dict[str, ExpData], out: Path) -> str | N
 
     if verdict.not_run or not verdict.parts:
         return None
-    n = len(verdict.parts)
-    fig = plt.figure(figsize=(10, 0.8 + 0.62 * max(n, 3)))
-    side_kind = any(p.stat in ("run_metric", "batch_ratio") for p in claim.parts)
-    grid = fig.add_gridspec(n, 2, width_ratios=[1.3, 1])
+    panels = list(verdict.parts) + list(verdict.reported)[:6]
+    n = len(panels)
+    training = claim.primary is not None and claim.primary.stat in ("run_metric", "frontier_gap")
+    side_kind = training or (claim.primary is not None and claim.primary.stat == "batch_ratio")
+    rows = max(n, 4 if training else 2)
+    fig = plt.figure(figsize=(10, 0.9 + 0.62 * max(rows, 3)))
+    grid = fig.add_gridspec(rows, 2, width_ratios=[1.3, 1])
     try:
-        for i, p in enumerate(verdict.parts):  # the intervals take the whole width when there is no side panel
+        for i, p in enumerate(panels):  # the intervals take the whole width when there is no side panel
             _interval_axis(fig.add_subplot(grid[i, 0] if side_kind else grid[i, :]), p)
-        if side_kind:
+        if training:
+            half = rows // 2
+            top = fig.add_subplot(grid[:half, 1])
+            if not _seed_panel(top, verdict, claim):
+                top.axis("off")
+            bottom = fig.add_subplot(grid[half:, 1])
+            if not _curve_panel(bottom, claim, data):
+                bottom.axis("off")
+        elif side_kind:
             side = fig.add_subplot(grid[:, 1])
-            if not (_curve_panel(side, claim, data) or _batch_panel(side, claim, data)):
+            if not _batch_panel(side, claim, data):
                 side.axis("off")
-        fig.suptitle(f"{claim.id}: {verdict.label}", fontsize=9)
+        fig.suptitle(textwrap.shorten(f"{claim.id}: {verdict.label} — {claim.short}", 120), fontsize=9)
         fig.tight_layout()
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"{claim.id.lower()}.png"

@@ -1,96 +1,43 @@
-"""Statistic kinds: each computes one statistic of a claim's evidence with its own 95% interval.
+"""Statistic kinds: each computes one statistic of a claim's evidence as an :class:`Estimate`.
 
 A part of a claim names its kind (``stat:``) in ``conf/claims.yaml``; the kinds are few and
-reusable:
+reusable, and each uses one interval method of :mod:`.intervals` (intervals at any level):
 
-* ``probe_value``: a column of a probe row (bias, weight, cosine, ...), with the interval the
-  probe computed (``<column>_low``/``_high``, bootstrap over batches, :mod:`harness.probes.stats`);
+* ``probe_value``: a column of a probe row (bias, weight, cosine, ...) with its bootstrap
+  standard error (``<column>_se``, :mod:`harness.probes.stats`), a normal interval;
   ``transform: one_minus`` reads ``1 - x`` (e.g. ``1 - cos``), ``divide_by: <column>`` scales.
+* ``probe_diff``: the difference of one column between two probe rows (``a``, ``b``: e.g. the
+  bias at batch 16 and at batch 256), drawn independently: ``se = sqrt(se_a^2 + se_b^2)``.
 * ``batch_ratio``: ``mean`` (or ``var``) of a per-batch probe column of config ``num`` over that of
-  ``den``. Paired (default): over the batches both saw (same seed and batch index: common random
-  numbers), resampling the same indices for both; ``paired: false``: each resampled on its own.
+  ``den``, by the delta method on the log scale; over the batches both saw (same seed and batch
+  index: common random numbers, their covariance counted) unless ``paired: false``.
 * ``run_metric``: one value per training run (``metric: {column, reduce}``, reducers below), then
-  ``op: mean`` of group ``a``, or ``diff``/``ratio`` of groups ``a`` and ``b`` (``center: mean``
-  or ``iqm``); seeds resampled per group, or in pairs (``paired: true``, the same seed in both).
+  ``op: mean`` of arm ``a``, ``diff`` (per-seed ``a - b``) or ``ratio`` (per-seed ``log(a / b)``, a
+  geometric mean ratio) of arms ``a`` and ``b``, paired by seed (every arm of a claim experiment
+  runs the same seeds), with the t-and-Hall interval of a mean; ``method: proportion`` for 0/1
+  values (``reduce: collapsed``): the difference of the two arms' proportions, Agresti-Caffo.
 * ``prompt_upweighting`` (C17) and ``frontier_gap`` (C21): one claim's own statistic each.
 
 Exact claims are not a kind: their unit tests carry ``@pytest.mark.claim("C<k>")`` and the
 harness records the outcomes (``python -m harness.experiments claims``).
-
-Every kind returns a :class:`Stat`; the claim's rule (:mod:`.rules`) judges it.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from harness.probes.stats import percentile_interval  # one percentile rule for probes and claims
-
-from ..stats import iqm, run_table
+from ..stats import run_table
 from .evidence import ExpData, NotRun
-
-CONFIDENCE = 0.95
-REPS = 2000
-SEED = 0
+from .intervals import LOG, Estimate, delta_estimate, mean_estimate, normal_estimate, proportion_difference, transformed
 
 
-@dataclass
-class Stat:
-    point: float
-    low: float
-    high: float
-    n_units: float  # per group: batches or seeds (what more data would add)
-    n: str  # as printed, e.g. "10+10 seeds"
-    unit: str  # "batches" | "seeds" | "runs"
-
-
-# ============================================================================ bootstrap
-
-def _interval(reps: np.ndarray) -> tuple[float, float]:
-    return percentile_interval(reps, CONFIDENCE)
-
-
-def _mean(x):
-    return x.mean(axis=-1)
-
-
-def paired_bootstrap(arrays: dict[str, np.ndarray], stat: Callable[[dict[str, np.ndarray]], np.ndarray],
-                     reps: int = REPS, seed: int = SEED) -> tuple[float, float, float]:
-    """Statistic of equally long arrays, resampling the *same* indices for all (common random
-    numbers). ``stat`` maps ``{name: [reps, n]}`` to ``[reps]``."""
-    n = {len(a) for a in arrays.values()}
-    if len(n) != 1:
-        raise ValueError(f"paired arrays must have equal lengths, got {sorted(n)}")
-    m = n.pop()
-    if m < 2:
-        raise NotRun(f"needs at least 2 pairs, got {m}")
-    point = float(stat({k: np.asarray(a, float)[None, :] for k, a in arrays.items()})[0])
-    idx = np.random.default_rng(seed).integers(0, m, size=(reps, m))
-    r = stat({k: np.asarray(a, float)[idx] for k, a in arrays.items()})
-    return (point, *_interval(r))
-
-
-def group_bootstrap(groups: dict[str, np.ndarray], stat: Callable[[dict[str, np.ndarray]], np.ndarray],
-                    reps: int = REPS, seed: int = SEED) -> tuple[float, float, float]:
-    """Statistic of independent groups (e.g. seeds of two configs), each resampled on its own."""
-    rng = np.random.default_rng(seed)
-    groups = {k: np.asarray(v, float)[np.isfinite(np.asarray(v, float))] for k, v in groups.items()}
-    if any(v.size < 2 for v in groups.values()):  # one value gives a zero-width interval: no evidence of spread
-        raise NotRun("needs at least 2 values per group, got " + ", ".join(f"{k}: {v.size}" for k, v in groups.items()))
-    point = float(stat({k: v[None, :] for k, v in groups.items()})[0])
-    r = stat({k: v[rng.integers(0, v.size, size=(reps, v.size))] for k, v in groups.items()})
-    return (point, *_interval(r))
-
-
-def _center(name: str) -> Callable[[np.ndarray], np.ndarray]:
-    if name == "mean":
-        return _mean
-    if name == "iqm":
-        return lambda x: np.array([iqm(row) for row in np.atleast_2d(x)])
-    raise ValueError(f"center must be mean or iqm, got {name!r}")
+def _estimate(fn, *args, **kw) -> Estimate:
+    try:
+        return fn(*args, **kw)
+    except ValueError as exc:  # too few values, no spread information: no evidence to judge
+        raise NotRun(str(exc)) from None
 
 
 # ============================================================================ probe kinds
@@ -100,21 +47,35 @@ def probe_row(e: ExpData, where: dict | None, scope: str = "all") -> pd.Series:
     return rows.sort_values("seed").iloc[0]
 
 
-def probe_value(e: ExpData, part: dict) -> Stat:
-    row = probe_row(e, part.get("where"), part.get("scope", "all"))
-    col = part["column"]
+def _probe_estimate(e: ExpData, row: pd.Series, col: str) -> Estimate:
     if col not in row.index:
         raise NotRun(f"{e.name}: probe column {col} missing")
-    pt = float(row[col])
-    lo, hi = (float(row.get(f"{col}_low", np.nan)), float(row.get(f"{col}_high", np.nan)))
+    if f"{col}_se" not in row.index or (np.isfinite(float(row[col])) and not np.isfinite(float(row[f"{col}_se"]))):
+        raise NotRun(f"{e.name}: probe column {col}_se missing (probe.parquet written before the claims protocol "
+                     "of 2026-12-02: run the probe again)")
+    n = int(row.get("batches", 0) or 0)
+    return _estimate(normal_estimate, float(row[col]), float(row[f"{col}_se"]), n)
+
+
+def probe_value(e: ExpData, part: dict) -> Estimate:
+    row = probe_row(e, part.get("where"), part.get("scope", "all"))
+    est = _probe_estimate(e, row, part["column"])
     if part.get("divide_by"):
         s = float(row[part["divide_by"]])
-        pt, lo, hi = pt / s, lo / s, hi / s
-        lo, hi = min(lo, hi), max(lo, hi)
+        est = transformed(est, lambda x: x / s, decreasing=s < 0)
     if part.get("transform") == "one_minus":
-        pt, lo, hi = 1 - pt, 1 - hi, 1 - lo
-    n = int(row.get("batches", 0) or 0)
-    return Stat(pt, lo, hi, n, f"{n} batches", "batches")
+        est = transformed(est, lambda x: 1 - x, decreasing=True)
+    return est
+
+
+def probe_diff(e: ExpData, part: dict) -> Estimate:
+    col = part["column"]
+    a = _probe_estimate(e, probe_row(e, part["a"], part.get("scope", "all")), col)
+    b = _probe_estimate(e, probe_row(e, part["b"], part.get("scope", "all")), col)
+    se = float(np.hypot(a.sd / np.sqrt(a.n), b.sd / np.sqrt(b.n)))
+    est = _estimate(normal_estimate, a.point - b.point, se, min(a.n, b.n), method="bootstrap se, independent rows")
+    est.n_text = f"{a.n}+{b.n} batches"
+    return est
 
 
 def _batches(e: ExpData, where: dict | None, column: str, scope: str = "all") -> pd.Series:
@@ -124,19 +85,26 @@ def _batches(e: ExpData, where: dict | None, column: str, scope: str = "all") ->
     return rows.set_index(["seed", "batch"])[column].sort_index()
 
 
-def batch_ratio(e: ExpData, part: dict) -> Stat:
+def batch_ratio(e: ExpData, part: dict) -> Estimate:
     col, of = part.get("column", "dev_sq"), part.get("of", "mean")
-    agg = {"mean": lambda x: x.mean(axis=-1), "var": lambda x: x.var(axis=-1)}[of]
     num = _batches(e, part["num"], col, part.get("scope", "all"))
     den = _batches(e, part["den"], col, part.get("scope", "all"))
-    if part.get("paired", True):
+    paired = part.get("paired", True)
+    if paired:
         j = pd.concat([num.rename("a"), den.rename("b")], axis=1, join="inner")
         if j.empty:
             raise NotRun(f"{e.name}: no common batches to pair")
-        pt, lo, hi = paired_bootstrap({"a": j.a.to_numpy(), "b": j.b.to_numpy()}, lambda d: agg(d["a"]) / agg(d["b"]))
-        return Stat(pt, lo, hi, len(j), f"{len(j)} batches", "batches")
-    pt, lo, hi = group_bootstrap({"a": num.to_numpy(), "b": den.to_numpy()}, lambda d: agg(d["a"]) / agg(d["b"]))
-    return Stat(pt, lo, hi, min(len(num), len(den)), f"{len(num)}+{len(den)} batches", "batches")
+        a, b = j.a.to_numpy(), j.b.to_numpy()
+    else:
+        a, b = num.to_numpy(), den.to_numpy()
+    if of == "mean":
+        arrays, f = {"a": a, "b": b}, lambda m: m["a"] / m["b"]
+    elif of == "var":  # a smooth function of the means of x and x^2
+        arrays = {"a": a, "a2": a**2, "b": b, "b2": b**2}
+        f = lambda m: (m["a2"] - m["a"] ** 2) / (m["b2"] - m["b"] ** 2)  # noqa: E731
+    else:
+        raise ValueError(f"of must be mean or var, got {of!r}")
+    return _estimate(delta_estimate, arrays, f, paired=paired, values={"a": a, "b": b})
 
 
 # ============================================================================ training runs
@@ -153,7 +121,9 @@ REDUCERS: dict[str, Callable[[pd.DataFrame, str, dict], float]] = {
     "growth": lambda g, c, s: float(g[c].iloc[-_k(g, s):].mean() - g[c].iloc[0]),  # last k minus the first
     "change": lambda g, c, s: float(g[c].iloc[-_k(g, s):].mean() - g[c].iloc[:_k(g, s)].mean()),  # last k - first k
 }
-RUN_TABLE = ("score", "auc")  # per-run score (final evaluations) and AUC: analysis.stats.run_table
+#: per-run columns of :func:`analysis.stats.run_table`: final score, area under the score curve,
+#: collapsed (after its best evaluation, the run falls below half of that best: analysis.stats.is_collapsed)
+RUN_TABLE = ("score", "auc", "collapsed")
 
 
 def extreme_vs_middle(g: pd.DataFrame, prefix: str, s: dict) -> float:
@@ -181,7 +151,10 @@ def run_values(e: ExpData, where: dict | None, metric: dict) -> pd.DataFrame:
     col, red = metric["column"], metric.get("reduce", "last")
     if red in RUN_TABLE:
         t = run_table(m, last_n=int(metric.get("k", 5)), diverged=e.diverged)
-        return t[["run_dir", "seed", col if col in t else red]].rename(columns={col if col in t else red: "value"})
+        key = col if red == "score" and col in t else red
+        out = t[["run_dir", "seed", key]].rename(columns={key: "value"})
+        out["value"] = out["value"].astype(float)
+        return out
     if red in MULTI_COLUMN:
         return pd.DataFrame([{"run_dir": rd, "seed": seed, "value": MULTI_COLUMN[red](g, col, metric)}
                              for (rd, seed), g in m.groupby(["run_dir", "seed"])])
@@ -196,28 +169,35 @@ def run_values(e: ExpData, where: dict | None, metric: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run_metric(e: ExpData, part: dict) -> Stat:
-    op, center = part.get("op", "diff" if "b" in part else "mean"), _center(part.get("center", "mean"))
+def run_metric(e: ExpData, part: dict) -> Estimate:
+    op = part.get("op", "diff" if "b" in part else "mean")
     a = run_values(e, part.get("a"), part["metric"])
     if op == "mean":
-        pt, lo, hi = group_bootstrap({"a": a.value.to_numpy()}, lambda g: center(g["a"]))
-        return Stat(pt, lo, hi, len(a), f"{len(a)} seeds", "seeds")
+        return _estimate(mean_estimate, a.value.to_numpy(), values={"a": a.value.to_numpy()})
     b = run_values(e, part.get("b"), part["metric"])
-    f = {"diff": lambda g: center(g["a"]) - center(g["b"]), "ratio": lambda g: center(g["a"]) / center(g["b"])}[op]
-    if part.get("paired"):
-        j = a.merge(b, on="seed", suffixes=("_a", "_b"))
-        pt, lo, hi = paired_bootstrap({"a": j.value_a.to_numpy(), "b": j.value_b.to_numpy()}, f)
-        return Stat(pt, lo, hi, len(j), f"{len(j)} seed pairs", "seeds")
-    pt, lo, hi = group_bootstrap({"a": a.value.to_numpy(), "b": b.value.to_numpy()}, f)
-    return Stat(pt, lo, hi, min(len(a), len(b)), f"{len(a)}+{len(b)} seeds", "seeds")
+    if part.get("method") == "proportion":
+        if op != "diff":
+            raise ValueError("method: proportion compares arms by their difference (op: diff)")
+        return _estimate(proportion_difference, a.value.to_numpy(), b.value.to_numpy(),
+                         values={"a": a.value.to_numpy(), "b": b.value.to_numpy()})
+    j = a.merge(b, on="seed", suffixes=("_a", "_b")).sort_values("seed")
+    va, vb = j.value_a.to_numpy(dtype=float), j.value_b.to_numpy(dtype=float)
+    values = {"a": va, "b": vb}
+    if op == "diff":
+        return _estimate(mean_estimate, va - vb, n_text=f"{len(j)} seed pairs", values=values)
+    if op == "ratio":
+        if not (np.all(va > 0) and np.all(vb > 0)):
+            raise NotRun(f"{e.name}: a ratio needs positive values in both arms")
+        return _estimate(mean_estimate, np.log(va / vb), n_text=f"{len(j)} seed pairs", scale=LOG, values=values)
+    raise ValueError(f"op must be mean, diff or ratio, got {op!r}")
 
 
 # ============================================================================ one claim's own
 
-def prompt_upweighting(e: ExpData, part: dict) -> Stat:
+def prompt_upweighting(e: ExpData, part: dict) -> Estimate:
     """C17: (mean gradient weight of the extreme prompts / weight of the middle prompt), with the
-    group std over without it, paired over batches. A prompt's weight is 1 + its per-batch
-    projected error ``err_proj`` (:mod:`harness.probes.stats`)."""
+    group std over without it, over the batches both variants saw (delta method). A prompt's
+    weight is 1 + its per-batch projected error ``err_proj`` (:mod:`harness.probes.stats`)."""
     extreme, middle = part["extreme"], part["middle"]
     arrays = {}
     for tag, where in (("on", part["num"]), ("off", part["den"])):
@@ -225,42 +205,48 @@ def prompt_upweighting(e: ExpData, part: dict) -> Stat:
             arrays[f"{tag}_{sc}"] = _batches(e, where, "err_proj", scope=sc)
     j = pd.concat(arrays, axis=1, join="inner")
 
-    def up(dd, tag):
-        w = {sc: 1.0 + _mean(dd[f"{tag}_{sc}"]) for sc in (*extreme, middle)}
+    def up(m, tag):
+        w = {sc: 1.0 + m[f"{tag}_{sc}"] for sc in (*extreme, middle)}
         return sum(w[s] for s in extreme) / len(extreme) / w[middle]
 
-    pt, lo, hi = paired_bootstrap({k: j[k].to_numpy() for k in j.columns}, lambda dd: up(dd, "on") / up(dd, "off"))
-    return Stat(pt, lo, hi, len(j), f"{len(j)} batches", "batches")
+    return _estimate(delta_estimate, {k: j[k].to_numpy() for k in j.columns}, lambda m: up(m, "on") / up(m, "off"))
 
 
-def _lm_curves(e: ExpData, where: dict | None) -> list[np.ndarray]:
-    m = e.select(e.metrics, where, "LM metrics")
+def _lm_curve(g: pd.DataFrame) -> np.ndarray:
     # rows without kl_ref (a kl.beta=0 run measures it every lm.kl_ref_every iterations) are no curve points
-    return [g.sort_values("iteration")[["kl_ref", "gold_reward"]].dropna().to_numpy()
-            for _, g in m.groupby(["run_dir", "seed"])]
+    return g.sort_values("iteration")[["kl_ref", "gold_reward"]].dropna().to_numpy()
 
 
-def frontier_gap(e: ExpData, part: dict) -> Stat:
-    """C21: mean gold gap of the penalised runs (``a``) to the frontier of the unpenalised ones
-    (``b``: gold against sqrt(KL to the reference), pooled over seeds, linearly interpolated) at
-    equal sqrt(KL), in units of the frontier's gold std."""
-    pts = np.concatenate(_lm_curves(e, part["b"]))
-    order = np.argsort(pts[:, 0])
-    x0, y0 = np.sqrt(np.clip(pts[order, 0], 0, None)), pts[order, 1]
-    gaps = []
-    for c in _lm_curves(e, part["a"]):
-        x = np.sqrt(np.clip(c[:, 0], 0, None))
-        inside = (x >= x0.min()) & (x <= x0.max())
-        if inside.any():
-            gaps.append(float(np.mean(c[inside, 1] - np.interp(x[inside], x0, y0))))
-    if not gaps:
+def frontier_gap(e: ExpData, part: dict) -> Estimate:
+    """C21, per seed: the mean gold gap of that seed's penalised runs (arm ``a``, e.g. every
+    kl.beta > 0) to the same seed's unpenalised run's curve (arm ``b``: gold against sqrt(KL to
+    the reference), linearly interpolated), over the iterations whose sqrt(KL) lies within that
+    curve's range; then the mean over seeds (t-and-Hall interval). In gold units."""
+    pen = e.select(e.metrics, part["a"], "LM metrics")
+    ref = e.select(e.metrics, part["b"], "LM metrics")
+    per_seed = {}
+    for seed, g0 in ref.groupby("seed"):
+        c0 = _lm_curve(g0)
+        if len(c0) < 2:
+            continue
+        order = np.argsort(c0[:, 0])
+        x0, y0 = np.sqrt(np.clip(c0[order, 0], 0, None)), c0[order, 1]
+        gaps = []
+        for _, g in pen[pen.seed == seed].groupby("run_dir"):
+            c = _lm_curve(g)
+            x = np.sqrt(np.clip(c[:, 0], 0, None))
+            inside = (x >= x0.min()) & (x <= x0.max())
+            if inside.any():
+                gaps.append(float(np.mean(c[inside, 1] - np.interp(x[inside], x0, y0))))
+        if gaps:
+            per_seed[seed] = float(np.mean(gaps))
+    if not per_seed:
         raise NotRun(f"{e.name}: the penalised runs never reach the KL range of the unpenalised ones")
-    scale = float(np.nanstd(y0)) or 1.0
-    pt, lo, hi = group_bootstrap({"a": np.array(gaps) / scale}, lambda g: _mean(g["a"]))
-    return Stat(pt, lo, hi, len(gaps), f"{len(gaps)} runs", "runs")
+    vals = np.array(list(per_seed.values()))
+    return _estimate(mean_estimate, vals, n_text=f"{len(vals)} seeds", values={"gap": vals})
 
 
-KINDS: dict[str, Callable[[ExpData, dict], Stat]] = {
-    "probe_value": probe_value, "batch_ratio": batch_ratio, "run_metric": run_metric,
+KINDS: dict[str, Callable[[ExpData, dict], Estimate]] = {
+    "probe_value": probe_value, "probe_diff": probe_diff, "batch_ratio": batch_ratio, "run_metric": run_metric,
     "prompt_upweighting": prompt_upweighting, "frontier_gap": frontier_gap,
 }

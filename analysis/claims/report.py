@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,11 +13,11 @@ import numpy as np
 
 from harness.io import atomic_write_json, atomic_write_text
 
-from . import CLAIMS_BY_ID, Verdict, evaluate_all
+from . import CLAIMS_BY_ID, CLAIMS_FILE_DATA, M_REGISTERED, PROTOCOL, Verdict, evaluate_all
 from .evidence import ExpData, NotRun, sweep_params
 from .figures import claim_figure
-from .plan import variant
-from .rules import POWER_FACTOR, VERDICTS, Part, _finite
+from .plan import looks_of, variant
+from .rules import PILOT, _finite
 
 
 def _fmt(x: float) -> str:
@@ -27,13 +28,43 @@ def _fmt(x: float) -> str:
 
 
 def _cell(text) -> str:
-    return str(text).replace("|", "\\|")
+    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _ci(v: Verdict | Part) -> str:
-    if not _finite(v.low, v.high) or (v.low == v.high):
+def _ci(v) -> str:
+    if not _finite(v.low, v.high):
         return "—"
     return f"[{_fmt(v.low)}, {_fmt(v.high)}]"
+
+
+def _level(level: float) -> str:
+    """A confidence level for a table: 95%, 99.9%, 99.86%."""
+    pct = 100 * level
+    for digits in range(0, 5):
+        s = f"{pct:.{digits}f}"
+        if abs(float(s) - pct) < 0.5 * 10 ** -digits and float(s) < 100:
+            return s + "%"
+    return f"{pct:.4f}%"
+
+
+def commit() -> str:
+    """The harness checkout's commit (short hash), read from its ``.git`` folder (analysis starts no
+    processes); "?" outside a git checkout (an installed package)."""
+    git = Path(__file__).resolve().parents[2] / ".git"
+    try:
+        head = (git / "HEAD").read_text().strip()
+        if head.startswith("ref: "):
+            ref = head[5:]
+            path = git / ref
+            if path.is_file():
+                return path.read_text().strip()[:7]
+            for line in (git / "packed-refs").read_text().splitlines():
+                if line.endswith(" " + ref):
+                    return line.split()[0][:7]
+            return "?"
+        return head[:7]
+    except OSError:
+        return "?"
 
 
 def report_name(seed_offset: int, quick: bool, suffix: str, only: bool = False) -> str:
@@ -43,78 +74,164 @@ def report_name(seed_offset: int, quick: bool, suffix: str, only: bool = False) 
     return f"claims{variant(quick, seed_offset)}{'_only' if only else ''}{suffix}"
 
 
-PLAN_TEXT = ("Two-stage design (`analysis/claims/plan.py`): stage one runs every experiment at its stated n; an "
-             "undecided claim's experiment is extended once to the n its power computation asks for (every training "
-             "config to that many seeds, every probe config to that many batches) when that is at most 25x the "
-             "stated n and its estimated time fits the budget left, cheapest first; verdicts are then judged on the "
-             "extended runs.")
+def protocol_text(quick: bool) -> list[str]:
+    """The report header: how every statistical verdict is reached (written from the protocol's numbers)."""
+    p = PROTOCOL
+    if quick:
+        return ["**Pilot** (`--quick`): smaller budgets to test the pipeline in minutes. It prints each statistical "
+                "claim's estimate with a nominal 95% interval and **no verdict**; only the exact checks are judged. "
+                "The full command (without `--quick`) gives verdicts."]
+    return [
+        "How a statistical claim is judged (`conf/claims.yaml`, `analysis/claims/`):",
+        "",
+        "- **Registered before the data.** One primary test per claim: a statistic, a rule and its smallest effect "
+        "or margin with a one-line rationale, dated and hashed (`registered`, `version`, `rule_hash`). A rule or "
+        "design changed after data of it existed has a new version and a changelog entry (below), and is confirmed "
+        "at a seed offset first used after the change. Other quantities are reported, not judged; *premise* checks "
+        "that fail make a claim **untestable here**, *power* checks that fail leave it **undecided**; neither ever "
+        "refutes.",
+        "- **Intervals with tested coverage** (`analysis/claims/intervals.py`, `tests/test_claims_coverage.py`): "
+        "per-seed values and per-seed paired differences or log ratios, the union of Student's t and Hall's "
+        "skewness-corrected t interval; the difference of two proportions (collapse), Agresti-Caffo; batch ratios "
+        "of the probes, the delta method; a probe statistic, its bootstrap standard error. Their coverage is "
+        "simulated at the n the report uses (normal, skewed and heavy-tailed data, paired and unpaired): nominal 95% "
+        "covers at least 93% ([the coverage table](toy.md#interval-coverage)).",
+        f"- **Error control**: Holm's step-down procedure over the primary tests of all claims tested in this report "
+        f"keeps the family-wise error rate (any wrong decided verdict) at {p.alpha:g} whatever the dependence "
+        "between claims (several share runs). Each claim's interval is shown at the level Holm tested it at "
+        "(column *level*); a decided claim's interval decides its rule there. Premise and power checks are read at "
+        f"{_level(p.check_level)}, unadjusted.",
+        f"- **Enough seeds**: a claim trained on seeds is decided only with at least {p.min_seeds} seeds per arm; "
+        "below that it is undecided, whatever its interval.",
+        f"- **Sequential plan, by runs** (`analysis/claims/plan.py`): a training experiment may register looks "
+        "(seeds per arm). Stage one runs every experiment at its first look; an experiment goes to its next look "
+        "while one of its claims has not crossed its O'Brien-Fleming-type boundary (alpha spent across looks at the "
+        f"Bonferroni level {p.alpha:g}/{M_REGISTERED}); a claim's p-value counts the alpha spent at earlier looks. "
+        "No clock enters: the same command gives the same verdicts on a busy and on a quiet machine.",
+        f"- **n needed**: for an undecided claim, the seeds (or batches) per arm that detect the *registered* effect "
+        f"with {p.power:.0%} power at the level it was tested at, from its per-unit standard deviation; never the "
+        "observed effect.",
+        "- **Undecided** means the data do not settle the claim at its level; **untestable here** means what the "
+        "claim presupposes (e.g. reward hacking) did not happen in these runs, so the runs say nothing about it.",
+    ]
+
+
 DIVERGED_RULE = {"worst": "A run that diverged scores the task's worst return from its divergence to the budget (final "
-                           "score and area under the curve; `analysis.stats`, the conservative default; "
-                           "`--diverged last` carries its last evaluation forward instead).",
+                          "score and area under the curve; `analysis.stats`, the conservative default; "
+                          "`--diverged last` carries its last evaluation forward instead).",
                  "last": "A run that diverged keeps its last evaluation from its divergence to the budget (`--diverged "
                          "last`; the default scores the task's worst return there)."}
 
 
+def _rule_cell(c) -> str:
+    """The primary's rule with its registered effect (named when the rule does not carry it)."""
+    r = c.primary.rule
+    carried = r.kind in ("equivalent", "between") or r.b > 0
+    return r.text if carried else f"{r.text} (effect {c.primary.effect:g})"
+
+
+def _verdict_cell(v: Verdict) -> str:
+    if v.not_run:
+        return _cell(v.label)
+    return f"**{v.label}**" if v.verdict in ("supported", "refuted") else v.label
+
+
+def _changelog_lines(root: Path, quick: bool) -> list[str]:
+    log = CLAIMS_FILE_DATA.changelog
+    if not log:
+        return ["No rule was changed after its data existed."]
+    judged = {o: r for o, r in _reports(root, quick).items()}
+    lines = ["| claim | version | changed on | after seeing offsets | what changed | confirmed at |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for e in log:
+        if e.confirm_at is None:
+            conf = "not confirmed on fresh seeds"
+        elif e.confirm_at in judged and e.claim in judged[e.confirm_at]:
+            conf = f"offset {e.confirm_at}: {judged[e.confirm_at][e.claim]['label']}"
+        else:
+            conf = f"offset {e.confirm_at} (not judged in this folder yet)"
+        seen = ", ".join(map(str, e.after_seeing)) or "none"
+        lines.append(f"| {e.claim} | {e.version} | {e.date} | {seen} | {_cell(e.change)} | {_cell(conf)} |")
+    return lines
+
+
 def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], meta: dict, quick: bool,
-                 seed_offset: int, wall_s: float, only: bool = False) -> Path:
+                 seed_offset: int, wall_s: float, only: bool = False, command: str = "") -> Path:
     fig_dir = root / f"claims_figures{variant(quick, seed_offset)}{'_only' if only else ''}"
     for v in verdicts:
-        if not v.not_run and v.parts:
+        if not v.not_run and v.parts and not v.exact:
             v.figure = claim_figure(v, CLAIMS_BY_ID[v.claim], data, fig_dir)
-    counts = {k: sum(v.verdict == k and not v.not_run for v in verdicts) for k in VERDICTS}
-    not_run = sum(bool(v.not_run) for v in verdicts)
+    stat = [v for v in verdicts if not v.exact]
+    exact = [v for v in verdicts if v.exact]
+    counts = {k: sum(v.verdict == k and not v.not_run for v in stat) for k in
+              ((PILOT,) if quick else ("supported", "refuted", "undecided", "untestable"))}
+    not_run = sum(bool(v.not_run) for v in stat)
+    tested = [v for v in stat if v.tested]
     lines = [f"# Claims report — {root}", "",
-             f"Mode: **{'quick' if quick else 'full'}**" + (" (smaller budgets, wider intervals; LM claims skipped)"
-                                                            if quick else "")
-             + f"; seeds offset by **{seed_offset}**. Generated {time.strftime('%Y-%m-%d %H:%M:%S')} in {wall_s:.0f} s. "
-             + ", ".join(f"{n} {k}" for k, n in counts.items()) + f", {not_run} not run.", "",
-             "Intervals are 95% bootstrap percentile intervals (paired over shared batches or seeds where two configs "
-             "saw the same samples). Each claim's rules are data (`conf/claims.yaml`), fixed before data is read: "
-             "an effect `> t` is supported when the interval lies above t and refuted when below; an equivalence "
-             "`= c (+-tol)` (two one-sided tests on the same interval) is supported when the interval lies inside "
-             "[c - tol, c + tol] and refuted when wholly outside; `in (a, b)` likewise for a small but present effect. "
-             "A claim is supported when all its judged parts are, refuted when any is; a power check that fails "
-             "leaves it inconclusive. Undecided parts state about how much data would decide them: the half-width "
-             f"h at n shrinks as 1/sqrt(n), so deciding needs n (h/m)^2 x {POWER_FACTOR:.2f} (80% power) where m is "
-             "the distance from the point estimate to the boundary it must clear. "
-             + DIVERGED_RULE[meta.get("diverged", "worst")], "",
-             "| id | claim | source | statistic | value | 95% interval | n | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for v in verdicts:
+             f"Mode: **{'pilot (--quick)' if quick else 'full'}**; seeds offset by **{seed_offset}**. Generated "
+             f"{time.strftime('%Y-%m-%d %H:%M:%S')} by `{command or 'python -m analysis claims ' + str(root)}` at "
+             f"commit {commit()}; judging took {wall_s:.0f} s. {len(stat)} statistical claims: "
+             + ", ".join(f"{n} {'untestable here' if k == 'untestable' else k}" for k, n in counts.items())
+             + f", {not_run} not run" + ("" if quick else f"; {len(tested)} tested (the Holm family)")
+             + f". {len(exact)} exact checks: {sum(v.verdict == 'supported' for v in exact)} passed.", ""]
+    lines += protocol_text(quick) + ["", DIVERGED_RULE[meta.get("diverged", "worst")], ""]
+    lines += ["## Statistical claims", "",
+              "| id | claim | primary statistic | n per arm | estimate | interval | level | rule (registered effect) | "
+              "verdict | deciding |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for v in stat:
         c = CLAIMS_BY_ID[v.claim]
-        verdict = f"**{v.verdict}**" if not v.not_run else v.label
-        value = "—" if v.not_run else (f"{int(v.point)} passed" if c.exact else _fmt(v.point))
-        lines.append(f"| {c.id} | {_cell(c.text)} | {c.source} | {_cell(v.statistic or '—')} | {value} | "
-                     f"{'—' if c.exact else _ci(v)} | {v.n or '—'} | {_cell(verdict)} |")
+        p = v.primary
+        if v.not_run or p is None:
+            lines.append(f"| {c.id} | {_cell(c.text)} | {_cell(c.primary.name)} | — | — | — | — | "
+                         f"{_cell(_rule_cell(c))} | {_verdict_cell(v)} | — |")
+            continue
+        lines.append(f"| {c.id} | {_cell(c.text)} | {_cell(p.name)} | {_cell(p.n)} | {_fmt(p.point)} | {_ci(p)} | "
+                     f"{_level(p.level)} | {_cell(_rule_cell(c))} | {_verdict_cell(v)} | "
+                     f"{_cell(v.deciding)} |")
+    lines += ["", "## Exact checks", "",
+              "Identities checked by unit tests (`@pytest.mark.claim`), not statistical claims: not counted among "
+              "the verdicts above or in the stability across seed offsets.", "",
+              "| id | claim | tests | outcome |", "| --- | --- | --- | --- |"]
+    for v in exact:
+        c = CLAIMS_BY_ID[v.claim]
+        outcome = v.label if v.not_run else ("passed" if v.verdict == "supported" else "failed")
+        lines.append(f"| {c.id} | {_cell(c.text)} | {_cell(v.n or '—')} ({_cell(c.tests)}) | {_cell(outcome)} |")
     left_out = [r for name in sorted(data) for r in data[name].left_out()]
     missing = sum(e.missing() for e in data.values())
     # the JSON first: the stability section below reads every offset's JSON, this one's included
     atomic_write_json(root / report_name(seed_offset, quick, ".json", only), {
         "mode": "quick" if quick else "full", "seed_offset": seed_offset, "wall_s": wall_s,
-        "only": sorted(v.claim for v in verdicts) if only else None,
-        "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "verdicts": [
-            {"claim": v.claim, "verdict": v.verdict, "label": v.label, "statistic": v.statistic, "point": v.point,
-             "low": v.low, "high": v.high, "n": v.n, "not_run": v.not_run, "needs": v.needs,
-             "parts": [{k: val for k, val in p.__dict__.items() if k != "spec"} for p in v.parts],
-             "reported": [{k: val for k, val in p.__dict__.items() if k != "spec"} for p in v.reported],
+        "only": sorted(v.claim for v in verdicts) if only else None, "commit": commit(),
+        "protocol": PROTOCOL.__dict__, "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "verdicts": [
+            {"claim": v.claim, "exact": v.exact, "verdict": v.verdict, "label": v.label, "statistic": v.statistic,
+             "point": v.point, "low": v.low, "high": v.high, "level": v.level, "n": v.n, "not_run": v.not_run,
+             "needs": v.needs, "deciding": v.deciding, "p": v.p, "p_adjusted": v.p_adjusted, "rank": v.rank,
+             "m": v.m, "tested": v.tested, "version": CLAIMS_BY_ID[v.claim].version,
+             "parts": [p.as_dict() for p in v.parts], "reported": [p.as_dict() for p in v.reported],
              "note": v.note} for v in verdicts],
-        "left_out": left_out, "not_run_yet": missing})
+        "plan": meta.get("plan"), "left_out": left_out, "not_run_yet": missing})
     stab = stability(root, quick)
     if len(stab["offsets"]) > 1 and not only:
         lines += ["", "## Stability across seed offsets", "", stability_table(stab), "",
                   f"Offsets judged in this folder: {', '.join(map(str, stab['offsets']))} "
                   f"(`python -m analysis claims DIR --run --seed-offset K`). {stab['summary']}"]
+    if not quick:
+        lines += ["", "## Changelog: rules changed after their data existed", ""] + _changelog_lines(root, quick)
     plan = meta.get("plan") or {}
-    if plan.get("experiments"):
-        lines += ["", "## Second stage", "", PLAN_TEXT + f" Budget left after stage one: "
-                  f"{plan.get('budget_left_s', 0) / 60:.1f} min.", "",
-                  "| experiment | extended to | x stated n | estimated time | status | undecided parts |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for name, e in plan["experiments"].items():
-            to = ", ".join(f"{k} {e[k]}" for k in ("population", "batches") if e.get(k))
-            status = e.get("status", "") + (f" ({e['why']})" if e.get("why") else "")
-            lines.append(f"| `{name}` | {to} | {e.get('factor', '')} | {e.get('cost_s', 0) / 60:.1f} min | "
-                         f"{_cell(status)} | {_cell('; '.join(e.get('parts', [])))} |")
+    if not quick:
+        lines += ["", "## Sequential plan", "",
+                  "Looks (seeds per arm) each training experiment registered, and how far this folder's runs went "
+                  "(stage one is the first look).", "",
+                  "| experiment | looks | reached | why it went on |", "| --- | --- | --- | --- |"]
+        for name in sorted(data):
+            looks = looks_of(name)
+            if len(looks) < 2:
+                continue
+            e = plan.get("experiments", {}).get(name, {})
+            k = int(e.get("reached", 0))
+            lines.append(f"| `{name}` | {', '.join(map(str, looks))} | {looks[k]} | "
+                         f"{_cell('; '.join(e.get('why', [])) or '—')} |")
     lines += ["", "## Runs left out", ""]
     if left_out:
         lines += [f"{len(left_out)} run director{'y' if len(left_out) == 1 else 'ies'} of the experiments are not "
@@ -127,31 +244,7 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
                       f"{root} --run{' --quick' if quick else ''}` runs them)."]
     lines += ["", "## Details", ""]
     for v in verdicts:
-        c = CLAIMS_BY_ID[v.claim]
-        lines += [f"### {c.id} — {v.label}", "", f"*Claim ({c.source}):* {c.text}.", "", f"*Rule:* {c.rule}.", ""]
-        if v.parts:
-            lines += ["| part | value | 95% interval | rule | n | outcome | deciding needs |",
-                      "| --- | --- | --- | --- | --- | --- | --- |"]
-            for p in v.parts:
-                role = " (power check)" if p.role == "power" else ""
-                need = f"about n = {p.n_needed:g} {p.unit}" if p.verdict == "inconclusive" and p.n_needed else "—"
-                lines.append(f"| {_cell(p.name)}{role} | {_fmt(p.point)} | {_ci(p)} | {_cell(p.rule)} | {p.n} | "
-                             f"{p.verdict} | {need} |")
-            lines.append("")
-        if v.reported:
-            lines += ["Reported, not judged: " + "; ".join(f"{p.name} {_fmt(p.point)} {_ci(p)} ({p.n})"
-                                                           for p in v.reported) + ".", ""]
-        if v.needs:
-            lines += [f"*Undecided:* {v.needs}.", ""]
-        if v.note:
-            lines += [v.note, ""]
-        if c.experiments and c.experiments[0] in data:
-            e = data[c.experiments[0]]
-            st = e.runs.status.value_counts().to_dict() if len(e.runs) else {}
-            lines += [f"Runs of `{c.experiments[0]}` in this folder: " + ", ".join(f"{n} {s}" for s, n in st.items())
-                      + f" (`python -m harness -m experiment={c.experiments[0]}`).", ""]
-        if v.figure:
-            lines += [f"![{c.id}]({Path(v.figure).relative_to(root).as_posix()})", ""]
+        lines += _details(v, data, root)
     lines += ["## Experiments", "",
               "Each claim experiment is a Hydra sweep (`python -m harness -m experiment=NAME`); seeds, budgets and "
               "fixed settings are in `conf/experiment/NAME.yaml`. Sweep parameters as run for this report"
@@ -167,22 +260,60 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
                 sweep = "—"
             lines.append(f"| `{name}` | {sweep} | {e.runs.point.nunique() if len(e.runs) else 0} | {st} |")
         else:
-            lines.append(f"| `{name}` | — | — | not run: {meta['skipped'][name]} |")
+            lines.append(f"| `{name}` | — | — | not run: {_cell(meta['skipped'][name])} |")
     out = root / report_name(seed_offset, quick, ".md", only)
     atomic_write_text(out, "\n".join(lines) + "\n")
     return out
 
 
+def _details(v: Verdict, data: dict[str, ExpData], root: Path) -> list[str]:
+    c = CLAIMS_BY_ID[v.claim]
+    lines = [f"### {c.id} — {v.label}", "", f"*Claim ({c.source}):* {c.text}.", ""]
+    if c.exact:
+        lines += [f"*Exact check:* {c.tests}.", ""]
+        if v.note:
+            lines += [v.note, ""]
+        return lines
+    pr = c.primary
+    reg = f"registered {c.registered}, version {c.version}, rule hash `{c.rule_hash}`"
+    if not c.hash_ok:
+        reg += f" — **the rule or design in this checkout hashes to `{c.computed_hash}`: changed since registration**"
+    lines += [f"*Primary test* ({reg}): {pr.name}; {pr.rule.sentence}. Registered effect {pr.effect:g}: "
+              f"{pr.rationale}.", ""]
+    if v.deciding:
+        lines += [f"*Deciding:* {v.deciding}.", ""]
+    if v.parts:
+        lines += ["| part | role | estimate | interval | level | rule | n | method | outcome |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for p in v.parts:
+            lines.append(f"| {_cell(p.name)} | {p.role} | {_fmt(p.point)} | {_ci(p)} | {_level(p.level)} | "
+                         f"{_cell(p.rule)} | {_cell(p.n)} | {p.method} | {p.verdict} |")
+        lines.append("")
+    if v.tested:
+        lines += [f"Primary p-value {_fmt(v.p)} (Holm rank {v.rank} of {v.m}, adjusted {_fmt(v.p_adjusted)}).", ""]
+    if v.reported:
+        lines += ["Reported, not judged (95% intervals): " + "; ".join(f"{p.name} {_fmt(p.point)} {_ci(p)} ({p.n})"
+                                                                      for p in v.reported) + ".", ""]
+    if v.needs:
+        lines += [f"*Undecided:* {v.needs}.", ""]
+    if v.note:
+        lines += [v.note, ""]
+    if c.experiments and c.experiments[0] in data:
+        e = data[c.experiments[0]]
+        st = e.runs.status.value_counts().to_dict() if len(e.runs) else {}
+        lines += [f"Runs of `{c.experiments[0]}` in this folder: " + ", ".join(f"{n} {s}" for s, n in st.items())
+                  + f" (`python -m harness -m experiment={c.experiments[0]}`).", ""]
+    if v.figure:
+        lines += [f"![{c.id}]({Path(v.figure).relative_to(root).as_posix()})", ""]
+    return lines
+
+
 # ============================================================================ stability
 
-def stability(root: Path, quick: bool) -> dict:
-    """Every offset judged in ``root`` (its claims*.json of the same mode): per claim the verdict
-    at each offset and ``stable`` (the same decided verdict at every offset), ``unstable``
-    (decided at two offsets, differently), ``not reproduced`` (decided at some offset,
-    inconclusive at another: the rerun neither confirms nor contradicts it), ``undecided``
-    (decided at no offset)."""
+def _reports(root: Path, quick: bool) -> dict[int, dict[str, dict]]:
+    """Every offset's whole report of this mode in ``root``: ``{offset: {claim: verdict record}}``."""
     reports = {}
-    for f in sorted(root.glob("claims*.json")):
+    for f in sorted(Path(root).glob("claims*.json")):
         try:
             r = json.loads(f.read_text())
         except (OSError, ValueError):
@@ -191,14 +322,28 @@ def stability(root: Path, quick: bool) -> dict:
                 or r.get("only"):  # a report of some claims (--only) is not an offset's report
             continue
         reports[int(r.get("seed_offset", 0))] = {v["claim"]: v for v in r["verdicts"]}
+    return reports
+
+
+DECIDED = ("supported", "refuted")
+
+
+def stability(root: Path, quick: bool) -> dict:
+    """Every offset judged in ``root`` (its claims*.json of the same mode): per *statistical*
+    claim the verdict at each offset and ``stable`` (the same decided verdict at every offset),
+    ``unstable`` (decided at two offsets, differently), ``not reproduced`` (decided at some
+    offset, undecided or untestable at another: the rerun neither confirms nor contradicts it),
+    ``undecided`` (decided at no offset). Exact checks are not seed-dependent and not counted."""
+    reports = _reports(root, quick)
     offsets = sorted(reports)
     rows = []
-    for cid in [c for c in CLAIMS_BY_ID if any(c in rep for rep in reports.values())]:
+    for cid in [c for c, claim in CLAIMS_BY_ID.items() if not claim.exact
+                and any(c in rep for rep in reports.values())]:
         labels = {o: reports[o].get(cid) for o in offsets}
         # judged: in that offset's report and run there (a claim added since an offset was judged,
         # or not run at it, has nothing to compare: neither undecided nor unreproduced there)
         judged = {o: v for o, v in labels.items() if v and not v.get("not_run")}
-        decided = {o: v["verdict"] for o, v in judged.items() if v["verdict"] in ("supported", "refuted")}
+        decided = {o: v["verdict"] for o, v in judged.items() if v["verdict"] in DECIDED}
         if len(judged) < 2:
             status = "one offset only"  # nothing to compare with yet
         elif len(set(decided.values())) > 1:
@@ -217,15 +362,15 @@ def stability(root: Path, quick: bool) -> dict:
          for s in ("stable", "unstable", "not reproduced", "undecided", "one offset only")}
     once = f" {n['one offset only']} judged at one offset only." if n["one offset only"] else ""
     summary = (f"{n['stable']} claims decided the same way at every offset, {n['unstable']} unstable (decided "
-               f"differently), {n['not reproduced']} not reproduced (decided at some offset, inconclusive at "
-               f"another), {n['undecided']} undecided at every offset.{once}" if len(offsets) > 1 else
+               f"differently), {n['not reproduced']} not reproduced (decided at some offset, undecided or untestable "
+               f"at another), {n['undecided']} decided at no offset.{once}" if len(offsets) > 1 else
                f"Judged at seed offset {offsets[0] if offsets else 0} only: no rerun on other seeds to compare with "
                "(python -m analysis claims DIR --run --seed-offset 1000).")
     return {"offsets": offsets, "rows": rows, "summary": summary}
 
 
 def _short_label(label: str) -> str:
-    return "not run" if label.startswith("inconclusive — not run") else label
+    return "not run" if label.startswith("not run") else label
 
 
 def stability_table(stab: dict) -> str:
@@ -236,7 +381,7 @@ def stability_table(stab: dict) -> str:
         for o in stab["offsets"]:
             val = r["values"].get(o)
             stat = ""
-            if val and val[0] is not None and not r["verdicts"][o].startswith("inconclusive — not run"):
+            if val and val[0] is not None and not r["verdicts"][o].startswith("not run"):
                 pt, lo, hi = val
                 stat = f" {_fmt(pt)}" + (f" [{_fmt(lo)}, {_fmt(hi)}]" if lo is not None and hi is not None
                                           and _finite(lo, hi) and lo != hi else "")
@@ -251,23 +396,44 @@ SUMMARY_START, SUMMARY_END = "<!-- claims-summary:start -->", "<!-- claims-summa
 BLOCKS = {"claims-table": (README_START, README_END), "claims-summary": (SUMMARY_START, SUMMARY_END)}
 
 
+def _walls(root: Path, quick: bool) -> dict[int, float | None]:
+    """Each offset's recorded wall time of its whole ``--run`` command (``claims_run*.json``), if any."""
+    out = {}
+    for o in stability(root, quick)["offsets"]:
+        f = Path(root) / f"claims_run{variant(quick, o)}.json"
+        try:
+            out[o] = float(json.loads(f.read_text())["wall_s"])
+        except (OSError, ValueError, KeyError, TypeError):
+            out[o] = None
+    return out
+
+
 def readme_table(root: Path, quick: bool, command: str) -> str:
-    """The claims table (docs/claims.md): every claim's short text, each offset's verdict and statistic."""
+    """The claims table (docs/claims.md): every statistical claim's short text, each offset's verdict and
+    primary statistic at its adjusted level, and the exact checks apart."""
     stab = stability(root, quick)
     if not stab["offsets"]:
         raise FileNotFoundError(f"no {'quick ' if quick else ''}claims report in {root}: run python -m analysis "
                                 f"claims {root} first")
     by_claim = {r["claim"]: r for r in stab["rows"]}
+    walls = _walls(root, quick)
+    wall_text = "; ".join(f"offset {o}: {w / 60:.1f} min" for o, w in walls.items() if w)
     head = "| id | claim (source) | " + " | ".join(f"seeds +{o}" for o in stab["offsets"]) + " | across offsets |"
-    lines = [f"Written by `{command}` on {time.strftime('%Y-%m-%d')}; "
-             f"each cell: verdict, primary statistic [95% interval].", "", head,
-             "|" + " --- |" * (len(stab["offsets"]) + 3)]
+    lines = [f"Written by `{command}` on {time.strftime('%Y-%m-%d')} (commit {commit()}); each cell: verdict, "
+             "primary statistic [interval at the level Holm tested it at]."
+             + (f" Wall time of each offset's `--run` from an empty folder: {wall_text}." if wall_text else ""), "",
+             head, "|" + " --- |" * (len(stab["offsets"]) + 3)]
     for cid, r in by_claim.items():
         c = CLAIMS_BY_ID[cid]
         t = stability_table({"offsets": stab["offsets"], "rows": [r]}).splitlines()[-1]
         cells = t.split(" | ", 1)[1]
         lines.append(f"| {cid} | {_cell(c.short)} ({_cell(c.source)}) | {cells}")
-    lines += ["", stab["summary"]]
+    exact = [c for c in CLAIMS_BY_ID.values() if c.exact]
+    latest = _reports(root, quick)[stab["offsets"][-1]]
+    passed = [c.id for c in exact if latest.get(c.id, {}).get("verdict") == "supported"]
+    lines += ["", stab["summary"], "",
+              f"Exact checks (unit tests, not seed-dependent): {len(passed)} of {len(exact)} passed ("
+              + ", ".join(f"{c.id} {c.short}" for c in exact) + ")."]
     return "\n".join(lines)
 
 
@@ -277,16 +443,20 @@ def summary_block(root: Path, quick: bool, command: str) -> str:
     if not stab["offsets"]:
         raise FileNotFoundError(f"no {'quick ' if quick else ''}claims report in {root}: run python -m analysis "
                                 f"claims {root} first")
-    lines = [f"Written by `{command}` on {time.strftime('%Y-%m-%d')}.", "",
-             f"{len(stab['rows'])} claims{' (quick budgets)' if quick else ''}, judged at seed "
-             f"offset{'s' if len(stab['offsets']) > 1 else ''} {', '.join(str(o) for o in stab['offsets'])}:", ""]
+    walls = _walls(root, quick)
+    n_exact = sum(c.exact for c in CLAIMS_BY_ID.values())
+    lines = [f"Written by `{command}` on {time.strftime('%Y-%m-%d')} (commit {commit()}).", "",
+             f"{len(stab['rows'])} statistical claims{' (pilot budgets)' if quick else ''} (and {n_exact} exact "
+             f"checks), judged at seed offset{'s' if len(stab['offsets']) > 1 else ''} "
+             f"{', '.join(str(o) for o in stab['offsets'])} under Holm's family-wise control:", ""]
     for o in stab["offsets"]:
         labels = [r["verdicts"][o] for r in stab["rows"]]
-        not_run = sum(lab.startswith("inconclusive — not run") or lab == "—" for lab in labels)
-        counts = {v: sum(lab == v for lab in labels) for v in ("supported", "refuted")}
-        undecided = len(labels) - not_run - sum(counts.values())
+        not_run = sum(lab.startswith("not run") or lab == "—" for lab in labels)
+        counts = {v: sum(lab == v for lab in labels) for v in ("supported", "refuted", "undecided", "untestable here")}
+        wall = f" ({walls[o] / 60:.0f} min from an empty folder)" if walls.get(o) else ""
         lines.append(f"- seeds +{o}: {counts['supported']} supported, {counts['refuted']} refuted, "
-                     f"{undecided} inconclusive" + (f", {not_run} not run" if not_run else ""))
+                     f"{counts['undecided']} undecided, {counts['untestable here']} untestable here"
+                     + (f", {not_run} not run" if not_run else "") + wall)
     lines += ["", stab["summary"]]
     return "\n".join(lines)
 
@@ -319,6 +489,34 @@ def update_pages(pages: list[Path], root: Path, quick: bool, command: str) -> li
     return done
 
 
+def publish(root: Path, quick: bool, dest: Path, command: str) -> list[Path]:
+    """Copy every offset's whole report and its figures into ``dest`` (a docs folder), each page
+    headed by the command, date and commit that wrote it; returns the pages written."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    pages = []
+    for o in stability(root, quick)["offsets"]:
+        md = Path(root) / report_name(o, quick, ".md")
+        figs = Path(root) / f"claims_figures{variant(quick, o)}"
+        if not md.is_file():
+            continue
+        text = md.read_text()
+        text = re.sub(r"^# Claims report — .*$", f"# Claims report, seed offset {o}", text, count=1, flags=re.M)
+        head = (f"Generated: copied from `{md.name}` by `{command}` on {time.strftime('%Y-%m-%d')} (commit "
+                f"{commit()}); do not edit by hand.\n\n")
+        text = text.replace("\n", "\n" + head, 1)
+        text = text.replace("(toy.md#interval-coverage)", "(../toy.md#interval-coverage)")
+        out = dest / md.name
+        atomic_write_text(out, text)
+        pages.append(out)
+        if figs.is_dir():
+            target = dest / figs.name
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(figs, target)
+    return pages
+
+
 # ============================================================================ entry points
 
 @dataclass
@@ -334,16 +532,17 @@ class ClaimsResult:
 
 def build_claims(root: str | Path, *, quick: bool = False, only: set[str] | None = None, seed_offset: int = 0,
                  diverged: str = "worst", progress: Callable[[str], None] = print,
-                 judged: tuple | None = None) -> ClaimsResult:
+                 judged: tuple | None = None, command: str = "") -> ClaimsResult:
     """Judge the claims on what ``root`` holds; write the report, its JSON and figures there.
     ``judged``: ``(verdicts, data, meta)`` of an :func:`evaluate_all` on the same folder with
-    nothing run since (``--run`` whose second stage ran nothing), reported without judging again."""
+    nothing run since, reported without judging again."""
     root = Path(root).resolve()  # as harness.experiments wrote it (results_dir=<root>/<experiment>)
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     verdicts, data, meta = judged or evaluate_all(root, quick=quick, only=only, seed_offset=seed_offset,
                                                   diverged=diverged)
-    out = write_report(root, verdicts, data, meta, quick, seed_offset, time.time() - t0, only=bool(only))
+    out = write_report(root, verdicts, data, meta, quick, seed_offset, time.time() - t0, only=bool(only),
+                       command=command)
     left_out = [r for name in sorted(data) for r in data[name].left_out()]
     return ClaimsResult(out, verdicts, left_out, sum(e.missing() for e in data.values()))
 
@@ -357,8 +556,13 @@ def build_claims_report(root: str | Path, *, quick: bool = False, only: set[str]
 def format_table(verdicts: list[Verdict]) -> str:
     rows = []
     for v in verdicts:
-        stat = f"{_fmt(v.point)} {_ci(v)}" if not v.not_run and not CLAIMS_BY_ID[v.claim].exact else ""
-        rows.append(f"  {v.claim:<4} {v.label[:70]:<70} {stat}")
+        c = CLAIMS_BY_ID[v.claim]
+        if c.exact:
+            rows.append(f"  {v.claim:<4} exact check: {v.label if v.not_run else ('passed' if v.verdict == 'supported' else 'failed')}")
+            continue
+        stat = "" if v.not_run else f"{_fmt(v.point)} {_ci(v)} at {_level(v.level)}"
+        label = v.label if v.verdict != PILOT else "pilot (no verdict)"
+        rows.append(f"  {v.claim:<4} {label[:60]:<60} {stat}")
         if v.needs:
-            rows.append(f"       {v.needs[:150]}")
+            rows.append(f"       {v.needs[:160]}")
     return "\n".join(rows)

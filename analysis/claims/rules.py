@@ -1,45 +1,35 @@
-"""Verdict rules: a statistic's 95% interval read against a threshold or a tolerance band.
+"""Verdict rules: a statistic's interval read against a threshold or a band.
 
-Each rule is fixed before any data is read (it is part of the claim's entry in
-``conf/claims.yaml``) and writes its own text for the report, so the text cannot drift from what
-is applied. With the interval ``[lo, hi]`` of a statistic ``s``:
+Each rule is registered with its claim in ``conf/claims.yaml`` (with its smallest effect or
+margin, a rationale and a date, before the data it judges exist) and writes its own text for the
+report, so the text cannot drift from what is applied. With the interval ``[lo, hi]`` of a
+statistic ``s`` at the level the multiplicity control assigns (:mod:`.protocol`):
 
-* ``greater: t`` (an effect ``s > t``): supported if ``lo > t``, refuted if ``hi < t``, else
-  inconclusive.
 * ``greater: {than: t, by: d}`` (an effect of at least ``d``, the smallest effect that counts):
-  the same read at ``t + d``: supported if ``lo > t + d``, refuted if ``hi < t + d``. With
-  ``d = 0`` a null effect is never refuted: its interval shrinks onto ``t`` and the verdict
-  stays inconclusive, or falls either way by chance at any n (the interval of a tiny effect
-  excludes ``t`` once n is large). With ``d > 0`` (the region of practical equivalence, Kruschke
-  2018) more data converges on one verdict: supported when the effect exceeds ``d``, refuted
-  when it is smaller, including when it is none.
+  supported if ``lo > t + d``, refuted if ``hi < t + d``, else undecided. A null effect is then
+  refuted, not left to chance (the region of practical equivalence, Kruschke 2018).
+  ``greater: t`` is ``by: 0``: the threshold ``t`` is itself the claim's number (C19's "under 5%
+  of tokens", a non-inferiority margin); its registered ``effect`` then sizes the design.
 * ``less: t`` and ``less: {than: t, by: d}``: the mirror image (supported if ``hi < t - d``).
-* ``equivalent: {tol, to}`` (a null ``s = to`` within ``+-tol``; ``to`` defaults to 0): the
-  two one-sided tests (TOST, Schuirmann 1987) read on the same interval: supported if the
-  interval lies inside ``[to - tol, to + tol]``, refuted if it lies wholly outside it, else
-  inconclusive. Unlike "refuted when the interval excludes 0", more data can only sharpen an
-  equivalence verdict, never turn a negligible effect into a refutation.
-* ``between: [a, b]`` (an effect that is present but small, ``a < s < b``): supported if the
-  interval lies inside ``(a, b)``, refuted if it lies wholly outside it, else inconclusive.
-* ``exact: tol`` (an identity, no interval): supported if ``|s| <= tol``, else refuted.
+* ``equivalent: {tol, to}`` (``s = to`` within ``+-tol``; ``to`` defaults to 0): the two
+  one-sided tests read on the same interval (TOST, Schuirmann 1987): supported if the interval
+  lies inside ``[to - tol, to + tol]``, refuted if wholly outside it, else undecided.
+* ``between: [a, b]`` (an effect that is present but small): supported if the interval lies
+  inside ``(a, b)``, refuted if wholly outside it.
 
-Deciding needs more data (:func:`needed_n`): an undecided part's interval half-width ``h`` at
-``n`` shrinks like ``1/sqrt(n)``; the margin ``m`` is the distance from the point estimate to the
-nearest boundary whose crossing would decide it. The interval stops straddling that boundary when
-``h' < m``, i.e. at ``n' = n (h/m)^2`` (a 50% chance); for 80% power the interval's half-width
-must be ``z_0.975 / (z_0.975 + z_0.8)`` of the margin, ``n80 = n (h/m)^2 ((1.96 + 0.84)/1.96)^2``.
-The report states ``n80`` with the numbers it came from.
+:attr:`Rule.distance` is the registered effect the design is powered at: ``d`` for a threshold
+rule with one, ``tol`` for an equivalence, half the band for ``between``; the n a claim needs is
+computed at it (:func:`.intervals.n_needed`), never at the observed effect.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-VERDICTS = ("supported", "refuted", "inconclusive")
-Z975, Z80 = 1.959964, 0.841621
-POWER_FACTOR = ((Z975 + Z80) / Z975) ** 2  # 80% power at a two-sided 5% level
+#: A statistical claim's verdicts (exact claims are supported or refuted by their tests).
+VERDICTS = ("supported", "refuted", "undecided", "untestable")
+PILOT = "pilot"
 
 
 def _finite(*xs) -> bool:
@@ -48,19 +38,18 @@ def _finite(*xs) -> bool:
 
 @dataclass(frozen=True)
 class Rule:
-    """One of the rules above: ``kind`` in greater | less | equivalent | between | exact."""
+    """One of the rules above: ``kind`` in greater | less | equivalent | between."""
 
     kind: str
-    a: float = 0.0  # threshold, centre (equivalent), lower end (between), tolerance (exact)
+    a: float = 0.0  # threshold, centre (equivalent), lower end (between)
     b: float = 0.0  # tolerance (equivalent), upper end (between), smallest effect (greater, less)
 
     @classmethod
     def parse(cls, spec) -> "Rule":
         """From a claims.yaml entry: ``{greater: 1}``, ``{less: {than: 0, by: 0.1}}``,
-        ``{equivalent: 0.1}``, ``{equivalent: {tol: 0.05, to: 1}}``, ``{between: [0, 0.1]}``,
-        ``{exact: 1e-9}``."""
+        ``{equivalent: 0.1}``, ``{equivalent: {tol: 0.05, to: 1}}``, ``{between: [0, 0.1]}``."""
         if not isinstance(spec, dict) or len(spec) != 1:
-            raise ValueError(f"rule must be one of greater|less|equivalent|between|exact, got {spec!r}")
+            raise ValueError(f"rule must be one of greater|less|equivalent|between, got {spec!r}")
         (kind, v), = spec.items()
         if kind in ("greater", "less") and isinstance(v, dict):
             if set(v) - {"than", "by"} or "by" not in v:
@@ -69,23 +58,45 @@ class Rule:
             if not by >= 0:
                 raise ValueError(f"rule {kind}: by (the smallest effect that counts) must be >= 0, got {v['by']!r}")
             return cls(kind, float(v.get("than", 0.0)), by)
-        if kind in ("greater", "less", "exact"):
+        if kind in ("greater", "less"):
             return cls(kind, float(v))
         if kind == "equivalent":
             if isinstance(v, dict):
-                return cls(kind, float(v.get("to", 0.0)), float(v["tol"]))
-            return cls(kind, 0.0, float(v))
+                if set(v) - {"to", "tol"} or "tol" not in v:
+                    raise ValueError(f"rule equivalent: needs {{tol: m, to: c}} (to defaults to 0), got {v!r}")
+                tol = float(v["tol"])
+                to = float(v.get("to", 0.0))
+            else:
+                tol, to = float(v), 0.0
+            if not tol > 0:
+                raise ValueError(f"rule equivalent: the margin tol must be > 0, got {tol!r}")
+            return cls(kind, to, tol)
         if kind == "between":
             lo, hi = (float(x) for x in v)
             if not lo < hi:
                 raise ValueError(f"rule between: needs a < b, got {v!r}")
             return cls(kind, lo, hi)
-        raise ValueError(f"unknown rule {kind!r}; allowed: greater, less, equivalent, between, exact")
+        raise ValueError(f"unknown rule {kind!r}; allowed: greater, less, equivalent, between")
 
     @property
     def threshold(self) -> float:
         """Where a ``greater``/``less`` rule reads the interval: ``than`` moved by the smallest effect."""
         return self.a + self.b if self.kind == "greater" else self.a - self.b
+
+    @property
+    def distance(self) -> float:
+        """The registered effect the rule carries (0: none, the claim's ``effect`` must give it)."""
+        if self.kind in ("greater", "less"):
+            return self.b
+        if self.kind == "equivalent":
+            return self.b
+        return (self.b - self.a) / 2
+
+    @property
+    def boundaries(self) -> tuple[float, ...]:
+        if self.kind in ("greater", "less"):
+            return (self.threshold,)
+        return self.band
 
     @property
     def text(self) -> str:
@@ -94,9 +105,7 @@ class Rule:
             return f"{sign} {self.a:g}" + (f" by {self.b:g}" if self.b else "")
         if self.kind == "equivalent":
             return f"= {self.a:g} (+-{self.b:g})"
-        if self.kind == "between":
-            return f"in ({self.a:g}, {self.b:g})"
-        return f"|.| <= {self.a:g}"
+        return f"in ({self.a:g}, {self.b:g})"
 
     @property
     def sentence(self) -> str:
@@ -109,27 +118,23 @@ class Rule:
         if self.kind == "equivalent":
             return (f"equivalence to {self.a:g} within +-{self.b:g} (TOST): supported if the interval lies inside "
                     f"[{self.a - self.b:g}, {self.a + self.b:g}], refuted if wholly outside")
-        if self.kind == "between":
-            return f"supported if the interval lies inside ({self.a:g}, {self.b:g}), refuted if wholly outside"
-        return f"exact: supported if |value| <= {self.a:g}"
+        return f"supported if the interval lies inside ({self.a:g}, {self.b:g}), refuted if wholly outside"
 
     def judge(self, point: float, low: float, high: float) -> str:
-        if self.kind == "exact":
-            return "inconclusive" if not _finite(point) else "supported" if abs(point) <= self.a else "refuted"
         if not _finite(low, high):
-            return "inconclusive"
+            return "undecided"
         if self.kind == "greater":
             t = self.threshold
-            return "supported" if low > t else "refuted" if high < t else "inconclusive"
+            return "supported" if low > t else "refuted" if high < t else "undecided"
         if self.kind == "less":
             t = self.threshold
-            return "supported" if high < t else "refuted" if low > t else "inconclusive"
+            return "supported" if high < t else "refuted" if low > t else "undecided"
         lo_b, hi_b = self.band
         if low >= lo_b and high <= hi_b and (self.kind == "equivalent" or (low > lo_b and high < hi_b)):
             return "supported"
         if high < lo_b or low > hi_b:
             return "refuted"
-        return "inconclusive"
+        return "undecided"
 
     @property
     def band(self) -> tuple[float, float]:
@@ -137,86 +142,33 @@ class Rule:
             return self.a - self.b, self.a + self.b
         return self.a, self.b
 
-    def margin(self, point: float, low: float, high: float) -> tuple[float, float] | None:
-        """``(h, m)`` for an undecided interval: its half-width on the side that must move and
-        the distance from the point estimate to the boundary it must clear; None when no
-        amount of data decides it (the point estimate sits on a boundary)."""
-        if not _finite(point, low, high) or self.kind == "exact":
-            return None
-        if self.kind in ("greater", "less"):
-            t = self.threshold
-            m = abs(point - t)
-            h = (point - low) if point > t else (high - point)
-            return (h, m) if m > 0 else None
-        lo_b, hi_b = self.band
-        if lo_b < point < hi_b:  # heading for "supported": both ends must come inside the band
-            need = []
-            if low < lo_b:
-                need.append((point - low, point - lo_b))
-            if high > hi_b:
-                need.append((high - point, hi_b - point))
-            return max(need, key=lambda hm: hm[0] / hm[1]) if need else None
-        m = (lo_b - point) if point <= lo_b else (point - hi_b)  # heading for "refuted"
-        h = (high - point) if point <= lo_b else (point - low)
-        return (h, m) if m > 0 else None
-
-
-def needed_n(rule: Rule, point: float, low: float, high: float, n: float) -> float | None:
-    """About how many units (batches, seeds) an undecided part needs for 80% power (module doc)."""
-    hm = rule.margin(point, low, high)
-    if hm is None or not n or not np.isfinite(n):
-        return None
-    h, m = hm
-    if h <= 0:
-        return None
-    return float(math.ceil(n * (h / m) ** 2 * POWER_FACTOR))
-
 
 @dataclass
 class Part:
-    """One statistic of a claim, its interval, the rule applied and the outcome."""
+    """One statistic of a claim (its primary test, a premise or power check, or a reported
+    quantity): the estimate, its interval at ``level``, the rule and the outcome."""
 
     name: str
     point: float
     low: float
     high: float
     rule: str
-    verdict: str
+    verdict: str  # supported | refuted | undecided | reported | pilot
     n: str = ""
-    n_units: float = float("nan")  # the n the interval came from (batches, seeds per group)
-    n_needed: float | None = None  # about how many units deciding needs (80% power), if undecided
-    role: str = "judged"  # judged | power (must be supported, else the claim stays inconclusive)
+    n_units: float = float("nan")  # units per arm (seeds, batches)
     unit: str = ""
-    spec: Rule | None = None  # the rule applied (None: reported, not judged)
-    experiment: str = ""  # where its evidence comes from
+    role: str = "primary"  # primary | premise | power | reported
+    spec: Rule | None = None
+    experiment: str = ""
+    level: float = 0.95  # the confidence level of [low, high]
+    p: float = float("nan")  # the interval-inversion p-value at the rule's boundary (primary)
+    method: str = ""
+    n_needed: float | None = None  # units per arm for the registered power at the registered effect
+    effect: float = float("nan")  # the registered smallest effect or margin (primary)
+    look: int = 0  # 0-based look of the sequential plan it was judged at
 
-    @property
-    def needs(self) -> str:
-        if self.verdict != "inconclusive" or self.n_needed is None:
-            return ""
-        return f"undecided at n = {self.n_units:g} {self.unit}, deciding needs about n = {self.n_needed:g}"
-
-
-def judge_part(name: str, rule: Rule, point: float, low: float, high: float, n_units: float = float("nan"),
-               n: str = "", unit: str = "", role: str = "judged") -> Part:
-    verdict = rule.judge(point, low, high)
-    part = Part(name, point, low, high, rule.text, verdict, n, n_units, None, role, unit, rule)
-    if verdict == "inconclusive":
-        part.n_needed = needed_n(rule, point, low, high, n_units)
-    return part
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "spec"}
 
 
-def combine(parts: list[Part]) -> str:
-    """All judged parts supported: supported; any refuted: refuted; else inconclusive. A
-    ``power`` part (e.g. a negative control the probe must detect) that is not supported makes
-    an otherwise supported claim inconclusive: the data could not have shown the opposite."""
-    judged = [p for p in parts if p.role == "judged"]
-    if not judged:
-        return "inconclusive"
-    if any(p.verdict == "refuted" for p in judged):
-        return "refuted"
-    if all(p.verdict == "supported" for p in judged):
-        if any(p.verdict != "supported" for p in parts if p.role == "power"):
-            return "inconclusive"
-        return "supported"
-    return "inconclusive"
+__all__ = ["PILOT", "Part", "Rule", "VERDICTS"]

@@ -1,24 +1,46 @@
 """The claims as data: ``conf/claims.yaml`` read into :class:`Claim` entries, checked once.
 
+The file has three blocks: ``protocol`` (the error control, :class:`.protocol.Protocol`),
+``claims`` and ``changelog``. A statistical claim has exactly one ``primary`` test (a statistic
+kind, its selection of the experiment's configs, a rule with its registered smallest effect or
+margin and a one-line ``rationale``), optional ``checks`` (``role: premise``: not met makes the
+claim *untestable here*; ``role: power``: not met leaves it *undecided*; neither ever refutes)
+and ``reported`` quantities (shown, not judged). It carries its registration: ``registered``
+(the date its rule and design were fixed), ``version`` and ``rule_hash``, a hash of everything
+that decides it (:func:`rule_hash`: the primary, the checks, and each of its experiments' YAML
+and looks). ``tests/test_claims.py`` fails when a hash no longer matches: changing a rule or a
+design means a new version, a new hash and a ``changelog`` entry saying what changed, on what
+date, after seeing which seed offsets, and at which fresh offset it is confirmed.
+
 A malformed entry (an unknown statistic kind, rule or field) fails when the table is read, with
 the claim id and the field named, never mid-report.
 """
 from __future__ import annotations
 
+import datetime
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from omegaconf import OmegaConf
 
-from harness.experiments import CLAIMS_FILE
+from harness.experiments import CLAIMS_FILE, CONF_DIR, EXPERIMENTS
 
 from .kinds import KINDS
+from .protocol import Protocol
 from .rules import Rule
 
-PART_FIELDS = {"name", "stat", "rule", "role", "experiment", "optional", "primary", "for_each", "where", "num", "den",
-               "a", "b", "column", "scope", "transform", "divide_by", "of", "paired", "metric", "op", "center",
-               "extreme", "middle"}
-CLAIM_FIELDS = {"text", "short", "source", "exact", "experiments", "parts", "reported"}
+PART_FIELDS = {"name", "stat", "rule", "role", "experiment", "optional", "for_each", "where", "num", "den",
+               "a", "b", "column", "scope", "transform", "divide_by", "of", "metric", "op", "method", "paired",
+               "extreme", "middle", "effect", "rationale"}
+CLAIM_FIELDS = {"text", "short", "source", "exact", "experiments", "primary", "checks", "reported", "registered",
+                "version", "rule_hash", "tests"}
+CHANGELOG_FIELDS = {"claim", "version", "date", "change", "after_seeing", "confirm_at"}
+ROLES = ("premise", "power")
+#: Keys of a part that name it or explain it, left out of the rule's hash.
+_UNHASHED = {"name", "rationale"}
 
 
 @dataclass(frozen=True)
@@ -27,11 +49,12 @@ class PartSpec:
     stat: str
     rule: Rule | None  # None: reported, not judged
     experiment: str
-    role: str = "judged"
+    role: str = "primary"  # primary | premise | power | reported
     optional: bool = False
-    primary: bool = False
     for_each: str | None = None
     args: dict = field(default_factory=dict)  # the kind's own fields
+    effect: float = float("nan")  # primary: the registered smallest effect or margin
+    rationale: str = ""
 
 
 @dataclass(frozen=True)
@@ -42,26 +65,56 @@ class Claim:
     source: str
     exact: bool = False
     experiments: tuple[str, ...] = ()
-    parts: tuple[PartSpec, ...] = ()
+    primary: PartSpec | None = None
+    checks: tuple[PartSpec, ...] = ()
     reported: tuple[PartSpec, ...] = ()
+    registered: str = ""
+    version: int = 1
+    rule_hash: str = ""  # as registered in the file
+    computed_hash: str = ""  # of the file's rule and design now
+    tests: str = ""  # exact claims: what the tests check
+
+    @property
+    def hash_ok(self) -> bool:
+        return self.exact or self.rule_hash == self.computed_hash
+
+    @property
+    def parts(self) -> tuple[PartSpec, ...]:
+        """The judged parts: the primary test, then its checks."""
+        return ((self.primary,) if self.primary else ()) + self.checks
 
     @property
     def rule(self) -> str:
         """The claim's rule in words, generated from its parts' rules."""
         if self.exact:
             return "exact: every test marked @pytest.mark.claim(\"%s\") passes" % self.id
-        bits = []
-        for p in self.parts:
-            each = f" (for each {p.for_each})" if p.for_each else ""
-            role = " [must hold for a decision: power check]" if p.role == "power" else ""
-            opt = " [optional: judged when its experiment ran]" if p.optional else ""
-            name = p.name.replace("{value}", f"<{p.for_each}>") if p.for_each else p.name
-            bits.append(f"{name}{each}: {p.rule.text}{role}{opt}")
+        p = self.primary
+        bits = [f"primary: {p.name}: {p.rule.text} (registered effect {p.effect:g})"]
+        for c in self.checks:
+            each = f" (for each {c.for_each})" if c.for_each else ""
+            name = c.name.replace("{value}", f"<{c.for_each}>") if c.for_each else c.name
+            bits.append(f"{c.role} check: {name}{each}: {c.rule.text}")
         return "; ".join(bits)
 
 
-def _part(cid: str, raw: dict, default_exp: str, judged: bool) -> PartSpec:
-    where = f"conf/claims.yaml {cid} part {raw.get('name', '?')!r}"
+def _experiment_design(name: str) -> dict:
+    """What of an experiment decides its claims: its YAML (parsed: comments do not count) and looks."""
+    path = CONF_DIR / "experiment" / f"{name}.yaml"
+    node = OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else None
+    ex = EXPERIMENTS.get(name)
+    return {"yaml": node, "looks": list(ex.looks) if ex else None}
+
+
+def rule_hash(raw: dict) -> str:
+    """12 hex digits of the SHA-256 of the claim's primary, checks and experiments' designs."""
+    strip = lambda p: {k: v for k, v in p.items() if k not in _UNHASHED}  # noqa: E731
+    payload = {"primary": strip(raw.get("primary") or {}), "checks": [strip(c) for c in raw.get("checks") or ()],
+               "experiments": {n: _experiment_design(n) for n in raw.get("experiments") or ()}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _part(cid: str, raw: dict, default_exp: str, role: str) -> PartSpec:
+    where = f"conf/claims.yaml {cid} {role} part {raw.get('name', '?') if isinstance(raw, dict) else '?'!r}"
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: must be a mapping")
     unknown = set(raw) - PART_FIELDS
@@ -69,39 +122,119 @@ def _part(cid: str, raw: dict, default_exp: str, judged: bool) -> PartSpec:
         raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(PART_FIELDS)}")
     if raw.get("stat") not in KINDS:
         raise ValueError(f"{where}: stat must be one of {sorted(KINDS)}, got {raw.get('stat')!r}")
+    judged = role != "reported"
     if judged and "rule" not in raw:
         raise ValueError(f"{where}: a judged part needs a rule")
+    if not judged and "rule" in raw:
+        raise ValueError(f"{where}: a reported part has no rule")
     rule = Rule.parse(raw["rule"]) if judged else None
-    role = raw.get("role", "judged")
-    if role not in ("judged", "power"):
-        raise ValueError(f"{where}: role must be judged or power, got {role!r}")
+    if role == "check":
+        role = raw.get("role")
+        if role not in ROLES:
+            raise ValueError(f"{where}: role must be one of {list(ROLES)}, got {raw.get('role')!r}")
+    elif "role" in raw:
+        raise ValueError(f"{where}: role is for checks only")
+    effect = float("nan")
+    if role == "primary":
+        if raw.get("for_each"):
+            raise ValueError(f"{where}: a primary test is one test (no for_each)")
+        effect = float(raw.get("effect", rule.distance))
+        if not effect > 0:
+            raise ValueError(f"{where}: needs a registered effect: a rule with a smallest effect (by), a margin "
+                             "(equivalent, between) or an explicit effect: d > 0")
+        if not str(raw.get("rationale", "")).strip():
+            raise ValueError(f"{where}: needs a rationale (why this smallest effect or margin)")
     args = {k: v for k, v in raw.items() if k not in ("name", "stat", "rule", "role", "experiment", "optional",
-                                                      "primary", "for_each")}
+                                                      "for_each", "effect", "rationale")}
     return PartSpec(str(raw.get("name") or raw["stat"]), raw["stat"], rule, raw.get("experiment", default_exp),
-                    role, bool(raw.get("optional", False)), bool(raw.get("primary", False)), raw.get("for_each"),
-                    args)
+                    role, bool(raw.get("optional", False)), raw.get("for_each"), args, effect,
+                    str(raw.get("rationale", "")).strip())
+
+
+def _date(cid: str, v) -> str:
+    if isinstance(v, datetime.date):
+        return v.isoformat()
+    try:
+        return datetime.date.fromisoformat(str(v)).isoformat()
+    except ValueError:
+        raise ValueError(f"conf/claims.yaml {cid}: registered must be a date YYYY-MM-DD, got {v!r}") from None
+
+
+def _claim(cid: str, c: dict) -> Claim:
+    if not isinstance(c, dict):
+        raise ValueError(f"conf/claims.yaml {cid}: must be a mapping")
+    unknown = set(c) - CLAIM_FIELDS
+    if unknown:
+        raise ValueError(f"conf/claims.yaml {cid}: unknown field(s) {sorted(unknown)}; allowed: {sorted(CLAIM_FIELDS)}")
+    exact = bool(c.get("exact", False))
+    exps = tuple(c.get("experiments") or ())
+    base = dict(id=str(cid), text=str(c["text"]), short=str(c.get("short") or c["text"]), source=str(c["source"]),
+                exact=exact)
+    if exact:
+        if c.get("primary") or c.get("checks") or exps:
+            raise ValueError(f"conf/claims.yaml {cid}: an exact claim is judged by its tests (no primary, checks "
+                             "or experiments)")
+        return Claim(**base, tests=str(c.get("tests", "")))
+    if not exps:
+        raise ValueError(f"conf/claims.yaml {cid}: needs experiments or exact: true")
+    for name in exps:
+        if name not in EXPERIMENTS:
+            raise ValueError(f"conf/claims.yaml {cid}: unknown experiment {name!r} (harness.experiments.EXPERIMENTS)")
+    if not isinstance(c.get("primary"), dict):
+        raise ValueError(f"conf/claims.yaml {cid}: a statistical claim needs one primary test (a mapping)")
+    for key in ("registered", "version", "rule_hash"):
+        if key not in c:
+            raise ValueError(f"conf/claims.yaml {cid}: needs {key} (its registration)")
+    primary = _part(cid, c["primary"], exps[0], "primary")
+    checks = tuple(_part(cid, p, exps[0], "check") for p in c.get("checks") or ())
+    reported = tuple(_part(cid, p, exps[0], "reported") for p in c.get("reported") or ())
+    for p in (primary, *checks, *reported):
+        if p.experiment not in exps:
+            raise ValueError(f"conf/claims.yaml {cid} part {p.name!r}: experiment {p.experiment} is not among "
+                             f"the claim's experiments {list(exps)}")
+    return Claim(**base, experiments=exps, primary=primary, checks=checks, reported=reported,
+                 registered=_date(cid, c["registered"]), version=int(c["version"]), rule_hash=str(c["rule_hash"]),
+                 computed_hash=rule_hash(c))
+
+
+@dataclass(frozen=True)
+class ChangelogEntry:
+    claim: str
+    version: int
+    date: str
+    change: str
+    after_seeing: tuple[int, ...] = ()  # seed offsets whose data were seen before the change
+    confirm_at: int | None = None  # the fresh offset, first used after the change, that confirms it
+
+
+@dataclass(frozen=True)
+class ClaimsFile:
+    protocol: Protocol
+    claims: list[Claim]
+    changelog: list[ChangelogEntry]
+
+
+def load_claims_file(path: Path = CLAIMS_FILE) -> ClaimsFile:
+    raw = yaml.safe_load(Path(path).read_text())
+    if not isinstance(raw, dict) or not isinstance(raw.get("claims"), dict):
+        raise ValueError(f"{path}: needs a 'claims' mapping (and optional 'protocol', 'changelog')")
+    unknown = set(raw) - {"protocol", "claims", "changelog"}
+    if unknown:
+        raise ValueError(f"{path}: unknown top-level key(s) {sorted(unknown)}; allowed: protocol, claims, changelog")
+    claims = [_claim(cid, c) for cid, c in raw["claims"].items()]
+    ids = {c.id for c in claims}
+    log = []
+    for i, e in enumerate(raw.get("changelog") or []):
+        bad = set(e) - CHANGELOG_FIELDS if isinstance(e, dict) else {"(not a mapping)"}
+        if bad or e.get("claim") not in ids:
+            raise ValueError(f"{path} changelog entry {i + 1}: needs claim (a known id), version, date, change; "
+                             f"unknown: {sorted(bad)}")
+        log.append(ChangelogEntry(str(e["claim"]), int(e["version"]), _date(e["claim"], e["date"]), str(e["change"]),
+                                  tuple(int(o) for o in e.get("after_seeing") or ()),
+                                  None if e.get("confirm_at") is None else int(e["confirm_at"])))
+    return ClaimsFile(Protocol.from_dict(raw.get("protocol")), claims, log)
 
 
 def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
-    raw = yaml.safe_load(Path(path).read_text())
-    claims = []
-    for cid, c in raw.items():
-        unknown = set(c) - CLAIM_FIELDS
-        if unknown:
-            raise ValueError(f"conf/claims.yaml {cid}: unknown field(s) {sorted(unknown)}; allowed: "
-                             f"{sorted(CLAIM_FIELDS)}")
-        exps = tuple(c.get("experiments") or ())
-        if not c.get("exact") and not exps:
-            raise ValueError(f"conf/claims.yaml {cid}: needs experiments or exact: true")
-        default = exps[0] if exps else ""
-        parts = tuple(_part(cid, p, default, True) for p in c.get("parts") or ())
-        for p in parts:
-            if p.experiment not in exps:
-                raise ValueError(f"conf/claims.yaml {cid} part {p.name!r}: experiment {p.experiment} is not among "
-                                 f"the claim's experiments {list(exps)}")
-        if not c.get("exact") and not parts:
-            raise ValueError(f"conf/claims.yaml {cid}: needs parts")
-        reported = tuple(_part(cid, p, default, False) for p in c.get("reported") or ())
-        claims.append(Claim(str(cid), str(c["text"]), str(c.get("short") or c["text"]), str(c["source"]),
-                            bool(c.get("exact", False)), exps, parts, reported))
-    return claims
+    return load_claims_file(path).claims
+

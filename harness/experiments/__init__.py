@@ -47,7 +47,7 @@ CONF_DIR = REPO / "conf"
 TESTS_DIR = REPO / "tests"
 
 __all__ = ["CLAIMS_FILE", "CLAIM_EXPERIMENTS", "CLAIM_IDS", "EXACT_CLAIMS", "EXPERIMENTS", "Experiment", "NotComposed",
-           "ONE_BY_ONE_FAMILIES", "Point",
+           "Point",
            "claims_of", "compose_points", "experiments_for", "left_out_of_run", "lm_unavailable", "point_done",
            "run_command", "sweep_overrides", "sweep_params"]
 
@@ -71,13 +71,10 @@ class Experiment:
     # not run by a plain ``--run`` (why: its cost); run when ``--only`` names one of its claims
     # (:func:`left_out_of_run`)
     opt_in: str | None = None
+    # the group-sequential plan of a training experiment (analysis.claims.protocol): seeds per arm
+    # at each look, the first being its YAML's population; () = one look, at that population
+    looks: tuple[int, ...] = ()
 
-
-#: Families whose trainer runs a population's members one after another (``train_one_by_one`` in
-#: harness/train/toy.py and lm.py), each member's recorded wall time its own; a control population
-#: trains as one batch, every member's wall time that of the whole batch. The claims plan prices an
-#: extension from these (analysis.claims.plan); tests/test_claims.py checks them against the trainers.
-ONE_BY_ONE_FAMILIES = frozenset({"toy", "lm"})
 
 # --quick: every experiment in seconds (under 2 minutes in all on 2 cores): fewer batches, seeds and steps
 _TOY_QUICK = {"++probe.batches": "1000", "++probe.reps": "500"}
@@ -92,30 +89,33 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("claim_c13", "toy", _TOY_QUICK),
     Experiment("claim_c14", "toy", {"++probe.batches": "200"}),
     Experiment("claim_c17", "toy", _TOY_QUICK),
-    Experiment("claim_c18", "toy", {"population": "4", "loss_agg": "seq_mean_token_mean,seq_mean_token_sum_norm"}),
-    Experiment("claim_c20", "toy", {"population": "2", "++probe.batches": "500", "group_size": "2,8"}),
+    Experiment("claim_c18", "toy", {"population": "4", "loss_agg": "seq_mean_token_mean,seq_mean_token_sum_norm"},
+               looks=(20, 40)),
+    Experiment("claim_c20", "toy", {"++probe.batches": "500", "group_size": "2,8"}),
+    Experiment("claim_c20_train", "toy", {"population": "3", "group_size": "2,8"}, looks=(20, 40)),
     Experiment("claim_c22", "toy", _TOY_QUICK),
     Experiment("claim_c23", "toy", _NEW_QUICK),
-    Experiment("claim_c24", "toy", {**_NEW_QUICK, "task.episodes_per_iter": "4,256"}),
+    Experiment("claim_c24", "toy", {**_NEW_QUICK, "task.episodes_per_iter": "16,256"}),
     Experiment("claim_c25", "toy", {**_NEW_QUICK, "group_size": "4,64"}),
     Experiment("claim_c27", "toy", _NEW_QUICK),
-    Experiment("claim_c26", "toy", {"population": "3", "budget.env_steps": "1280"}),
+    Experiment("claim_c26", "toy", {"population": "3", "budget.env_steps": "1280"}, looks=(120, 240)),
     Experiment("claim_c26_noclip", "toy", quick_skip=_REPORTED_ONLY),
-    Experiment("claim_c28", "toy", {"population": "3", "budget.env_steps": "1920"}),
-    Experiment("claim_c29", "toy", {"population": "3", "budget.env_steps": "1920"}),
-    Experiment("claim_c30", "toy", {"population": "3", "budget.env_steps": "1920"}),
+    Experiment("claim_c28", "toy", {"population": "3", "budget.env_steps": "1920"}, looks=(20, 40)),
+    Experiment("claim_c29", "toy", {"population": "3", "budget.env_steps": "1920"}, looks=(40, 80)),
+    Experiment("claim_c30", "toy", {"population": "3", "budget.env_steps": "1920"}, looks=(20, 40)),
     Experiment("claim_c31", "toy", _TOY_QUICK),
-    Experiment("claim_c8", "control", _CONTROL_QUICK),
+    Experiment("claim_c8", "control", _CONTROL_QUICK, looks=(40, 80)),
     Experiment("claim_c8_grid", "control", quick_skip=_REPORTED_ONLY),
-    Experiment("claim_c9", "control", _CONTROL_QUICK),
-    Experiment("claim_c11", "control", {**_CONTROL_QUICK, "ent_coef": "0.0,0.05"}),
+    Experiment("claim_c9", "control", _CONTROL_QUICK, looks=(10, 20)),
+    Experiment("claim_c11", "control", {**_CONTROL_QUICK, "ent_coef": "0.0,0.05"}, looks=(10, 20)),
     Experiment("claim_c34", "control", quick_skip="--quick skips the MuJoCo claims (minutes even at their smallest)",
-               opt_in="the MuJoCo claims' experiment takes about 28 minutes in one process (18 with 2 workers "
-                      "on 2 cores)"),
+               opt_in="the MuJoCo claims' experiment takes about 65 minutes in one process (10 seeds x 7 arms "
+                      "x 50k Hopper steps on 2 cores)"),
     Experiment("claim_c10", "lm", quick_skip="--quick skips the LM task (its SFT/reward-model pipeline alone "
                                              "takes minutes on CPU)"),
+    Experiment("claim_c10_loss", "lm", quick_skip="--quick skips the LM task"),
     Experiment("claim_c15", "lm", quick_skip="--quick skips the LM task", isolate=True),  # peak memory
-    Experiment("claim_c19", "lm", quick_skip="--quick skips the LM task"),
+    Experiment("claim_c19", "lm", quick_skip="--quick skips the LM task", looks=(10, 20)),
     Experiment("claim_c18_arith", "lm", quick_skip="--quick skips the LM task"),
 ]}
 
@@ -125,7 +125,7 @@ CLAIMS_FILE = CONF_DIR / "claims.yaml"  # the claims as data; analysis.claims ju
 def _claim_table() -> dict[str, dict]:
     import yaml
 
-    return yaml.safe_load(CLAIMS_FILE.read_text())
+    return yaml.safe_load(CLAIMS_FILE.read_text())["claims"]
 
 
 _TABLE = _claim_table()

@@ -137,10 +137,12 @@ def run_exact_tests(claims: Iterable[str], out: Path, progress: Callable[[str], 
 
 
 def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None = None, seed_offset: int = 0,
-               extensions: dict[str, dict] | None = None, progress: Callable[[str], None] = print) -> dict[str, int]:
+               extensions: dict[str, dict] | None = None, progress: Callable[[str], None] = print,
+               timings: dict[str, float] | None = None) -> dict[str, int]:
     """Run the exact tests and every experiment the claims (``only``: a subset) need, into ``root``
     (``seed_offset``: on seeds shifted by that much, :func:`~harness.experiments.compose_points`).
-    ``extensions``: run only these experiments, each extended as given (a second stage)."""
+    ``extensions``: run only these experiments, each extended as given (a second stage).
+    ``timings``: each experiment's seconds (and ``exact tests``) are added to it."""
     root = Path(root).resolve()  # the exact tests run from the repository root
     root.mkdir(parents=True, exist_ok=True)
     claims = [c for c in CLAIM_IDS if only is None or c in only]
@@ -148,7 +150,10 @@ def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None =
     if extensions is None and any(c in EXACT_CLAIMS for c in claims):
         # every exact claim, whatever --only asks: one pytest run covers them all, and the results
         # file is shared by every report of the folder (a subset would turn the others "not run")
+        t_exact = time.time()
         run_exact_tests(EXACT_CLAIMS, root / "exact_tests.json", progress)
+        if timings is not None:
+            timings["exact tests"] = timings.get("exact tests", 0.0) + time.time() - t_exact
     names = experiments_for(claims)
     if extensions is not None:
         names = [n for n in names if n in extensions]
@@ -173,6 +178,8 @@ def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None =
                  f"{', each in its own process' if ex.isolate else ''}")
         for k, v in run_points(points, progress, isolate=ex.isolate).items():
             totals[k] = totals.get(k, 0) + v
+        if timings is not None:
+            timings[name] = timings.get(name, 0.0) + time.time() - t0
         progress(f"[claims] experiment {name} done in {time.time() - t0:.1f} s")
     return totals
 
