@@ -277,7 +277,8 @@ def _judge_synthetic(monkeypatch, c, primary, checks=None):
         return compute
 
     monkeypatch.setattr(C, "KINDS", {k: kind(k) for k in K.KINDS})
-    v = C.evaluate_claim(c, _fake_data(c), {})
+    last = {x: max(len(looks_of(x)) - 1, 0) for x in c.experiments}  # every look of the plan run
+    v = C.evaluate_claim(c, _fake_data(c), {}, reached=last)
     C.apply_holm([v], {c.id: c})
     return v
 
@@ -525,7 +526,7 @@ def test_every_claim_experiment_composes_and_validates(tmp_path, quick):
 
 class _V:
     def __init__(self, claim, look, tested=True):
-        self.claim, self.tested = claim, tested
+        self.claim, self.pending = claim, tested
         self.primary = C.Part("p", 0, 0, 0, "", "undecided", look=look)
 
 
@@ -571,13 +572,19 @@ def test_a_claim_stops_at_the_first_look_whose_boundary_it_crosses(monkeypatch):
         data = _fake_data(c)
         data["claim_c29"].__class__ = E
         monkeypatch.setattr(C, "KINDS", {**K.KINDS, "run_metric": compute})
-        v = C.evaluate_claim(c, data, {}, reached={"claim_c29": 1})
+        v = C.evaluate_claim(c, data, {}, reached={"claim_c29": reached})
         return v, calls
 
+    reached = 0  # only the first look run: a claim that does not cross waits for the next (no peek)
+    waiting, calls = run(0.13)
+    assert calls == [40] and waiting.pending and not waiting.tested and "next look (80 seeds)" in waiting.deciding
+    reached = 1
+
     big, calls = run(5.0)
-    assert calls == [40] and big.primary.look == 0
+    assert calls == [40] and big.primary.look == 0 and big.tested and not big.pending
     small, calls = run(0.13)  # 0.03 beyond the boundary at 0.1: not past the first look's strict boundary
     assert calls == [40, 80] and small.primary.look == 1
+    assert small.tested and not small.pending
     p_nominal = decision_p(mean_estimate(0.13 + 0.05 * noise[:80]), c.primary.rule.judge)
     assert small.p == pytest.approx(sequential_p(p_nominal, 1, [40, 80], 0.05 / C.M_REGISTERED))
 

@@ -68,6 +68,7 @@ class Verdict:
     rank: int = 0
     m: int = 0
     tested: bool = False  # in the Holm family
+    pending: bool = False  # testable, but its experiment's sequential plan has a look to run before it is judged
     exact: bool = False
     estimate: Estimate | None = None
 
@@ -150,13 +151,15 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
     used = looks[: upto + 1] if looks else [None]
     alpha_stop = PROTOCOL.alpha / max(M_REGISTERED, 1)
     bounds = spending_boundaries(looks, alpha_stop) if len(looks) > 1 else []
-    est, p_nom, look = None, 1.0, 0
+    est, p_nom, look, stopped = None, 1.0, 0, False
     for k, n in enumerate(used):
         est = KINDS[pr.stat](_data_at(e, n), pr.args)
         p_nom = decision_p(est, pr.rule.judge)
         look = k
         if bounds and k < len(looks) - 1 and p_nom <= nominal_level(bounds[k]):
-            break  # crossed the stopping boundary at this look
+            stopped = True  # crossed the stopping boundary at this look: judged here
+            break
+    final = stopped or len(looks) < 2 or look == len(looks) - 1
     at_n = used[look]
     primary = _part(pr, est, PROTOCOL.check_level, look)
     v = Verdict(c.id, PILOT if quick else "undecided", pr.name, primary.point, primary.low, primary.high,
@@ -211,6 +214,11 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
         return v
     if est.unit == "seeds" and est.n < PROTOCOL.min_seeds:
         v.deciding = f"n = {est.n} < {PROTOCOL.min_seeds} seeds per arm: a learning claim is not decided below that"
+        return v
+    if not final:  # the plan goes on: judging here would be a peek the alpha spending does not pay for
+        v.pending = True
+        v.deciding = (f"sequential plan: not past its stopping boundary at {at_n} seeds per arm; its next look "
+                      f"({looks[look + 1]} seeds) is not run yet (--run runs it)")
         return v
     v.tested = True
     v.p = sequential_p(p_nom, look, looks, alpha_stop) if len(looks) > 1 else p_nom

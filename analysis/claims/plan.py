@@ -60,11 +60,12 @@ def extensions(plan: dict) -> dict[str, dict]:
 
 
 def next_looks(verdicts, claims: dict, plan: dict) -> dict:
-    """The plan after one more look for every experiment that still has a tested claim that has
-    not stopped (its primary judged at the experiment's current look, below its last look)."""
+    """The plan after one more look for every experiment that still has a *pending* claim: one
+    whose checks passed and whose primary has not crossed its stopping boundary at the
+    experiment's current look, below its last look (:func:`analysis.claims.evaluate_claim`)."""
     out = {"experiments": {k: dict(v) for k, v in plan.get("experiments", {}).items()}}
     for v in verdicts:
-        if not getattr(v, "tested", False) or v.primary is None:
+        if not getattr(v, "pending", False) or v.primary is None:
             continue
         name = claims[v.claim].primary.experiment
         looks = looks_of(name)
