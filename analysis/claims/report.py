@@ -136,8 +136,8 @@ def _verdict_cell(v: Verdict) -> str:
     return f"**{v.label}**" if v.verdict in ("supported", "refuted") else v.label
 
 
-def _changelog_lines(root: Path, quick: bool) -> list[str]:
-    log = CLAIMS_FILE_DATA.changelog
+def _changelog_lines(root: Path, quick: bool, claims: set[str]) -> list[str]:
+    log = [e for e in CLAIMS_FILE_DATA.changelog if e.claim in claims]
     if not log:
         return ["No rule was changed after its data existed."]
     judged = {o: r for o, r in _reports(root, quick).items()}
@@ -217,7 +217,8 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
                   f"Offsets judged in this folder: {', '.join(map(str, stab['offsets']))} "
                   f"(`python -m analysis claims DIR --run --seed-offset K`). {stab['summary']}"]
     if not quick:
-        lines += ["", "## Changelog: rules changed after their data existed", ""] + _changelog_lines(root, quick)
+        lines += ["", "## Changelog: rules changed after their data existed", ""]
+        lines += _changelog_lines(root, quick, {v.claim for v in verdicts})
     plan = meta.get("plan") or {}
     if not quick:
         lines += ["", "## Sequential plan", "",
