@@ -672,7 +672,7 @@ def test_the_claims_blocks_go_into_any_page_with_their_markers(tmp_path, capsys)
     table, summary = page.read_text(), readme.read_text()
     assert "\nold\n" not in table and "| C18 |" in table and "**unstable**" in table and "offset 0: 60.0 min" in table
     assert "4 statistical claims" in summary and "judged at seed offsets 0, 1000" in summary
-    assert "- seeds +0: 2 supported, 1 refuted, 1 undecided, 0 untestable here (60 min from an empty folder)" \
+    assert "- seeds +0: 2 supported, 1 refuted, 1 undecided, 0 untestable here (its last `--run`: 60 min)" \
         in summary
     assert "- seeds +1000: 2 supported, 2 refuted, 0 undecided, 0 untestable here" in summary
     args = build_parser().parse_args(["claims", str(tmp_path), "--readme", str(readme), "--readme", str(page)])

@@ -422,7 +422,8 @@ def readme_table(root: Path, quick: bool, command: str) -> str:
     head = "| id | claim (source) | " + " | ".join(f"seeds +{o}" for o in stab["offsets"]) + " | across offsets |"
     lines = [f"Written by `{command}` on {time.strftime('%Y-%m-%d')} (commit {commit()}); each cell: verdict, "
              "primary statistic [interval at the level Holm tested it at]."
-             + (f" Wall time of each offset's `--run` from an empty folder: {wall_text}." if wall_text else ""), "",
+             + (f" Wall time of each offset's last `--run` command (its `claims_run*.json`; the notes say how "
+                "each was run): {wall_text}." if wall_text else ""), "",
              head, "|" + " --- |" * (len(stab["offsets"]) + 3)]
     for cid, r in by_claim.items():
         c = CLAIMS_BY_ID[cid]
@@ -454,7 +455,7 @@ def summary_block(root: Path, quick: bool, command: str) -> str:
         labels = [r["verdicts"][o] for r in stab["rows"]]
         not_run = sum(lab.startswith("not run") or lab == "—" for lab in labels)
         counts = {v: sum(lab == v for lab in labels) for v in ("supported", "refuted", "undecided", "untestable here")}
-        wall = f" ({walls[o] / 60:.0f} min from an empty folder)" if walls.get(o) else ""
+        wall = f" (its last `--run`: {walls[o] / 60:.0f} min)" if walls.get(o) else ""
         lines.append(f"- seeds +{o}: {counts['supported']} supported, {counts['refuted']} refuted, "
                      f"{counts['undecided']} undecided, {counts['untestable here']} untestable here"
                      + (f", {not_run} not run" if not_run else "") + wall)
