@@ -220,12 +220,13 @@ def _readme_file(text: str) -> Path:
     path = Path(text)
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"{text} is not a file; allowed: an existing markdown file with the "
-                                         "<!-- claims-table:start/end --> or <!-- claims-summary:start/end --> "
-                                         "markers")
+                                         "<!-- claims-table:start/end -->, <!-- claims-summary:start/end --> or "
+                                         "<!-- claims-time:start/end --> markers")
     if not markers_in(path.read_text(errors="replace")):
-        raise argparse.ArgumentTypeError(f"{text} has no <!-- claims-table:start --> ... <!-- claims-table:end --> "
-                                         "nor <!-- claims-summary:start --> ... <!-- claims-summary:end --> markers; "
-                                         "allowed: a markdown file with either pair")
+        raise argparse.ArgumentTypeError(f"{text} has no <!-- claims-table:start --> ... <!-- claims-table:end -->, "
+                                         "<!-- claims-summary:start --> ... <!-- claims-summary:end --> nor "
+                                         "<!-- claims-time:start --> ... <!-- claims-time:end --> markers; allowed: "
+                                         "a markdown file with one of these pairs")
     return path
 
 
@@ -253,7 +254,8 @@ def _add_claims(sub) -> None:
     p.add_argument("--readme", type=_readme_file, action="append", default=None, metavar="FILE",
                    help="also rewrite the claims blocks of the markdown file FILE (README.md, docs/claims.md, any "
                         "page) from the reports of every offset in DIR: the table between its claims-table markers, "
-                        "the verdict counts between its claims-summary markers; may be given more than once")
+                        "the verdict counts between its claims-summary markers, where each offset's --run spent its "
+                        "time between its claims-time markers; may be given more than once")
     p.add_argument("--publish", type=_out_folder, default=None, metavar="FOLDER",
                    help="also copy every offset's whole report and its figures from DIR into FOLDER (e.g. "
                         "docs/claims_reports), each page headed by the command, date and commit")

@@ -684,6 +684,25 @@ def test_the_claims_blocks_go_into_any_page_with_their_markers(tmp_path, capsys)
     assert "claims-summary:start" in capsys.readouterr().err
 
 
+def test_the_time_block_shows_each_offsets_minutes_per_experiment_largest_first(tmp_path):
+    from analysis.claims.report import TIME_END, TIME_START, update_pages
+
+    _report(tmp_path, 0, {"C3": "supported"})
+    _report(tmp_path, 1000, {"C3": "supported"})
+    (tmp_path / "claims_run.json").write_text(json.dumps(
+        {"wall_s": 600.0, "seconds": {"claim_c3": 60.0, "claim_c8": 240.0, "judging": 6.0}, "finished": "then"}))
+    (tmp_path / "claims_run_seed1000.json").write_text(json.dumps(
+        {"wall_s": 900.0, "seconds": {"claim_c3": 30.0, "claim_c8": 480.0}, "finished": "later"}))
+    page = tmp_path / "toy.md"
+    page.write_text(f"a\n{TIME_START}\nold\n{TIME_END}\nb\n")
+    assert update_pages([page], tmp_path, False, "cmd") == [f"{page}: claims-time"]
+    rows = [ln for ln in page.read_text().splitlines() if ln.startswith("| ")]
+    # claim_c8: 4 + 8 = 12 minutes, claim_c3: 1 + 0.5, judging 0.1 (offset 0 only)
+    assert rows[0] == "| experiment | seeds +0 | seeds +1000 |"
+    assert rows[2:5] == ["| claim_c8 | 4.0 | 8.0 |", "| claim_c3 | 1.0 | 0.5 |", "| judging | 0.1 |  |"]
+    assert rows[5] == "| **wall time** | **10.0** | **15.0** |" and rows[6] == "| finished | then | later |"
+
+
 def test_a_report_compares_its_own_offset_with_the_others_and_prints_the_protocol(tmp_path, monkeypatch):
     def not_composed(name, *args, **kwargs):
         raise NotRun(f"{name}: not composed in this test")

@@ -394,19 +394,53 @@ def stability_table(stab: dict) -> str:
 
 README_START, README_END = "<!-- claims-table:start -->", "<!-- claims-table:end -->"
 SUMMARY_START, SUMMARY_END = "<!-- claims-summary:start -->", "<!-- claims-summary:end -->"
-BLOCKS = {"claims-table": (README_START, README_END), "claims-summary": (SUMMARY_START, SUMMARY_END)}
+TIME_START, TIME_END = "<!-- claims-time:start -->", "<!-- claims-time:end -->"
+BLOCKS = {"claims-table": (README_START, README_END), "claims-summary": (SUMMARY_START, SUMMARY_END),
+          "claims-time": (TIME_START, TIME_END)}
 
 
-def _walls(root: Path, quick: bool) -> dict[int, float | None]:
-    """Each offset's recorded wall time of its whole ``--run`` command (``claims_run*.json``), if any."""
+def _run_records(root: Path, quick: bool) -> dict[int, dict | None]:
+    """Each offset's record of its last whole ``--run`` command (``claims_run*.json``: ``wall_s``,
+    ``seconds`` per experiment, ``finished``), if any."""
     out = {}
     for o in stability(root, quick)["offsets"]:
         f = Path(root) / f"claims_run{variant(quick, o)}.json"
         try:
-            out[o] = float(json.loads(f.read_text())["wall_s"])
+            rec = json.loads(f.read_text())
+            rec["wall_s"] = float(rec["wall_s"])
+            out[o] = rec
         except (OSError, ValueError, KeyError, TypeError):
             out[o] = None
     return out
+
+
+def _walls(root: Path, quick: bool) -> dict[int, float | None]:
+    """Each offset's recorded wall time of its whole ``--run`` command (``claims_run*.json``), if any."""
+    return {o: rec["wall_s"] if rec else None for o, rec in _run_records(root, quick).items()}
+
+
+def time_block(root: Path, quick: bool, command: str) -> str:
+    """Where each offset's last ``--run`` spent its time: minutes per experiment (stage one and its
+    looks together), the exact tests and the judging, from ``claims_run*.json``; the rest of the
+    wall time is startup and writing the report."""
+    recs = {o: r for o, r in _run_records(root, quick).items() if r}
+    if not recs:
+        raise FileNotFoundError(f"no claims_run*.json in {root}: run python -m analysis claims {root} --run first")
+    offsets = sorted(recs)
+    names = sorted({k for r in recs.values() for k in r.get("seconds", {})},
+                   key=lambda k: -sum(float(recs[o].get("seconds", {}).get(k, 0.0)) for o in offsets))
+    lines = [f"Written by `{command}` on {time.strftime('%Y-%m-%d')} (commit {commit()}): minutes of each "
+             "offset's last `--run` command, per experiment (its first look and later looks together; "
+             "0.0: every run was already in the folder).", "",
+             "| experiment | " + " | ".join(f"seeds +{o}" for o in offsets) + " |",
+             "|" + " --- |" * (len(offsets) + 1)]
+    for k in names:
+        cells = [f"{float(recs[o]['seconds'][k]) / 60:.1f}" if k in recs[o].get("seconds", {}) else ""
+                 for o in offsets]
+        lines.append(f"| {_cell(k)} | " + " | ".join(cells) + " |")
+    lines.append("| **wall time** | " + " | ".join(f"**{recs[o]['wall_s'] / 60:.1f}**" for o in offsets) + " |")
+    lines.append("| finished | " + " | ".join(_cell(str(recs[o].get("finished", ""))) for o in offsets) + " |")
+    return "\n".join(lines)
 
 
 def readme_table(root: Path, quick: bool, command: str) -> str:
@@ -423,7 +457,7 @@ def readme_table(root: Path, quick: bool, command: str) -> str:
     lines = [f"Written by `{command}` on {time.strftime('%Y-%m-%d')} (commit {commit()}); each cell: verdict, "
              "primary statistic [interval at the level Holm tested it at]."
              + (f" Wall time of each offset's last `--run` command (its `claims_run*.json`; the notes say how "
-                "each was run): {wall_text}." if wall_text else ""), "",
+                f"each was run): {wall_text}." if wall_text else ""), "",
              head, "|" + " --- |" * (len(stab["offsets"]) + 3)]
     for cid, r in by_claim.items():
         c = CLAIMS_BY_ID[cid]
@@ -464,7 +498,8 @@ def summary_block(root: Path, quick: bool, command: str) -> str:
 
 
 def markers_in(text: str) -> list[str]:
-    """The claims blocks (``claims-table``, ``claims-summary``) whose start and end markers ``text`` holds."""
+    """The claims blocks (``claims-table``, ``claims-summary``, ``claims-time``) whose start and end markers
+    ``text`` holds."""
     return [name for name, (start, end) in BLOCKS.items() if start in text and end in text]
 
 
@@ -481,8 +516,9 @@ def update_readme(readme: Path, body: str, block: str = "claims-table") -> None:
 
 def update_pages(pages: list[Path], root: Path, quick: bool, command: str) -> list[str]:
     """Write every claims block each page has markers for (``claims-table``: the table,
-    ``claims-summary``: the counts); returns ``"page: block"`` for each block written."""
-    bodies = {"claims-table": readme_table, "claims-summary": summary_block}
+    ``claims-summary``: the counts, ``claims-time``: where each offset's ``--run`` spent its time);
+    returns ``"page: block"`` for each block written."""
+    bodies = {"claims-table": readme_table, "claims-summary": summary_block, "claims-time": time_block}
     done = []
     for page in pages:
         for block in markers_in(page.read_text()):
