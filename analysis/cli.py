@@ -281,12 +281,13 @@ def _run_claims(args) -> int:
     if args.run:
         from harness.experiments.run import describe, run_claims  # the one named exception (.importlinter)
 
-        from .claims.plan import next_looks, variant, write_plan
+        from .claims.plan import extensions, next_looks, read_plan, variant, write_plan
 
         root = Path(args.results).resolve()
         timings: dict[str, float] = {}
+        # stage one, and every look an earlier --run of this offset reached (a stopped run is completed)
         totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print,
-                            timings=timings)
+                            timings=timings, reached=extensions(read_plan(root, args.quick, args.seed_offset)))
         print(f"[claims] stage one: {describe(totals) or 'nothing to run'} ({time.time() - t0:.0f} s)")
         looks_run = 0
         while True:

@@ -569,12 +569,16 @@ def test_a_claim_stops_at_the_first_look_whose_boundary_it_crosses(monkeypatch):
                 out.n_members = n
                 return out
 
+            def missing(self):
+                return absent if self.n_members == 80 else 0
+
         data = _fake_data(c)
         data["claim_c29"].__class__ = E
         monkeypatch.setattr(C, "KINDS", {**K.KINDS, "run_metric": compute})
         v = C.evaluate_claim(c, data, {}, reached={"claim_c29": reached})
         return v, calls
 
+    absent = 0
     reached = 0  # only the first look run: a claim that does not cross waits for the next (no peek)
     waiting, calls = run(0.13)
     assert calls == [40] and waiting.pending and not waiting.tested and "next look (80 seeds)" in waiting.deciding
@@ -587,6 +591,9 @@ def test_a_claim_stops_at_the_first_look_whose_boundary_it_crosses(monkeypatch):
     assert small.tested and not small.pending
     p_nominal = decision_p(mean_estimate(0.13 + 0.05 * noise[:80]), c.primary.rule.judge)
     assert small.p == pytest.approx(sequential_p(p_nominal, 1, [40, 80], 0.05 / C.M_REGISTERED))
+    absent = 7  # the plan reached the second look but a stopped --run left 7 of its runs undone: not judged
+    cut, calls = run(0.13)
+    assert calls == [40] and cut.pending and not cut.tested and "7 run(s) not run yet" in cut.deciding
 
 
 def test_the_cli_runs_looks_by_runs_not_by_time(tmp_path, monkeypatch):
@@ -594,10 +601,11 @@ def test_the_cli_runs_looks_by_runs_not_by_time(tmp_path, monkeypatch):
     judgements give the same runs (no budget enters)."""
     from analysis import cli
 
-    calls, judged = [], []
+    calls, judged, resumed = [], [], []
 
     def run_claims(root, **kw):
         calls.append(kw.get("extensions"))
+        resumed.append(kw.get("reached"))
         return {}
 
     def evaluate(root, quick, only, offset, diverged="worst"):
@@ -613,6 +621,11 @@ def test_the_cli_runs_looks_by_runs_not_by_time(tmp_path, monkeypatch):
     assert calls == [None, {"claim_c29": {"population": 80}}] and len(judged) == 2
     plan = json.loads((tmp_path / "plan_claims.json").read_text())
     assert plan["experiments"]["claim_c29"]["reached"] == 1
+    # run again (say the first was stopped during its second look): stage one runs to the look reached
+    calls.clear(), judged.clear(), resumed.clear()
+    judged.append(1)  # the plan is already at its second look
+    assert cli.main(["claims", str(tmp_path), "--run", "--only", "C29"]) == 0
+    assert resumed[0] == {"claim_c29": {"population": 80}} and calls == [None]
 
 
 # ----------------------------------------------------------------------------- reports

@@ -151,15 +151,19 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
     used = looks[: upto + 1] if looks else [None]
     alpha_stop = PROTOCOL.alpha / max(M_REGISTERED, 1)
     bounds = spending_boundaries(looks, alpha_stop) if len(looks) > 1 else []
-    est, p_nom, look, stopped = None, 1.0, 0, False
+    est, p_nom, look, stopped, incomplete = None, 1.0, 0, False, None
     for k, n in enumerate(used):
-        est = KINDS[pr.stat](_data_at(e, n), pr.args)
+        sub = _data_at(e, n)
+        if k > 0 and sub.missing():  # a look the plan reached whose runs are not all there (a stopped --run)
+            incomplete = (n, sub.missing())
+            break
+        est = KINDS[pr.stat](sub, pr.args)
         p_nom = decision_p(est, pr.rule.judge)
         look = k
         if bounds and k < len(looks) - 1 and p_nom <= nominal_level(bounds[k]):
             stopped = True  # crossed the stopping boundary at this look: judged here
             break
-    final = stopped or len(looks) < 2 or look == len(looks) - 1
+    final = incomplete is None and (stopped or len(looks) < 2 or look == len(looks) - 1)
     at_n = used[look]
     primary = _part(pr, est, PROTOCOL.check_level, look)
     v = Verdict(c.id, PILOT if quick else "undecided", pr.name, primary.point, primary.low, primary.high,
@@ -219,6 +223,9 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
         v.pending = True
         v.deciding = (f"sequential plan: not past its stopping boundary at {at_n} seeds per arm; its next look "
                       f"({looks[look + 1]} seeds) is not run yet (--run runs it)")
+        if incomplete is not None:
+            v.deciding = (f"sequential plan: not past its stopping boundary at {at_n} seeds per arm; its next look "
+                          f"({incomplete[0]} seeds) has {incomplete[1]} run(s) not run yet (--run runs them)")
         return v
     v.tested = True
     v.p = sequential_p(p_nom, look, looks, alpha_stop) if len(looks) > 1 else p_nom

@@ -11,7 +11,9 @@ has stopped or reached its last look. No clock enters: the same command gives th
 the same verdicts on a busy and on a quiet machine, and the most a full run can cost is every
 experiment at its last look. Probe experiments have one look (their batches are registered at a
 number that decides their claims). The looks reached are kept in ``DIR/plan_claims*.json`` so
-that judging again (without ``--run``) reads the same runs.
+that judging again (without ``--run``) reads the same runs. A ``--run`` stopped during a look is
+completed by the next one (its stage one runs every experiment to the look the plan reached); until
+then a claim whose reached look lacks runs is pending, never judged on the runs that happen to exist.
 """
 from __future__ import annotations
 

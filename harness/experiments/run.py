@@ -138,11 +138,13 @@ def run_exact_tests(claims: Iterable[str], out: Path, progress: Callable[[str], 
 
 def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None = None, seed_offset: int = 0,
                extensions: dict[str, dict] | None = None, progress: Callable[[str], None] = print,
-               timings: dict[str, float] | None = None) -> dict[str, int]:
+               timings: dict[str, float] | None = None, reached: dict[str, dict] | None = None) -> dict[str, int]:
     """Run the exact tests and every experiment the claims (``only``: a subset) need, into ``root``
     (``seed_offset``: on seeds shifted by that much, :func:`~harness.experiments.compose_points`).
     ``extensions``: run only these experiments, each extended as given (a second stage).
-    ``timings``: each experiment's seconds (and ``exact tests``) are added to it."""
+    ``timings``: each experiment's seconds (and ``exact tests``) are added to it. ``reached``: the
+    members each experiment's sequential plan has already reached (a resumed run: every experiment runs
+    at least to these, so a look a stopped run began is completed)."""
     root = Path(root).resolve()  # the exact tests run from the repository root
     root.mkdir(parents=True, exist_ok=True)
     claims = [c for c in CLAIM_IDS if only is None or c in only]
@@ -168,7 +170,7 @@ def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None =
             continue
         try:
             points = compose_points(name, root, quick, seed_offset=seed_offset,
-                                    extend=(extensions or {}).get(name))
+                                    extend=(extensions or reached or {}).get(name))
         except Exception as exc:
             progress(f"[claims] experiment {name}: cannot compose: {type(exc).__name__}: {exc}".splitlines()[0])
             totals["error"] = totals.get("error", 0) + 1
