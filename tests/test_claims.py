@@ -658,15 +658,16 @@ def test_stability_flags_a_verdict_that_flips(tmp_path):
 
 
 def test_a_claim_judged_at_one_offset_is_neither_undecided_nor_unreproduced(tmp_path):
-    _report(tmp_path, 0, {"C3": "supported", "C10": "supported", "C34": "undecided"})
-    _report(tmp_path, 1000, {"C3": "supported", "C10": "undecided"})
-    rep = json.loads((tmp_path / "claims_seed1000.json").read_text())
-    rep["verdicts"][1]["not_run"] = "the LM task is not present"
-    (tmp_path / "claims_seed1000.json").write_text(json.dumps(rep))
+    _report(tmp_path, 0, {"C3": "supported", "C10": "supported", "C34": "undecided", "C36": "undecided"})
+    _report(tmp_path, 1000, {"C3": "supported", "C10": "undecided", "C36": "undecided"})
+    for name, i in (("claims_seed1000.json", 1), ("claims_seed1000.json", 2), ("claims.json", 3)):
+        rep = json.loads((tmp_path / name).read_text())
+        rep["verdicts"][i]["not_run"] = "not run here"
+        (tmp_path / name).write_text(json.dumps(rep))
     st = C.stability(tmp_path, quick=False)
     assert {r["claim"]: r["status"] for r in st["rows"]} == {"C3": "stable", "C10": "one offset only",
-                                                             "C34": "one offset only"}
-    assert st["summary"].endswith(" 2 judged at one offset only.")
+                                                             "C34": "one offset only", "C36": "not run"}
+    assert st["summary"].endswith(" 2 judged at one offset only. 1 run at no offset.")
 
 
 def test_the_claims_blocks_go_into_any_page_with_their_markers(tmp_path, capsys):

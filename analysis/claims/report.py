@@ -334,7 +334,8 @@ def stability(root: Path, quick: bool) -> dict:
     claim the verdict at each offset and ``stable`` (the same decided verdict at every offset),
     ``unstable`` (decided at two offsets, differently), ``not reproduced`` (decided at some
     offset, undecided or untestable at another: the rerun neither confirms nor contradicts it),
-    ``undecided`` (decided at no offset). Exact checks are not seed-dependent and not counted."""
+    ``undecided`` (decided at no offset), ``one offset only``, ``not run`` (at no offset). Exact
+    checks are not seed-dependent and not counted."""
     reports = _reports(root, quick)
     offsets = sorted(reports)
     rows = []
@@ -345,7 +346,9 @@ def stability(root: Path, quick: bool) -> dict:
         # or not run at it, has nothing to compare: neither undecided nor unreproduced there)
         judged = {o: v for o, v in labels.items() if v and not v.get("not_run")}
         decided = {o: v["verdict"] for o, v in judged.items() if v["verdict"] in DECIDED}
-        if len(judged) < 2:
+        if not judged:
+            status = "not run"  # at no offset (e.g. the opt-in MuJoCo experiment)
+        elif len(judged) < 2:
             status = "one offset only"  # nothing to compare with yet
         elif len(set(decided.values())) > 1:
             status = "unstable"
@@ -360,8 +363,9 @@ def stability(root: Path, quick: bool) -> dict:
                                 for o, v in labels.items()},
                      "status": status})
     n = {s: sum(r["status"] == s for r in rows)
-         for s in ("stable", "unstable", "not reproduced", "undecided", "one offset only")}
+         for s in ("stable", "unstable", "not reproduced", "undecided", "one offset only", "not run")}
     once = f" {n['one offset only']} judged at one offset only." if n["one offset only"] else ""
+    once += f" {n['not run']} run at no offset." if n["not run"] else ""
     summary = (f"{n['stable']} claims decided the same way at every offset, {n['unstable']} unstable (decided "
                f"differently), {n['not reproduced']} not reproduced (decided at some offset, undecided or untestable "
                f"at another), {n['undecided']} decided at no offset.{once}" if len(offsets) > 1 else
