@@ -1045,3 +1045,27 @@ def test_the_claims_list_page_is_written_from_the_registry():
 
     page = (X.REPO / "docs" / "claims_list.md").read_text()
     assert page.split(START)[1].split(END)[0].strip() == list_markdown().strip()
+
+
+def test_the_curve_panel_averages_the_kth_evaluation_of_every_seed_whatever_its_step():
+    """Seeds evaluate at slightly different env_steps (episodes end at different steps): each
+    point of the mean curve is the k-th evaluation of all 6 seeds, at their median step."""
+    import types
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analysis.claims.figures import _curve_panel
+    e = _train_data("x", [({"arm": "a"}, {"v": lambda s, it: 10.0 * it + s})], iters=4)
+    e.metrics["env_steps"] = e.metrics["env_steps"] + e.metrics["seed"] * 7  # 100*it + 0, 7, ..., 35
+    ps = types.SimpleNamespace(stat="run_metric", experiment="x", args={"metric": {"column": "v"}, "a": {"arm": "a"}})
+    fig, ax = plt.subplots()
+    assert _curve_panel(ax, types.SimpleNamespace(primary=ps), {"x": e})
+    line = ax.lines[0]
+    xs, ys = line.get_xdata(), line.get_ydata()
+    plt.close(fig)
+    # by hand: seeds 0..5 add 0..5 to 10*it (mean 2.5) and 0..35 to the step (median 17.5)
+    assert list(xs) == pytest.approx([117.5, 217.5, 317.5, 417.5])
+    assert list(ys) == pytest.approx([12.5, 22.5, 32.5, 42.5])
+    assert "(n=6 seeds)" in line.get_label()

@@ -112,14 +112,19 @@ def _curve_panel(ax, claim, data: dict[str, ExpData]) -> bool:
             m = e.select(e.metrics, where, "metrics")
         except NotRun:
             continue
-        m = m.dropna(subset=[col])
-        g = m.groupby(x)[col]
-        mean, sd, n = g.mean(), g.std(ddof=1), g.count()
+        m = m.dropna(subset=[col]).sort_values(x)
+        # the k-th evaluation of every seed is one point, at the seeds' median step: runs whose
+        # episodes end at different steps evaluate at slightly different env_steps, and grouping by
+        # the step itself left 3 or 4 seeds per point
+        run = "run_dir" if "run_dir" in m else "run_id"
+        m = m.assign(_k=m.groupby(run).cumcount())
+        g = m.groupby("_k")
+        mean, sd, n, xs = g[col].mean(), g[col].std(ddof=1), g[col].count(), g[x].median()
         q = scipy.stats.t.ppf(0.975, np.maximum(n - 1, 1))
         half = (q * sd / np.sqrt(n)).fillna(0.0)
         label = f"{tag}: " + ", ".join(f"{k}={v}" for k, v in where.items()) + f" (n={int(n.max())} seeds)"
-        ax.plot(mean.index, mean.values, color=color, label=label, lw=1)
-        ax.fill_between(mean.index, mean - half, mean + half, color=color, alpha=0.2, lw=0)
+        ax.plot(xs.values, mean.values, color=color, label=label, lw=1)
+        ax.fill_between(xs.values, (mean - half).values, (mean + half).values, color=color, alpha=0.2, lw=0)
         drawn = True
     ax.set_xlabel(x, fontsize=7)
     ax.set_ylabel(col, fontsize=7)
