@@ -154,8 +154,9 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
     est, p_nom, look, stopped, incomplete = None, 1.0, 0, False, None
     for k, n in enumerate(used):
         sub = _data_at(e, n)
-        if k > 0 and sub.missing():  # a look the plan reached whose runs are not all there (a stopped --run)
-            incomplete = (n, sub.missing())
+        absent = sub.missing() if k > 0 else 0
+        if absent:  # a look the plan reached whose runs are not all there (a stopped --run)
+            incomplete = (n, absent)
             break
         est = KINDS[pr.stat](sub, pr.args)
         p_nom = decision_p(est, pr.rule.judge)
@@ -221,11 +222,9 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
         return v
     if not final:  # the plan goes on: judging here would be a peek the alpha spending does not pay for
         v.pending = True
-        v.deciding = (f"sequential plan: not past its stopping boundary at {at_n} seeds per arm; its next look "
-                      f"({looks[look + 1]} seeds) is not run yet (--run runs it)")
-        if incomplete is not None:
-            v.deciding = (f"sequential plan: not past its stopping boundary at {at_n} seeds per arm; its next look "
-                          f"({incomplete[0]} seeds) has {incomplete[1]} run(s) not run yet (--run runs them)")
+        nxt = (f"({incomplete[0]} seeds) has {incomplete[1]} run(s) not run yet (--run runs them)" if incomplete
+               else f"({looks[look + 1]} seeds) is not run yet (--run runs it)")
+        v.deciding = f"sequential plan: not past its stopping boundary at {at_n} seeds per arm; its next look {nxt}"
         return v
     v.tested = True
     v.p = sequential_p(p_nom, look, looks, alpha_stop) if len(looks) > 1 else p_nom
