@@ -16,6 +16,9 @@ Rules (the output contract in docs/design.md "Outputs"):
 * a run whose ``eval_return`` or ``episode_return`` holds ±inf is left out (named): a
   non-finite score is neither averaged nor silently replaced by the other column (NaN/null
   means "not evaluated at this iteration" and is ignored, as before);
+* a completed run with no finite value in either column (an env that never ended an episode,
+  with ``eval_every=0``) is left out, named: it has no score (a diverged one is kept, to be
+  scored its task's worst return);
 * a symlinked directory under the folder is not followed: it is named as left out (a link
   pointing outside the folder would mix other results in; one pointing inside would count
   its target twice);
@@ -58,8 +61,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from harness.io import schema
-from harness.io.finished import (MISSING, check_iterations, check_parts, read_config, read_parquet, read_summary,
-                                 unreadable_metrics)
+from harness.io.finished import (MISSING, RunFileError, check_iterations, check_parts, read_config, read_parquet,
+                                 read_summary, unreadable_metrics)
 
 __all__ = [
     "AnalysisWarning",
@@ -107,6 +110,14 @@ def _warn(message: str) -> None:
     warnings.warn(message, AnalysisWarning, stacklevel=3)
 
 
+def _points_to_dir(e: os.DirEntry) -> bool:
+    """A symlink that leads to a directory (False for a dangling link or a loop of links)."""
+    try:
+        return e.is_dir()
+    except OSError:  # ELOOP
+        return False
+
+
 def _walk(root: Path) -> tuple[list[str], list[str], set[str]]:
     """One pass over ``root``: ``(runs, links, with_metrics)``. ``runs``: every directory
     (``root`` itself included, as ".") holding metrics.parquet or summary.json; ``links``: every
@@ -128,10 +139,10 @@ def _walk(root: Path) -> tuple[list[str], list[str], set[str]]:
                 if e.is_dir(follow_symlinks=False):
                     if not e.name.startswith("."):
                         subdirs.append((e.path, f"{rel}/{e.name}" if rel else e.name))
-                elif e.is_symlink() and e.is_dir():
+                elif e.is_symlink() and _points_to_dir(e):
                     if not e.name.startswith("."):
                         links.append(f"{rel}/{e.name}" if rel else e.name)
-                else:
+                else:  # a file, or something that is not (harness.io.files names what it is when read)
                     files.add(e.name)
         if METRICS_FILE in files or SUMMARY_FILE in files:
             runs.append(rel or ".")
@@ -310,9 +321,11 @@ def _runs_frame(recs: list[dict]) -> pd.DataFrame:
 def _read_metrics(path: Path) -> tuple[pa.Table | None, str | None]:
     """``(table, None)``, or ``(None, why)`` for a file that does not read in full."""
     try:
-        table = read_parquet(path)
+        table = read_parquet(path)  # harness.io.files.read_table: the one reader of run files
         table.validate(full=True)
         return table, None
+    except RunFileError as err:
+        return None, f"unreadable {METRICS_FILE} ({err.reason})"
     except Exception as err:  # noqa: BLE001 - ArrowInvalid, OSError, ...: any means corrupt
         return None, f"unreadable {METRICS_FILE} ({type(err).__name__}: {err})".splitlines()[0]
 
@@ -482,6 +495,7 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
 
     # ±inf scores, looked for in all the stacked runs at once
     bad = _nonfinite_runs(table, counts) if kept else set()
+    unscored = _unscored_runs(table, counts) if kept else set()
     starts = np.cumsum(counts) - counts
     where = {id(rec): k for k, rec in enumerate(kept)}
     keep = np.array([rec["finished"] or not finished_only for rec in kept], dtype=bool)
@@ -500,6 +514,8 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
             leave_out(i, rec, unread[id(rec)])
             continue
         why = nonfinite_score(table.slice(starts[k], counts[k])) if k in bad else None
+        if why is None and k in unscored and rec["status"] == "completed":  # a diverged run scores its worst
+            why = NO_SCORE
         if why is not None:
             keep[k] = False
             leave_out(i, rec, why)
@@ -598,6 +614,27 @@ def _nonfinite_runs(table: pa.Table, counts: list[int]) -> set[int]:
             return set(range(len(counts)))
         bad |= np.isinf(vals)
     return {int(k) for k in np.unique(row_run[bad])}
+
+
+#: Why a completed run without any finite score is left out (issue 36: it was counted as scored).
+NO_SCORE = ("no score: neither eval_return nor episode_return holds a finite value (no evaluation ran "
+            "and no episode ended)")
+
+
+def _unscored_runs(table: pa.Table, counts: list[int]) -> set[int]:
+    """The runs (indices into ``counts``) of the stacked ``table`` with no finite value in any
+    of :data:`SCORE_VALUE_COLUMNS`."""
+    row_run = np.repeat(np.arange(len(counts)), counts)
+    scored = np.zeros(len(counts), dtype=bool)
+    for col in SCORE_VALUE_COLUMNS:
+        if col not in table.column_names:
+            continue
+        try:
+            vals = table.column(col).cast(pa.float64()).to_numpy(zero_copy_only=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            continue  # named by nonfinite_score
+        scored[np.unique(row_run[np.isfinite(vals)])] = True
+    return {int(k) for k in np.flatnonzero(~scored)}
 
 
 #: The per-run columns load adds; a column of these names in a metrics file is dropped.

@@ -2,7 +2,6 @@
 at the end of a sweep with how many runs were skipped, done, failed (exit code 1 if any failed)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +9,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from .config import path_problem, results_path
+from .io.files import read_json
 
 
 def refuse_unusable_results_dir(config: DictConfig) -> None:
@@ -38,7 +38,7 @@ class SweepSummary(Callback):
         totals: dict[str, int] = {}
         for f in Path(config.hydra.sweep.dir).glob("*/outcome.json"):
             try:
-                for k, v in json.loads(f.read_text()).items():
+                for k, v in read_json(f).items():  # harness.io.files: a regular file, bounded
                     totals[k] = totals.get(k, 0) + int(v)
             except (OSError, ValueError):
                 continue

@@ -522,7 +522,9 @@ def test_runs_whose_iterations_are_not_1_to_n_are_the_ones_left_out(tmp_path, mo
               summary=_summary("e_empty", "completed", 0))
     df = analysis.load(tmp_path)
     left = {Path(r["run_dir"]).name for r in df.attrs["left_out"]}
-    assert left == set(bad), left  # e_empty: finished with no rows, stacked as a run of 0 rows
+    # e_empty: finished with no rows, stacked as a run of 0 rows, and left out as it has no score (issue 36)
+    assert left == set(bad) | {"e_empty"}, left
+    assert [r["reason"] for r in df.attrs["left_out"] if r["run_dir"].endswith("e_empty")] == [L.NO_SCORE]
     assert len(checked) == len(bad)
     assert set(df["run_dir"].map(lambda d: Path(d).name)) == set(good)
     assert df.groupby("run_dir")["iteration"].apply(list).map(lambda v: v == [1.0, 2.0, 3.0, 4.0, 5.0]).all()

@@ -224,7 +224,9 @@ def test_corrupt_metrics_of_a_killed_run_resume_from_its_checkpoint(tmp_path, mo
 
 
 @pytest.mark.parametrize("damage", ["truncated", "other_population", "adam_shape", "param_dtype", "past_budget",
-                                    "extra_param", "bad_rows", "source_actions"])
+                                    "extra_param", "bad_rows", "source_actions",
+                                    # issue 36: a header that passes, a field that does not
+                                    "deep_meta", "wall_time_abc", "outcome_without_status", "string_return"])
 def test_unusable_checkpoint_is_named_and_the_run_restarts_from_zero(damage, tmp_path, monkeypatch, caplog):
     """Crafted checkpoints carry this run's own config hash (so only the tensor-by-tensor checks
     can catch them): wrong Adam-state shapes (a SIGSEGV in the fused Adam step on main), a
@@ -242,6 +244,12 @@ def test_unusable_checkpoint_is_named_and_the_run_restarts_from_zero(damage, tmp
     (c,) = (tmp_path / "k").rglob(ckpt.CHECKPOINT_FILE)
     if damage == "truncated":
         c.write_bytes(c.read_bytes()[:100])
+    elif damage == "deep_meta":  # this run's own header, then a key nested 100,000 deep
+        from safetensors.torch import save as st_save
+
+        tensors, meta = ckpt.load(c)
+        text = json.dumps(meta)[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}"
+        c.write_bytes(st_save(tensors, metadata={"harness": text}))
     else:
         tensors, meta = ckpt.load(c)
         if damage == "other_population":  # seeds [0, 1] (population=2 shares seed 0's directory)
@@ -257,6 +265,12 @@ def test_unusable_checkpoint_is_named_and_the_run_restarts_from_zero(damage, tmp
             tensors["param/net.extra"] = torch.zeros(2)
         elif damage == "bad_rows":
             meta["members"][0]["rows"] = [1, 2, 3]
+        elif damage == "wall_time_abc":
+            meta["wall_time_s"] = "abc"
+        elif damage == "outcome_without_status":
+            meta["members"][0]["outcome"] = {"reason": None, "wall_time_s": 1.0}
+        elif damage == "string_return":
+            meta["members"][0]["rows"][0]["episode_return"] = "high"
         else:
             tensors["source/actions"] = torch.zeros(2, 5, dtype=torch.int8)
         ckpt.save(c, tensors, meta)

@@ -4,6 +4,7 @@ loader (analysis.load) and the claims' evidence (analysis.claims.load_points).""
 
 import json
 import logging
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,6 +15,7 @@ from tests.analysis_fixtures import _summary, curve_columns, write_run
 import analysis
 from harness.experiments import Point, point_done
 from harness.io import check_finished, run_status
+from harness.io import files as files_mod
 from harness.io import rundir as rundir_mod
 from harness.io.finished import FINISHED, check_run
 
@@ -69,6 +71,36 @@ def _damage(d, how):
         pq.write_table(t, m)
     elif how == "status_unknown_string":
         _summary_edit(d, status="done")
+    # ---- issue 36: files that are not what they say (one reader, harness.io.files, for all)
+    elif how in ("summary_fifo", "metrics_fifo"):
+        f = d / ("summary.json" if how == "summary_fifo" else "metrics.parquet")
+        f.unlink()
+        os.mkfifo(f)  # opened for reading without a writer: a plain open() blocks for ever
+    elif how in ("summary_dev_zero", "metrics_dev_zero"):
+        f = d / ("summary.json" if how == "summary_dev_zero" else "metrics.parquet")
+        f.unlink()
+        f.symlink_to("/dev/zero")  # a read that never ends
+    elif how in ("summary_loop", "metrics_loop"):
+        f = d / ("summary.json" if how == "summary_loop" else "metrics.parquet")
+        f.unlink()
+        f.symlink_to(d / "loop_b")
+        (d / "loop_b").symlink_to(f)
+    elif how == "summary_deep":
+        (d / "summary.json").write_text('{"status": "completed", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    elif how == "summary_too_big":
+        _summary_edit(d, padding="x" * (files_mod.JSON_LIMIT + 1))
+    elif how == "summary_huge_iterations":
+        _summary_edit(d, iterations=10 ** 11)
+        (d / "config.yaml").write_text(CONFIG.replace("budget:\n  iterations: 5\n", ""))
+    elif how == "config_deep":
+        (d / "config.yaml").write_text("a: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    elif how == "metrics_duplicated_column":
+        t = pq.read_table(m)
+        pq.write_table(t.append_column("eval_return", t.column("eval_return")), m)
+    elif how == "metrics_string_return":
+        t = pq.read_table(m)
+        i = t.schema.get_field_index("episode_return")
+        pq.write_table(t.set_column(i, "episode_return", pa.array(["high"] * t.num_rows)), m)
     else:
         raise AssertionError(how)
 
@@ -88,10 +120,24 @@ CORRUPT = {  # damage -> the exact reason every reader gives
     "truncated_metrics": None,  # starts with "unreadable metrics.parquet ("
     "no_metrics": None,
     "zero_based_iterations": "metrics.parquet holds iterations [0..2] (3 rows), summary.json says 3",
+    # issue 36: worked out from the crafted entry (not from the code's own message table)
+    "summary_fifo": "unreadable summary.json (is a FIFO, not a regular file)",
+    "metrics_fifo": "unreadable metrics.parquet (is a FIFO, not a regular file)",
+    "summary_dev_zero": "unreadable summary.json (is a symlink (not followed: run files must be regular files))",
+    "metrics_dev_zero": "unreadable metrics.parquet (is a symlink (not followed: run files must be regular files))",
+    "summary_loop": "unreadable summary.json (is a symlink (not followed: run files must be regular files))",
+    "metrics_loop": "unreadable metrics.parquet (is a symlink (not followed: run files must be regular files))",
+    "summary_deep": "unreadable summary.json (JSON nested deeper than 64 levels)",
+    "summary_too_big": None,  # starts with "unreadable summary.json (is N bytes, over the"
+    "summary_huge_iterations": "metrics.parquet holds iterations [1..3] (3 rows), summary.json says 100000000000",
+    "config_deep": None,  # "unreadable config.yaml (": libyaml's own nesting limit or ours
+    "metrics_duplicated_column": "unreadable metrics.parquet (has the column 'eval_return' more than once)",
+    "metrics_string_return": "unreadable metrics.parquet (column 'episode_return' is string, expected double)",
 }
 PREFIX = {"torn_summary": "unreadable summary.json (JSONDecodeError: ",
           "torn_config": "unreadable config.yaml (", "truncated_metrics": "unreadable metrics.parquet (",
-          "no_metrics": "unreadable metrics.parquet ("}
+          "no_metrics": "unreadable metrics.parquet (", "config_deep": "unreadable config.yaml (",
+          "summary_too_big": "unreadable summary.json (is "}
 
 
 def _assert_reason(reason, how):
@@ -120,7 +166,9 @@ def test_diverged_within_budget_and_zero_iterations_are_finished(tmp_path):
 
 
 @pytest.mark.parametrize("how", sorted(CORRUPT))
-def test_a_damaged_run_is_named_and_redone_by_every_reader(how, tmp_path, caplog):
+def test_a_damaged_run_is_named_and_redone_by_every_reader(how, tmp_path, caplog, monkeypatch):
+    if how == "summary_too_big":
+        monkeypatch.setattr(files_mod, "JSON_LIMIT", 4096)  # a bound a test can pass
     d = _run(tmp_path)
     _damage(d, how)
     c = check_run(d)

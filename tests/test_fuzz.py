@@ -546,6 +546,11 @@ def _craft(kind: str, run_dir: Path, outside: Path) -> Path:
         run_dir.parent.mkdir(parents=True)
         run_dir.write_text("x")
         return run_dir
+    if kind == "run_dir_is_a_symlink":  # issue 36: to a folder outside results_dir
+        run_dir.parent.mkdir(parents=True)
+        (outside.parent / "outside_dir").mkdir()
+        run_dir.symlink_to(outside.parent / "outside_dir", target_is_directory=True)
+        return run_dir
     run_dir.mkdir(parents=True)
     name, what = kind.rsplit("=", 1)
     p = run_dir / name
@@ -559,7 +564,7 @@ def _craft(kind: str, run_dir: Path, outside: Path) -> Path:
     return p
 
 
-BLOCKERS = ["run_dir_is_a_file", "summary.json=dir", ".lock=dir", "metrics.parquet=dir", "config.yaml=dir",
+BLOCKERS = ["run_dir_is_a_file", "run_dir_is_a_symlink", "summary.json=dir", ".lock=dir", "metrics.parquet=dir", "config.yaml=dir",
             "checkpoint.safetensors=dir", "metrics.parquet=fifo", "summary.json=fifo", ".lock=symlink",
             "summary.json=symlink", "metrics.parquet=symlink"]
 
@@ -585,6 +590,8 @@ def test_a_crafted_entry_fails_its_run_with_one_line_and_the_others_run(kind, tm
     after = os.lstat(crafted)
     assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino), "the crafted entry was changed"
     assert outside.read_text() == '{"status": "completed", "iterations": 1}', "a symlink's target was written"
+    assert not (tmp_path / "outside_dir").exists() or not any((tmp_path / "outside_dir").iterdir()), \
+        "a run was written outside results_dir"
     counts = run(cfg)  # a rerun: the same one line, never "finished"
     assert counts.get("failed") == 1 and counts.get("skipped") == 1, counts
 

@@ -9,7 +9,6 @@ that is not evidence (not finished, a probe without probe.parquet, an unreadable
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from harness.experiments import NotComposed, Point
 from harness.experiments import compose_points as _compose_points
 from harness.experiments import run_command
 from harness.experiments import sweep_params as _sweep_params
+from harness.io.files import RunFileError, read_json, read_table
 from harness.io.finished import FINISHED, MISSING, UNFINISHED, check_run
 
 from ..load import nonfinite_score
@@ -159,7 +159,9 @@ def _matches(vals: pd.Series, want) -> pd.Series:
 
 def _read(path: Path) -> pd.DataFrame:
     try:
-        return pd.read_parquet(path)
+        return read_table(path).to_pandas()  # harness.io.files: the one reader of run files
+    except RunFileError as exc:
+        raise _Unreadable(f"unreadable {path.name} ({exc.reason})") from None
     except Exception as exc:  # noqa: BLE001 - ArrowInvalid, OSError...: any means unreadable
         raise _Unreadable(f"unreadable {path.name} ({type(exc).__name__}: {exc})".splitlines()[0]) from None
 
@@ -191,7 +193,7 @@ def load_points(name: str, points: list[Point]) -> ExpData:
             if check.finished:
                 status, reason = check.status, None
                 try:
-                    reason = json.loads((d / "summary.json").read_text()).get("reason")
+                    reason = read_json(d / "summary.json").get("reason")
                 except (OSError, ValueError, AttributeError):
                     pass
             elif check.kind == MISSING:

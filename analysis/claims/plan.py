@@ -17,11 +17,11 @@ then a claim whose reached look lacks runs is pending, never judged on the runs 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from harness.experiments import EXPERIMENTS
 from harness.io import atomic_write_json
+from harness.io.files import read_json
 
 
 def variant(quick: bool, seed_offset: int) -> str:
@@ -45,7 +45,7 @@ def read_plan(root: Path, quick: bool, seed_offset: int) -> dict:
     if quick:  # a pilot never goes past its first look
         return {"experiments": {}}
     try:
-        plan = json.loads(plan_path(root, quick, seed_offset).read_text())
+        plan = read_json(plan_path(root, quick, seed_offset))  # harness.io.files: regular, bounded
         return plan if isinstance(plan, dict) and isinstance(plan.get("experiments"), dict) else {"experiments": {}}
     except (OSError, ValueError):
         return {"experiments": {}}

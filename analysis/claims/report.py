@@ -1,7 +1,6 @@
 """claims.md / claims.json, every seed offset's verdicts side by side, the claims table and summary blocks."""
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.io import atomic_write_json, atomic_write_text
+from harness.io.files import read_json
 
 from . import CLAIMS_BY_ID, CLAIMS_FILE_DATA, M_REGISTERED, PROTOCOL, Verdict, evaluate_all
 from .evidence import ExpData, NotRun, sweep_params
@@ -316,8 +316,8 @@ def _reports(root: Path, quick: bool) -> dict[int, dict[str, dict]]:
     reports = {}
     for f in sorted(Path(root).glob("claims*.json")):
         try:
-            r = json.loads(f.read_text())
-        except (OSError, ValueError):
+            r = read_json(f)  # harness.io.files: the one reader of files in a results folder
+        except (OSError, ValueError):  # RunFileError is a ValueError
             continue
         if r.get("mode") != ("quick" if quick else "full") or not isinstance(r.get("verdicts"), list) \
                 or r.get("only"):  # a report of some claims (--only) is not an offset's report
@@ -410,7 +410,7 @@ def _run_records(root: Path, quick: bool) -> dict[int, dict | None]:
     for o in stability(root, quick)["offsets"]:
         f = Path(root) / f"claims_run{variant(quick, o)}.json"
         try:
-            rec = json.loads(f.read_text())
+            rec = read_json(f)
             rec["wall_s"] = float(rec["wall_s"])
             out[o] = rec
         except (OSError, ValueError, KeyError, TypeError):

@@ -21,12 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from .files import RunFileError, loads_json, read_bytes
 from .rundir import CHECKPOINT_NAME as CHECKPOINT_FILE
 from .rundir import atomic_write_bytes
 
 __all__ = ["CHECKPOINT_FILE", "CheckpointError", "dumps", "load", "random_state", "rng_state", "save",
            "set_random_state", "set_rng_state"]
 _META_KEY = "harness"
+_HEADER_LIMIT = 100_000_000  # safetensors' own bound on the JSON header
 
 
 class CheckpointError(ValueError):
@@ -62,17 +64,26 @@ def save(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any
 
 def load(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """``(tensors, meta)`` of a checkpoint; :class:`CheckpointError` naming the file if it is
-    missing, truncated or not one of ours."""
+    missing, not a regular file, truncated, nested too deep or not one of ours. Read through
+    :mod:`harness.io.files` (the one reader of run files: no symlink, FIFO or device; JSON within
+    its depth bound); the trainer then checks every field of ``meta`` before using any."""
     from safetensors import SafetensorError
     from safetensors.torch import load as st_load
 
     path = Path(path)
     try:
-        data = path.read_bytes()
-        tensors = st_load(data)
+        data = read_bytes(path, None)
         header_len = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8:8 + header_len])
-        meta = json.loads(header["__metadata__"][_META_KEY])
+        if not 2 <= header_len <= min(len(data) - 8, _HEADER_LIMIT):
+            raise CheckpointError(f"{path}: unreadable checkpoint (header of {header_len} bytes in a file of "
+                                  f"{len(data)})")
+        header = loads_json(data[8:8 + header_len], path)
+        meta = loads_json(header["__metadata__"][_META_KEY], path)
+        tensors = st_load(data)
+    except CheckpointError:
+        raise
+    except RunFileError as exc:
+        raise CheckpointError(f"{path}: unreadable checkpoint ({exc.reason})") from None
     except (OSError, ValueError, KeyError, TypeError, SafetensorError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {exc})") from None
     if not isinstance(meta, dict):

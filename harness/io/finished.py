@@ -15,20 +15,21 @@ when all of these hold:
    summary's ``iterations``.
 
 :func:`check_run` never raises: every failure becomes a :class:`RunCheck` with a one-line
-``reason`` naming the file.
+``reason`` naming the file. Every file is read through :mod:`harness.io.files`, the one reader of
+run files: regular files only (a symlink, FIFO or device is named, never followed or read),
+within size and depth bounds, metric tables without a column twice and with the schema's types.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.parquet as pq
+from .files import RunFileError, read_json, read_table, read_yaml
 
 __all__ = ["FINISHED", "SUMMARY_FILE", "METRICS_FILE", "CONFIG_FILE", "RunCheck", "check_run",
-           "check_parts", "check_iterations", "config_subset", "read_config", "read_summary",
-           "budget_iterations", "unreadable_metrics"]
+           "check_parts", "check_iterations", "config_subset", "read_config", "read_summary", "read_parquet",
+           "budget_iterations", "unreadable_metrics", "RunFileError"]
 
 FINISHED = ("completed", "diverged")
 SUMMARY_FILE = "summary.json"
@@ -66,14 +67,14 @@ def _err(exc: BaseException) -> str:
 
 def read_summary(path: Path) -> tuple[dict | None, str | None]:
     """``(summary, None)`` for a summary.json that parses as a JSON object with a string
-    ``status``; ``(None, reason)`` otherwise (``reason`` None when the file does not exist)."""
+    ``status``; ``(None, reason)`` otherwise (``reason`` None when the file does not exist). Read
+    through :func:`harness.io.files.read_json`: a regular file, within the size and depth bounds."""
     try:
-        with open(os.path.join(path, SUMMARY_FILE), encoding="utf-8") as f:
-            summary = json.loads(f.read())
+        summary = read_json(os.path.join(path, SUMMARY_FILE))
     except FileNotFoundError:
         return None, None
-    except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
-        return None, f"unreadable {SUMMARY_FILE} ({_err(exc)})"
+    except RunFileError as exc:
+        return None, f"unreadable {SUMMARY_FILE} ({exc.reason})"
     if not isinstance(summary, dict):
         return None, f"{SUMMARY_FILE} is not a JSON object (a {type(summary).__name__})"
     status = summary.get("status")
@@ -83,21 +84,10 @@ def read_summary(path: Path) -> tuple[dict | None, str | None]:
 
 
 def read_parquet(path: Path, columns: list[str] | None = None):
-    """One parquet file as an Arrow table: ``ParquetFile.read`` on one thread (about 5x less
-    overhead per file than ``pq.read_table``, which sets up a dataset scan and a thread pool;
-    analysis reads thousands of small files), without ``pre_buffer`` (whose coalesced reads on
-    Arrow's I/O threads pay off against an object store's latency, not on a file of a few dozen
-    kB in the page cache: about 10-25% less CPU per file of benchmarks/analysis_load.py's folder)."""
-    with pq.ParquetFile(path, pre_buffer=False) as f:
-        return f.read(columns=columns, use_threads=False)
-
-
-def safe_load_yaml(text: str):
-    """``yaml.safe_load`` with libyaml's C parser where PyYAML was built with it (the same safe
-    subset, about 10x faster: analysis reads one config.yaml per run of a results folder)."""
-    import yaml  # PyYAML, shipped with omegaconf
-
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    """One metrics file as an Arrow table: :func:`harness.io.files.read_table` (a regular file
+    within its size bound, read on one thread from memory, no column twice, registered columns
+    of their types); raises :class:`~harness.io.files.RunFileError` naming the file."""
+    return read_table(path, columns)
 
 
 def config_subset(cfg) -> dict:
@@ -135,13 +125,12 @@ def read_config(path: Path, summary: dict | None = None) -> tuple[dict | None, s
     ``({}, None)`` when it parses to something other than a mapping."""
     if isinstance(summary, dict) and isinstance(summary.get("config"), dict):
         return summary["config"], None
-    cfg_path = Path(path) / CONFIG_FILE
-    if not cfg_path.exists():
-        return None, None
     try:
-        cfg = safe_load_yaml(cfg_path.read_text(encoding="utf-8"))
-    except Exception as exc:  # noqa: BLE001 - any parse failure means unreadable
-        return None, f"unreadable {CONFIG_FILE} ({_err(exc)})"
+        cfg = read_yaml(Path(path) / CONFIG_FILE)
+    except FileNotFoundError:
+        return None, None
+    except RunFileError as exc:
+        return None, f"unreadable {CONFIG_FILE} ({exc.reason})"
     return (config_subset(cfg), None) if isinstance(cfg, dict) else ({}, None)
 
 
@@ -191,15 +180,17 @@ def check_iterations(parts: RunCheck, its: list) -> RunCheck:
     """Rule 3 on a run that passed :func:`check_parts`: its metrics.parquet ``iteration``
     column ``its`` must be exactly ``1..n``."""
     n = parts.iterations
-    if its != list(range(1, n + 1)):
+    if len(its) != n or its != list(range(1, n + 1)):  # the length first: n may be 10**11
         return RunCheck(False, parts.status, f"{METRICS_FILE} holds iterations {_span(its)}, {SUMMARY_FILE} says {n}",
                         CORRUPT, n, METRICS_FILE)
     return parts
 
 
 def unreadable_metrics(parts: RunCheck, exc: BaseException) -> RunCheck:
-    """Rule 3 failed because metrics.parquet does not read."""
-    return RunCheck(False, parts.status, f"unreadable {METRICS_FILE} ({_err(exc)})", CORRUPT, parts.iterations,
+    """Rule 3 failed because metrics.parquet does not read (or is not a regular file, or breaks
+    the schema checks of :func:`harness.io.files.read_table`)."""
+    why = exc.reason if isinstance(exc, RunFileError) else _err(exc)
+    return RunCheck(False, parts.status, f"unreadable {METRICS_FILE} ({why})", CORRUPT, parts.iterations,
                     METRICS_FILE)
 
 
@@ -213,6 +204,6 @@ def check_run(path: Path) -> RunCheck:
         return parts
     try:
         its = read_parquet(path / METRICS_FILE, columns=["iteration"]).column("iteration").to_pylist()
-    except Exception as exc:  # noqa: BLE001 - ArrowInvalid, OSError, KeyError...: any means corrupt
+    except (RunFileError, OSError) as exc:  # FileNotFoundError included
         return unreadable_metrics(parts, exc)
     return check_iterations(parts, its)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import socket
@@ -195,6 +196,18 @@ def check_finished(path: Path, quiet: bool = False) -> str | None:
     return None
 
 
+def last_values(rows: list[dict]) -> tuple[dict, dict]:
+    """summary.json's ``final`` and ``final_iteration``: each numeric column's last value that is
+    neither null nor NaN, and the iteration it comes from (issue 36: the last row alone leaves
+    ``episode_return`` null for a run whose last iteration ended no episode)."""
+    final, at = {}, {}
+    for row in rows:
+        for k, v in row.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not (isinstance(v, float) and math.isnan(v)):
+                final[k], at[k] = v, row.get("iteration")
+    return final, at
+
+
 class RunDir:
     """One run's directory: config first, metrics as they come, summary last.
 
@@ -216,11 +229,20 @@ class RunDir:
         return run_status(self.path)
 
     def blocker(self) -> str | None:
-        """Why this run cannot be done here, or None: its directory exists but is not a
-        directory, or one of its own files (config.yaml, metrics.parquet, the checkpoint,
-        summary.json, .lock) is not a regular file (a directory, a symlink, a FIFO...).
-        The harness neither reads, follows nor removes such an entry; it names it (issue 12)."""
+        """Why this run cannot be done here, or None: a folder between results_dir and the run
+        (``<task>``, ``<estimator>``, the run's own) is a symlink, which would put the run outside
+        results_dir (issue 36: the analysis does not follow such links either, so the run could
+        never be analysed); its directory exists but is not a directory; or one of its own files
+        (config.yaml, metrics.parquet, the checkpoint, summary.json, .lock) is not a regular file
+        (a directory, a symlink, a FIFO...). The harness neither reads, follows nor removes such
+        an entry; it names it (issue 12)."""
         try:
+            root = Path(results_path(self.cfg))
+            for sub in (self.path.parent.parent, self.path.parent, self.path):
+                if sub.is_symlink():
+                    return (f"{sub} is a symlink (to {os.readlink(sub)}); the folders of a run under results_dir "
+                            f"must be real folders: a run is never written outside {root}, and the analysis does "
+                            "not follow links")
             if self.path.exists() and not self.path.is_dir():
                 return f"{self.path} is not a directory"
             if not self.path.exists():
@@ -305,24 +327,17 @@ class RunDir:
         self.rows.append(row)
 
     def flush(self) -> None:
-        columns = schema.columns_for(self.rows)
-        arrays = {k: pa.array([r.get(k) for r in self.rows], type=t) for k, t in columns.items()}
-        table = pa.table(arrays)
+        table = schema.rows_table(self.rows)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
         atomic_write_bytes(self.path / "metrics.parquet", sink.getvalue().to_pybytes())
 
     def finish(self, status: str, reason: str | None, wall_time_s: float, extra: dict | None = None) -> None:
         self.flush()
-        final = {}
-        if self.rows:
-            last = self.rows[-1]
-            final = {k: v for k, v in last.items() if isinstance(v, (int, float)) and v is not None}
-            evals = [r["eval_return"] for r in self.rows if r.get("eval_return") is not None]
-            if evals:
-                final["eval_return"] = evals[-1]
+        final, final_iteration = last_values(self.rows)
         summary = {
             "run_id": self.run_id, "status": status, "reason": reason, "final": final,
+            "final_iteration": final_iteration,
             "wall_time_s": wall_time_s, "iterations": len(self.rows), "versions": versions(),
             "git_commit": git_commit(),
             # what analysis reads of config.yaml, so loading a folder needs no YAML parse

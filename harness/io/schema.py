@@ -103,6 +103,15 @@ def infer_type(value) -> pa.DataType:
     return _F
 
 
+def rows_table(rows: list[Mapping]) -> pa.Table:
+    """The metric rows as the Arrow table ``metrics.parquet`` holds (:func:`columns_for`'s columns
+    and types, nulls where a row has no value). Raises ``pa.ArrowInvalid``/``ArrowTypeError``/
+    ``TypeError``/``OverflowError`` for a value its column's type cannot hold (a string return):
+    the writer's check, and the one a checkpoint's rows pass before a run resumes from them."""
+    columns = columns_for(rows)
+    return pa.table({k: pa.array([r.get(k) for r in rows], type=t) for k, t in columns.items()})
+
+
 def columns_for(rows: Iterable[Mapping]) -> dict[str, pa.DataType]:
     """The schema's columns followed by any extra keys the rows carry, with their types."""
     columns = dict(METRIC_COLUMNS)

@@ -45,9 +45,11 @@ def final_score(run: pd.DataFrame, last_n: int) -> tuple[float, str | None, int]
 
 def run_dir_scores(path: Path, last_n: int) -> list[float]:
     """Final scores of the seeds in run directory ``path`` (none if it has no readable metrics)."""
+    from .files import read_table  # the one reader of run files
+
     try:
-        df = pd.read_parquet(Path(path) / "metrics.parquet")
-    except (OSError, ValueError):
+        df = read_table(Path(path) / "metrics.parquet").to_pandas()
+    except (OSError, ValueError):  # RunFileError is a ValueError
         return []
     if "seed" not in df or not len(df):
         return [final_score(df, last_n)[0]] if len(df) else []

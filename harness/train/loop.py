@@ -32,6 +32,7 @@ import math
 import time
 from typing import Any
 
+import pyarrow as pa
 import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
@@ -40,13 +41,21 @@ from ..config import member_configs
 from ..estimators import AdvantageBatch, EstimatorParams, get_estimator
 from ..io import RunDir, atomic_write_bytes, config_hash
 from ..io import checkpoint as ckpt
+from ..io import schema
 from ..io.tblog import NoLog, make_logger
 from ..losses import adaptive_kl_beta
 from .update import MemberOptimizer, UpdateBatch, UpdateSettings, update
 
 log = logging.getLogger("harness")
 CHECKPOINT_FORMAT = 2
+
+
 FLUSH_EVERY = 10  # iterations between metrics.parquet rewrites (and at every checkpoint)
+
+
+def _seconds(x: Any) -> bool:
+    """A wall time a checkpoint may record: a finite real number >= 0 (not a bool, not a string)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
 
 class Diverged(FloatingPointError):
@@ -373,6 +382,8 @@ class Loop:
             bad(f"iteration {k} is past budget.iterations={self.max_iters}")
         if meta.get("seeds") != list(self.source.seeds):
             bad(f"saved by a population of seeds {meta.get('seeds')}, this one has {list(self.source.seeds)}")
+        if not _seconds(meta.get("wall_time_s")):
+            bad(f"wall_time_s {meta.get('wall_time_s')!r} is not a number of seconds >= 0")
         members = meta.get("members")
         if not isinstance(members, list) or len(members) != self.P:
             bad("member list does not match the population")
@@ -383,6 +394,16 @@ class Loop:
             its = [row.get("iteration") for row in rows]
             if its != list(range(1, len(its) + 1)) or len(its) > k or (m.get("outcome") is None and len(its) != k):
                 bad(f"member {p} rows hold iterations {its[:1]}..{its[-1:]} at checkpoint iteration {k}")
+            try:  # the rows metrics.parquet will hold: each value of its column's type (the writer's check)
+                schema.rows_table(rows)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+                bad(f"member {p} rows do not fit the metric schema ({type(exc).__name__}: {exc})".splitlines()[0])
+            o = m.get("outcome")
+            if o is not None and not (isinstance(o, dict) and o.get("status") in ("completed", "diverged", "failed")
+                                      and (o.get("reason") is None or isinstance(o.get("reason"), str))
+                                      and _seconds(o.get("wall_time_s"))):
+                bad(f"member {p} outcome {o!r} is not {{status: completed|diverged|failed, reason: str|null, "
+                    "wall_time_s: seconds}")
         for key in ("last_eval", "rng", "init", "source", "adam"):
             if key not in meta:
                 bad(f"missing {key}")
@@ -505,7 +526,8 @@ def find_checkpoint(loop: Loop) -> tuple[str, dict, dict] | None:
             tensors, meta = ckpt.load(path)
             loop.check_checkpoint(meta)
         except ckpt.CheckpointError as exc:
-            log.warning("not resuming from %s: %s", path, exc)
+            log.warning("not resuming from %s: %s; starting from zero unless another member's checkpoint fits",
+                        path, exc)
             continue
         if best is None or meta["iteration"] > best[2]["iteration"]:
             best = (str(path), tensors, meta)
