@@ -62,12 +62,18 @@ def registered_id(env_id: str) -> str:
     return str(env_id)
 
 
-def time_limit(env_id: str, max_episode_steps: int | None) -> int | None:
+def time_limit(env_id: str, max_episode_steps: int | None) -> int:
     """Steps an episode can take at most: ``task.max_episode_steps``, else the env's registered
-    limit; None when neither bounds it."""
+    limit. An env registered without one (``max_episode_steps=None``) and no
+    ``task.max_episode_steps`` is refused by name: an episode that never ends would hang
+    whole-episode collection and evaluation."""
     if max_episode_steps is not None:
         return int(max_episode_steps)
-    return gym.spec(registered_id(env_id)).max_episode_steps
+    limit = gym.spec(registered_id(env_id)).max_episode_steps
+    if limit is None:
+        bad_field("task.max_episode_steps", f"an integer >= 1: task.env_id={env_id} registers no time limit "
+                  "(max_episode_steps=None), so its episodes could run forever", None)
+    return int(limit)
 
 
 # gymnasium env families that need an optional simulator: entry-point package -> (the harness's
@@ -130,6 +136,7 @@ def validate_control(cfg, needs_groups: bool, full_episodes: bool) -> None:
         raise ValueError(f"task={t.name} (task.env_id={t.env_id}) needs the {extra} extra, not installed here: "
                          f'pip install -c constraints.txt -e ".[{extra}]"')
     info = env_info(t.env_id)  # refuses unknown ids and unsupported spaces, naming them
+    time_limit(t.env_id, t.max_episode_steps)  # an env without a time limit needs task.max_episode_steps
     if info.discrete:  # the Gaussian policy's switches would be silently ignored
         for key, default in (("log_std", "state_independent"), ("action_bound", "clip")):
             if t[key] != default:
