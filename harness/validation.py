@@ -143,9 +143,7 @@ def check_control_sizes(cfg: DictConfig, spec: EstimatorSpec) -> None:
         return
     one_each = cfg.normalize_advantages == "minibatch"  # a one-sample minibatch whitens to advantage 0
     if spec.full_episodes:
-        limit = time_limit(t.env_id, t.max_episode_steps)
-        if limit is None:
-            return
+        limit = time_limit(t.env_id, t.max_episode_steps)  # validate_control refused envs without one
         samples = int(t.episodes_per_iter) * int(limit)
         what = (f"the samples an iteration can give ({t.episodes_per_iter} episodes x at most {limit} steps "
                 f"= {samples})")

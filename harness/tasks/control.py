@@ -42,11 +42,30 @@ from ..estimators import AdvantageBatch
 
 @dataclass
 class EnvInfo:
+    """What the policy needs of an env's spaces (:func:`env_info`) and how its actions reach the
+    env: ``act_dim`` categories (Discrete) or dimensions (Box); ``low``/``high`` the Box bounds as
+    float32 (the policy's ``tanh`` squashing); ``action_space`` the env's own action space, onto
+    which :meth:`to_space` maps the policy's actions."""
+
     obs_dim: int
     act_dim: int
     discrete: bool
+    action_space: gym.spaces.Space
     low: np.ndarray | None = None
     high: np.ndarray | None = None
+
+    def to_space(self, a: np.ndarray) -> np.ndarray:
+        """The policy's actions ``a`` as members of the env's action space: a Discrete
+        ``(n, start)`` gets ``start + i`` for category index ``i``; a Box gets ``a`` with NaN as 0,
+        clipped to its bounds (and to its dtype's finite range) and cast to its dtype, so a
+        diverged member's NaN or infinite actions crash no neighbour and every action passes
+        the space's own ``contains``. Applying it to an already mapped Box action changes nothing."""
+        space = self.action_space
+        if self.discrete:
+            return (np.asarray(a, np.int64) + int(space.start)).astype(space.dtype)
+        finite = np.finfo(space.dtype)
+        low, high = np.maximum(space.low, finite.min), np.minimum(space.high, finite.max)
+        return np.clip(np.nan_to_num(np.asarray(a, np.float64)), low, high).astype(space.dtype)
 
 
 def registered_id(env_id: str) -> str:
@@ -62,12 +81,18 @@ def registered_id(env_id: str) -> str:
     return str(env_id)
 
 
-def time_limit(env_id: str, max_episode_steps: int | None) -> int | None:
+def time_limit(env_id: str, max_episode_steps: int | None) -> int:
     """Steps an episode can take at most: ``task.max_episode_steps``, else the env's registered
-    limit; None when neither bounds it."""
+    limit. An env registered without one (``max_episode_steps=None``) and no
+    ``task.max_episode_steps`` is refused by name: an episode that never ends would hang
+    whole-episode collection and evaluation."""
     if max_episode_steps is not None:
         return int(max_episode_steps)
-    return gym.spec(registered_id(env_id)).max_episode_steps
+    limit = gym.spec(registered_id(env_id)).max_episode_steps
+    if limit is None:
+        bad_field("task.max_episode_steps", f"an integer >= 1: task.env_id={env_id} registers no time limit "
+                  "(max_episode_steps=None), so its episodes could run forever", None)
+    return int(limit)
 
 
 # gymnasium env families that need an optional simulator: entry-point package -> (the harness's
@@ -93,7 +118,10 @@ def missing_extra(env_id: str) -> str | None:
 
 
 def env_info(env_id: str) -> EnvInfo:
-    """Spaces of ``env_id``; refuses anything but a flat Box observation and a Discrete or Box action."""
+    """Spaces of ``env_id``; refuses, naming ``task.env_id``, anything but a 1-D Box observation and
+    a Discrete action (any ``start`` its dtype can hold) or a 1-D float Box action with bounds that
+    are numbers, ``low <= high`` (infinite ones allowed: ``task.action_bound=tanh`` refuses those
+    itself). :meth:`EnvInfo.to_space` maps the policy's actions onto the space."""
     try:
         gym.spec(registered_id(env_id))  # a vector env is looked up by the registry id
         env = gym.make(env_id)
@@ -103,16 +131,29 @@ def env_info(env_id: str) -> EnvInfo:
         obs, act = env.observation_space, env.action_space
     finally:
         env.close()
-    if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
-        raise ValueError(f"task.env_id {env_id!r}: observation space {obs} is not supported "
-                         "(a 1-D Box is)")
-    if isinstance(act, gym.spaces.Discrete):
-        return EnvInfo(obs.shape[0], int(act.n), True)
-    if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
-        return EnvInfo(obs.shape[0], act.shape[0], False, act.low.astype(np.float32), act.high.astype(np.float32))
-    raise ValueError(f"task.env_id {env_id!r}: action space {type(act).__name__} {act} is not supported "
-                     "(allowed: Discrete, 1-D Box)")
 
+    def refuse(what: str, space, allowed: str):
+        raise ValueError(f"task.env_id {env_id!r}: {what} space {space} is not supported ({allowed})")
+
+    if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1 or obs.shape[0] < 1:
+        refuse("observation", obs, "a 1-D Box of at least one dimension is")
+    if isinstance(act, gym.spaces.Discrete):
+        n, start, kind = int(act.n), int(act.start), np.iinfo(act.dtype)  # gymnasium: an integer dtype
+        if n < 1 or not kind.min <= start <= start + n - 1 <= kind.max:
+            refuse("action", act, f"n >= 1 and every action start..start+n-1 held by its dtype {kind.dtype}")
+        return EnvInfo(obs.shape[0], n, True, act)
+    if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
+        if act.shape[0] < 1:
+            refuse("action", act, "a 1-D Box of at least one dimension is")
+        if not np.issubdtype(act.dtype, np.floating):
+            refuse("action", act, f"dtype {act.dtype}: the Gaussian policy's actions are real, a float Box is")
+        low, high = np.asarray(act.low, np.float64), np.asarray(act.high, np.float64)
+        if low.shape != act.shape or high.shape != act.shape or np.isnan(low).any() or np.isnan(high).any() \
+                or (low > high).any():
+            refuse("action", act, f"bounds low {low.tolist()}, high {high.tolist()}: numbers with low <= high "
+                   "are (infinite ones too)")
+        return EnvInfo(obs.shape[0], act.shape[0], False, act, low.astype(np.float32), high.astype(np.float32))
+    refuse("action", act, f"{type(act).__name__}: allowed: Discrete, 1-D Box")
 
 
 def validate_control(cfg, needs_groups: bool, full_episodes: bool) -> None:
@@ -130,13 +171,15 @@ def validate_control(cfg, needs_groups: bool, full_episodes: bool) -> None:
         raise ValueError(f"task={t.name} (task.env_id={t.env_id}) needs the {extra} extra, not installed here: "
                          f'pip install -c constraints.txt -e ".[{extra}]"')
     info = env_info(t.env_id)  # refuses unknown ids and unsupported spaces, naming them
+    time_limit(t.env_id, t.max_episode_steps)  # an env without a time limit needs task.max_episode_steps
     if info.discrete:  # the Gaussian policy's switches would be silently ignored
         for key, default in (("log_std", "state_independent"), ("action_bound", "clip")):
             if t[key] != default:
                 bad(f"task.{key}", f"{default!r} for a Discrete action space (task.env_id={t.env_id})", t[key])
-    elif t.action_bound == "tanh" and not (np.isfinite(info.low).all() and np.isfinite(info.high).all()):
+    elif t.action_bound == "tanh" and not (np.isfinite(info.low).all() and np.isfinite(info.high).all()
+                                           and (info.low < info.high).all()):
         bad("task.action_bound", f"'clip' for task.env_id={t.env_id}: tanh squashing needs finite action bounds "
-            f"(low {info.low.tolist()}, high {info.high.tolist()})", t.action_bound)
+            f"with low < high (low {info.low.tolist()}, high {info.high.tolist()})", t.action_bound)
     if cfg.mode == "probe" and (t.normalize_obs or t.normalize_reward):
         bad("task.normalize_obs" if t.normalize_obs else "task.normalize_reward",
             "false with mode=probe (the probes measure gradients at a frozen policy on raw observations "
@@ -255,8 +298,9 @@ class MemberEnvs:
         self.info = info
         self.population, self.num_envs = population, num_envs
         self.native = native
-        # Set to a list to record every action array sent to the envs (``[1, P, N, ...]`` per step):
-        # the control trainer's checkpoints replay them to restore the envs' state exactly.
+        # Set to a list to record every action array :meth:`step` is given (``[1, P, N, ...]`` per
+        # step; Box ones as sent, category indices before :meth:`EnvInfo.to_space` shifts them by a
+        # Discrete start): the control trainer's checkpoints replay them to restore the envs' state exactly.
         self.action_log: list[np.ndarray] | None = None
 
     def _build(self, population: int) -> None:
@@ -269,9 +313,9 @@ class MemberEnvs:
 
     def step(self, actions: torch.Tensor):
         a = actions.numpy()
-        if not self.info.discrete:  # a diverged member's NaN actions must not crash its neighbours
-            a = np.clip(np.nan_to_num(a), self.info.low, self.info.high)
-        if self.action_log is not None:
+        if not self.info.discrete:  # finite and in the space when logged (mapping them again changes nothing)
+            a = self.info.to_space(a)
+        if self.action_log is not None:  # category indices (not yet shifted by a Discrete start), Box actions
             self.action_log.append(np.array(a, copy=True)[None])  # [1, P, N, ...]: concatenable
         return self.step_numpy(a)
 
@@ -337,11 +381,12 @@ class MemberEnvs:
         return obs
 
     def step_numpy(self, a: np.ndarray):
-        """``(obs, reward, terminated, truncated, env_reward)``, each ``[P, N]`` (obs ``[P, N, D]``):
-        ``reward`` is what training sees (scaled with ``task.normalize_reward``), ``env_reward``
-        the env's own (the same array without reward scaling)."""
+        """``(obs, reward, terminated, truncated, env_reward)``, each ``[P, N]`` (obs ``[P, N, D]``),
+        for the policy's actions ``a``, sent as members of the env's action space
+        (:meth:`EnvInfo.to_space`): ``reward`` is what training sees (scaled with
+        ``task.normalize_reward``), ``env_reward`` the env's own (the same array without reward scaling)."""
         obs, rew, term, trunc = [], [], [], []
-        for env, act in zip(self.envs, a):
+        for env, act in zip(self.envs, self.info.to_space(a)):
             o, r, te, tr, _ = env.step(act)
             obs.append(o); rew.append(r); term.append(te); trunc.append(tr)  # noqa: E702
         rew = np.stack(rew).astype(np.float32)

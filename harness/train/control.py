@@ -108,7 +108,7 @@ class ControlSource(Source):
         self.uses_groups = spec.needs_groups
         self.whole_episodes = spec.full_episodes
         limit = time_limit(t.env_id, t.max_episode_steps)
-        self.norm_len = int(limit or t.rollout_steps) if spec.full_episodes else int(t.rollout_steps)
+        self.norm_len = limit if spec.full_episodes else int(t.rollout_steps)
         self.seq_ids = str(cfg.loss_agg) != "token_mean"
         if spec.full_episodes:
             group = cfg.group_size if spec.needs_groups else 1
