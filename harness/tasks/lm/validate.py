@@ -102,9 +102,15 @@ def _known_model_types():
     return CONFIG_MAPPING
 
 
-def check_model_folder(field_name: str, path: Path) -> None:
-    """A local model folder: ``config.json`` is a JSON object with a ``model_type`` transformers
-    knows and no ``auto_map`` (custom code), read with ``json`` (nothing of the folder is run)."""
+WEIGHTS, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def check_model_folder(field_name: str, path: Path, kind: str = "model") -> None:
+    """A local model folder, checked fully without loading its weights: ``config.json`` is a JSON
+    object with a ``model_type`` transformers knows and no ``auto_map`` (custom code), read with
+    ``json`` (nothing of the folder is run); transformers builds the model it describes (on the
+    meta device: no memory); and the safetensors weights hold every tensor of that model with
+    its shape (:func:`check_weights`)."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{field_name}: {str(path)!r} has no config.json, so it is not a saved transformers model")
@@ -118,6 +124,124 @@ def check_model_folder(field_name: str, path: Path) -> None:
                          f"{transformers.__version__} does not know (code from a model folder is never run: "
                          "trust_remote_code=False)")
     check_tokenizer_folder(field_name, path)
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as exc:
+        raise ValueError(f"{field_name}: cannot read the config of {str(path)!r}: {one_line(exc)}") from None
+    check_weights(field_name, path, config, kind)
+
+
+def saved_shapes(field_name: str, path: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in the folder's safetensors weights (``model.safetensors``,
+    or the shards ``model.safetensors.index.json`` names), read from the files' headers;
+    safetensors refuses a file its header does not exactly cover (a truncated one)."""
+    if (path / WEIGHTS).is_file():
+        files = [path / WEIGHTS]
+    elif (path / WEIGHTS_INDEX).is_file():
+        index = path / WEIGHTS_INDEX
+        weight_map = read_json_object(field_name, index).get("weight_map")
+        if (not isinstance(weight_map, dict) or not weight_map
+                or not all(isinstance(v, str) and v and Path(v).name == v for v in weight_map.values())):
+            raise ValueError(f"{field_name}: {str(index)!r} must hold a non-empty weight_map of tensor names to "
+                             "shard file names in the same folder")
+        files = [path / name for name in sorted(set(weight_map.values()))]
+    else:
+        raise ValueError(f"{field_name}: {str(path)!r} has no {WEIGHTS} (nor {WEIGHTS_INDEX}); the weights are read "
+                         "from safetensors only (a pickled pytorch_model.bin is never loaded)")
+    return safetensors_shapes(field_name, files)
+
+
+def safetensors_shapes(field_name: str, files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in ``files``, from their headers (no tensor is read)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    shapes[key] = tuple(f.get_slice(key).get_shape())
+        except Exception as exc:
+            raise ValueError(f"{field_name}: {str(file)!r} is not a complete safetensors file "
+                             f"({type(exc).__name__}: {one_line(exc, 200)})") from None
+    return shapes
+
+
+def _pooled_head(path: Path, kind: str) -> Path | None:
+    """A reward model folder's :class:`~harness.models.lm.PooledRewardModel` head file, if it has one."""
+    from ...models.lm import PooledRewardModel
+
+    head = path / PooledRewardModel.HEAD_FILE
+    return head if kind == "reward_model" and head.is_file() else None
+
+
+def _model_class(path: Path, kind: str):
+    """The transformers Auto class the run loads a ``kind`` folder with (:mod:`.pipeline`)."""
+    import transformers
+
+    if kind == "reward_model":
+        pooled = _pooled_head(path, kind) is not None
+        return transformers.AutoModel if pooled else transformers.AutoModelForSequenceClassification
+    return transformers.AutoModelForCausalLM
+
+
+def check_weights(field_name: str, path: Path, config: Any, kind: str) -> None:
+    """The folder's safetensors hold every tensor of the model its config describes, with the
+    config's shape (a tensor absent would be silently re-initialised at random; a shape off, a
+    failed load mid-run). The model is built on the meta device (shapes, no memory); tied tensors
+    count once; a base model's weights under a head model (or the reverse) match by
+    ``base_model_prefix``, as transformers loads them. Tensors the model does not have are
+    ignored, as transformers ignores them."""
+    import torch
+
+    auto_cls = _model_class(path, kind)
+    try:
+        with torch.device("meta"):
+            model = auto_cls.from_config(config, trust_remote_code=False)
+    except Exception as exc:
+        raise ValueError(f"{field_name}: transformers cannot build a {auto_cls.__name__} from the config.json of "
+                         f"{str(path)!r} ({type(exc).__name__}: {one_line(exc, 200)})") from None
+    saved = saved_shapes(field_name, path)
+    state = model.state_dict(keep_vars=True)
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    dot = prefix + "."
+    expects_prefix = bool(prefix) and any(k.startswith(dot) for k in state)
+    has_prefix = bool(prefix) and any(k.startswith(dot) for k in saved)
+    if has_prefix and not expects_prefix:  # a head model's weights, loaded as its base model
+        saved = {k[len(dot):]: v for k, v in saved.items() if k.startswith(dot)}
+    strip = expects_prefix and not has_prefix  # a base model's weights, loaded under a head
+
+    def saved_name(name: str) -> str:
+        return name[len(dot):] if strip and name.startswith(dot) else name
+
+    groups: dict[int, list[str]] = {}  # tied tensors: one group, present if any of its names is
+    for name, tensor in state.items():
+        groups.setdefault(id(tensor), []).append(name)
+    missing = []
+    for names in groups.values():
+        expected = tuple(state[names[0]].shape)
+        found = [n for n in names if saved_name(n) in saved]
+        if not found:
+            missing.append(names[0])
+        for n in found:
+            if saved[saved_name(n)] != expected:
+                raise ValueError(f"{field_name}: the weights in {str(path)!r} do not match its config.json: tensor "
+                                 f"{saved_name(n)!r} has shape {list(saved[saved_name(n)])} in the weights, "
+                                 f"{list(expected)} by the config")
+    if missing:
+        raise ValueError(f"{field_name}: the weights in {str(path)!r} do not match its config.json: {len(missing)} "
+                         f"of the {len(groups)} tensors of the {type(model).__name__} it describes are not in them "
+                         f"(first: {saved_name(missing[0])!r})")
+    head_file = _pooled_head(path, kind)
+    if head_file is not None:
+        head = safetensors_shapes(field_name, [head_file])
+        hidden = int(config.hidden_size)
+        want = {"w_e": (hidden,), "w_h": (hidden,), "bias": ()}
+        if {k: head.get(k) for k in want} != want:
+            raise ValueError(f"{field_name}: {str(head_file)!r} must hold w_e and w_h of shape [{hidden}] and a "
+                             f"scalar bias, got {one_line({k: list(v) for k, v in sorted(head.items())}, 200)}")
 
 
 def check_tokenizer_folder(field_name: str, path: Path) -> None:
@@ -126,6 +250,19 @@ def check_tokenizer_folder(field_name: str, path: Path) -> None:
     if config_file.is_file():
         config = read_json_object(field_name, config_file)
         _refuse_custom_code(field_name, repr(str(config_file)), config.get("auto_map"))
+
+
+def check_tokenizer_loads(field_name: str, path: Path) -> None:
+    """The tokenizer the run will use, loaded now from the local ``path`` as the run loads it
+    (:func:`.tokenizer.load_tokenizer`: ``AutoTokenizer``, ``trust_remote_code=False``, after
+    :func:`check_tokenizer_folder` refused custom code), with the EOS token generation needs: a
+    truncated ``tokenizer.json`` or a folder with only ``tokenizer_config.json`` is refused here,
+    in one line naming ``field_name``, not when the run reaches it."""
+    from .tokenizer import ensure_special_tokens, load_tokenizer
+
+    if path.is_dir():
+        check_tokenizer_folder(field_name, path)
+    ensure_special_tokens(load_tokenizer(str(path), field_name), f"{field_name}: {str(path)!r}")
 
 
 def check_source(field_name: str, value: Any, kind: str) -> None:
@@ -141,13 +278,12 @@ def check_source(field_name: str, value: Any, kind: str) -> None:
         if kind in ("model", "reward_model"):
             if not p.is_dir():
                 raise ValueError(f"{field_name}: {text!r} is a file; a saved transformers model is a folder")
-            check_model_folder(field_name, p)
+            check_model_folder(field_name, p, kind)
         if kind == "tokenizer":
             if p.is_dir() and not any((p / f).is_file() for f in TOKENIZER_FILES):
                 raise ValueError(f"{field_name}: {text!r} holds no tokenizer files (tokenizer.json, "
                                  "tokenizer_config.json)")
-            if p.is_dir():
-                check_tokenizer_folder(field_name, p)
+            check_tokenizer_loads(field_name, p)
         if kind == "dataset" and p.is_file() and p.suffix not in LOCAL_SUFFIXES:
             raise ValueError(f"{field_name}: local file {text!r} must end in one of {list(LOCAL_SUFFIXES)}")
         return
@@ -234,7 +370,12 @@ def validate_lm(cfg: Any) -> None:
         if lm.tokenizer is None and not any((model_dir / f).is_file() for f in TOKENIZER_FILES):
             raise ValueError(f"lm.model: {str(lm.model)!r} holds no tokenizer files (tokenizer.json, "
                              "tokenizer_config.json); save one there or set lm.tokenizer")
+        if lm.tokenizer is None:  # the policy reads texts with the model folder's own tokenizer
+            check_tokenizer_loads("lm.model", model_dir)
         _check_context(lm, model_dir)
+    rm_dir = Path(str(lm.reward_model)).expanduser() if lm.reward_model is not None else None
+    if rm_dir is not None and rm_dir.is_dir():  # a given reward model reads texts with its own tokenizer
+        check_tokenizer_loads("lm.reward_model", rm_dir)
     if corpus == "arith":
         from .arith import ArithSpec, make_problems
 
