@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
+from ...config import PARAM_BYTES, check_fits
 from .data import LOCAL_SUFFIXES, load_examples
 
 REWARDS = ("rm", "gold")
@@ -340,6 +341,8 @@ def validate_lm(cfg: Any) -> None:
         check_int(f"lm.arch.{key}", a[key], 1)
     if a.n_embd % a.n_head:
         _bad("lm.arch", "positive n_layer, n_head, n_embd with n_embd divisible by n_head", dict(a))
+    if lm.model is None:
+        check_embedded_memory(cfg, lm)
     check_int("lm.sft.steps", lm.sft.steps, 0)
     if lm.model is None and lm.sft.steps < 1:
         _bad("lm.sft.steps", ">= 1 for the embedded model (it starts untrained)", lm.sft.steps)
@@ -382,6 +385,28 @@ def validate_lm(cfg: Any) -> None:
         make_problems(int(lm.pipeline_seed), ArithSpec.from_cfg(lm.arith))  # a space too small for the sizes
     elif lm.dataset is not None and Path(str(lm.dataset)).expanduser().is_file():
         load_examples(lm, int(lm.pipeline_seed))  # every row checked now, naming the file and the line
+
+
+def check_embedded_memory(cfg: Any, lm: Any) -> None:
+    """The embedded GPT-2 (``lm.model=null``) and one iteration's activations fit in this machine
+    (:func:`harness.config.memory_bytes`), or the size at fault is refused by name with the
+    largest value that fits (:func:`harness.config.check_fits`). A lower estimate: the trained
+    weights (:data:`PARAM_BYTES` each: ``12 n_embd^2`` a layer, and the position table of
+    ``lm.max_prompt_len + lm.max_response_len`` rows of ``n_embd``) and the float32 hidden states
+    every layer keeps for the backward pass, for the ``lm.prompts_per_iter x group_size``
+    sequences of an iteration."""
+    a = lm.arch
+    sizes = {"lm.max_prompt_len": (int(lm.max_prompt_len), 1), "lm.max_response_len": (int(lm.max_response_len), 1),
+             "lm.arch.n_embd": (int(a.n_embd), int(a.n_head)), "lm.arch.n_layer": (int(a.n_layer), 1),
+             "lm.prompts_per_iter": (int(lm.prompts_per_iter), 1), "group_size": (int(cfg.group_size), 1)}
+
+    def need(v: dict) -> int:
+        d, layers = v["lm.arch.n_embd"], v["lm.arch.n_layer"]
+        tokens = v["lm.max_prompt_len"] + v["lm.max_response_len"]
+        weights = PARAM_BYTES * (layers * 12 * d * d + tokens * d)
+        return weights + 4 * v["lm.prompts_per_iter"] * v["group_size"] * tokens * d * layers
+
+    check_fits(sizes, need, "the embedded model's weights and an iteration's hidden states")
 
 
 def _validate_arith(cfg: Any, lm: Any) -> None:
