@@ -76,6 +76,8 @@ def test_size_past_the_machine_is_refused_by_name_before_any_work(case, one_gib,
     res = tmp_path / "res"
     cfg = make_cfg([*overrides, f"results_dir={res}", f"lm.cache_dir={tmp_path / 'cache'}"] if "lm" in case[0]
                    else [*overrides, f"results_dir={res}"])
+    with pytest.raises(ValueError):  # first, so that a size let through fails here rather than training at it
+        validate(cfg)
     with pytest.raises(SystemExit) as info:
         app.main_entry(cfg)
     out = capsys.readouterr().out
