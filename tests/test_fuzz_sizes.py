@@ -62,7 +62,26 @@ CASES = [
     # (2**30 - 6455296) // 655360 = 1628
     ("lm_prompts_per_iter", [*LM, "lm.prompts_per_iter=2147483647"], "lm.prompts_per_iter", "at most 1628 here",
      "lm.prompts_per_iter=1628"),
+    # generated corpora: 200 bytes an example at least; 2**30 // 200 = 5368709 examples, eval_size 256 / 64 included
+    ("lm_arith_train_size", ["task=lm_arith", "estimator=rloo", "lm.arith.train_size=2147483647",
+                             "lm.arith.eval_size=256", "threads=1", "progress=false"], "lm.arith.train_size",
+     "at most 5368453 here", "lm.arith.train_size=20000"),
+    ("lm_data_train_size", [*LM, "lm.data.train_size=2147483647", "lm.data.eval_size=64"], "lm.data.train_size",
+     "at most 5368645 here", "lm.data.train_size=5368645"),
 ]
+
+
+def test_the_smallest_generated_example_holds_at_least_example_bytes():
+    """The bound on generated corpora counts :data:`EXAMPLE_BYTES` an example: never more than the
+    smallest one holds (a one-character prompt and reference), measured with ``sys.getsizeof``."""
+    from harness.tasks.lm.arith import Problem
+    from harness.tasks.lm.corpus import Example
+    from harness.tasks.lm.validate import EXAMPLE_BYTES
+
+    for example in (Example("a", "b"), Problem("a", "b", answer=0, canonical=(0,))):
+        held = (sys.getsizeof(example) + sys.getsizeof(vars(example)) + sys.getsizeof(example.prompt)
+                + sys.getsizeof(example.reference))
+        assert held >= EXAMPLE_BYTES, (type(example).__name__, held)
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ ARITH_OPS_MAX = 32
 CRITICS = ("head", "model")
 DTYPES = ("auto", "float32", "bfloat16")
 KL_TARGETS = ("ref", "old")
+EXAMPLE_BYTES = 200  # at least, a generated example in memory (tests/test_fuzz_sizes.py measures the smallest)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
@@ -340,6 +341,13 @@ def validate_lm(cfg: Any) -> None:
         _validate_arith(cfg, lm)
     else:
         _validate_summarize(lm)
+    if corpus == "arith" or lm.dataset is None:  # a generated corpus: every example held at once
+        node = "arith" if corpus == "arith" else "data"
+        sizes = {f"lm.{node}.train_size": (int(lm[node].train_size), 1),
+                 f"lm.{node}.eval_size": (int(lm[node].eval_size), 1)}
+        check_fits(sizes, lambda v: EXAMPLE_BYTES * sum(v.values()),
+                   f"the generated corpus (at least {EXAMPLE_BYTES} bytes an example: the object, its prompt and "
+                   "its reference)")
     a = lm.arch
     for key in ("n_layer", "n_head", "n_embd"):
         check_int(f"lm.arch.{key}", a[key], 1)
