@@ -82,8 +82,8 @@ def _truncate(path: Path, keep: float = 0.5) -> None:
 
 
 def _replace_head(folder: Path) -> None:
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     save_file({"w_e": torch.ones(WIDTH + 1), "w_h": torch.zeros(WIDTH), "bias": torch.zeros(())},
               str(folder / "reward_head.safetensors"))
@@ -114,7 +114,8 @@ BAD = [
     # ---- the weights against config.json: every tensor of the model it describes, with its shape
     ("config_wider_than_weights", "lm.model", "gpt2", lambda f: _edit_json(f / "config.json", n_embd=2 * WIDTH),
      # the first tensor in the model's own order: the token embeddings
-     f"tensor 'transformer.wte.weight' has shape [{VOCAB}, {WIDTH}] in the weights, [{VOCAB}, {2 * WIDTH}] by the config"),
+     f"tensor 'transformer.wte.weight' has shape [{VOCAB}, {WIDTH}] in the weights, [{VOCAB}, {2 * WIDTH}] "
+     "by the config"),
     ("config_deeper_than_weights", "lm.model", "gpt2", lambda f: _edit_json(f / "config.json", n_layer=2),
      "12 of the 28 tensors of the GPT2LMHeadModel it describes are not in them (first: 'transformer.h.1."),
     ("config_not_buildable", "lm.model", "gpt2", lambda f: _edit_json(f / "config.json", n_head=3),

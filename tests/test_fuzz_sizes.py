@@ -5,7 +5,8 @@ Every size a run allocates with is bounded by what the machine holds
 run holds at once (:func:`harness.config.check_fits`): the control networks and an iteration's
 samples (:func:`harness.validation.check_control_memory`), the toy task's sampled sequences
 (:func:`harness.tasks.toy.validate_toy`), the embedded LM's weights and hidden states
-(:func:`harness.tasks.lm.validate.check_embedded_memory`). A config past it is refused before any
+(:func:`harness.tasks.lm.validate.check_embedded_memory`) and the generated LM corpora
+(:func:`harness.tasks.lm.validate.validate_lm`). A config past it is refused before any
 work starts, exit 2, one line naming the field at fault and the largest value that fits.
 
 The table runs against a machine of exactly 1 GiB (``memory_bytes`` stood in for), so the largest
@@ -103,7 +104,8 @@ def test_size_past_the_machine_is_refused_by_name_before_any_work(case, one_gib,
     assert info.value.code == 2, out
     lines = out.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"invalid config: {field} must be "), out
-    assert allowed in lines[0] and ("this machine holds 1 GiB" in lines[0] or "this machine's 1 GiB" in lines[0]), lines[0]
+    assert allowed in lines[0], lines[0]
+    assert "this machine holds 1 GiB" in lines[0] or "this machine's 1 GiB" in lines[0], lines[0]
     assert not res.exists() and not (tmp_path / "cache").exists()
 
 
