@@ -98,7 +98,8 @@ def _drop_a_shard(folder: Path) -> None:
     sorted(folder.glob("model-*.safetensors"))[-1].unlink()
 
 
-# (id, field, good folder to copy, how to break the copy, what the one line must say)
+# (id, field, good folder to copy, how to break the copy (returning another path to name, or None), what the one
+# line must say)
 BAD = [
     # ---- the tokenizer, of each field that reads one: loaded now, as the run loads it
     ("tokenizer_json_truncated", "lm.tokenizer", "tok", lambda f: _truncate(f / "tokenizer.json"),
@@ -107,6 +108,8 @@ BAD = [
      "cannot load a tokenizer"),
     ("tokenizer_without_eos", "lm.tokenizer", "tok", lambda f: _edit_json(f / "tokenizer_config.json", eos_token=None),
      "no EOS token"),
+    ("tokenizer_a_file", "lm.tokenizer", "tok", lambda f: f / "tokenizer.json",
+     "is a file; a saved tokenizer is a folder"),
     ("model_own_tokenizer_truncated", "lm.model", "gpt2", lambda f: _truncate(f / "tokenizer.json"),
      "cannot load a tokenizer"),
     ("reward_model_tokenizer_config_only", "lm.reward_model", "rm", lambda f: (f / "tokenizer.json").unlink(),
@@ -161,7 +164,7 @@ def test_bad_folder_is_refused_before_anything_is_created(case, good, tmp_path, 
     _, field, source, breakage, expected = case
     folder = tmp_path / "inputs" / source
     shutil.copytree(good / source, folder)
-    breakage(folder)
+    folder = breakage(folder) or folder  # a breakage may name another path (a file in the folder)
     res, cache = tmp_path / "res", tmp_path / "cache"
     cfg = compose(*_overrides(field, folder, good), results_dir=res, cache_dir=cache)
     with pytest.raises(SystemExit) as info:

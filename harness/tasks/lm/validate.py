@@ -286,7 +286,10 @@ def check_source(field_name: str, value: Any, kind: str) -> None:
                 raise ValueError(f"{field_name}: {text!r} is a file; a saved transformers model is a folder")
             check_model_folder(field_name, p, kind)
         if kind == "tokenizer":
-            if p.is_dir() and not any((p / f).is_file() for f in TOKENIZER_FILES):
+            if not p.is_dir():
+                raise ValueError(f"{field_name}: {text!r} is a file; a saved tokenizer is a folder (tokenizer.json, "
+                                 "tokenizer_config.json)")
+            if not any((p / f).is_file() for f in TOKENIZER_FILES):
                 raise ValueError(f"{field_name}: {text!r} holds no tokenizer files (tokenizer.json, "
                                  "tokenizer_config.json)")
             check_tokenizer_loads(field_name, p)
