@@ -333,6 +333,54 @@ def threads_max() -> int:
     return max(16, 4 * (os.cpu_count() or 1))
 
 
+PARAM_BYTES = 16  # a trained float32 parameter: its weight, its gradient and Adam's two moments
+GIB = 2**30
+
+
+def memory_bytes() -> int:
+    """What this machine can hold: its physical memory, or its cgroup's limit when lower (a
+    container's). The size checks (:func:`check_fits`) refuse a config whose least memory does
+    not fit in it, before any work starts, instead of dying in the allocator mid-run."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            return min(total, int(f.read().strip()))
+    except (OSError, ValueError):  # no cgroup v2 limit ("max", or not mounted)
+        return total
+
+
+def largest_fitting(need, value: int, budget: int) -> int:
+    """The largest ``v`` in ``[0, value]`` with ``need(v) <= budget``, for a ``need`` that grows
+    with ``v`` (a binary search: ``need`` is a formula, never an allocation)."""
+    lo, hi = 0, value
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if need(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def check_fits(sizes: dict[str, tuple[int, int]], need, what: str, budget: int | None = None) -> None:
+    """Refuse sizes whose memory exceeds :func:`memory_bytes` (or ``budget``), naming one field.
+
+    ``sizes`` maps each field to ``(value, lowest allowed)``; ``need(values)`` is at least the
+    bytes a run holds at once with those values (``what`` says of what), growing with each. The
+    field named is the one that, alone set to its lowest, shrinks ``need`` the most (the one at
+    fault), with the largest value that fits, the others as given."""
+    budget = memory_bytes() if budget is None else budget
+    values = {name: value for name, (value, _) in sizes.items()}
+    total = need(values)
+    if total <= budget:
+        return
+    name = max(sizes, key=lambda n: total / max(need({**values, n: sizes[n][1]}), 1))
+    most = largest_fitting(lambda v: need({**values, name: v}), values[name], budget)
+    others = ", ".join(f"{n}={v}" for n, v in values.items() if n != name)
+    bad_field(name, f"at most {most} here{' with ' + others if others else ''} ({what} need at least "
+              f"{total / GIB:.3g} GiB at this value; this machine holds {budget / GIB:.3g} GiB)", values[name])
+
+
 def expand_path(value: Any) -> str:
     """The one rule for a path in a config (``results_dir``; the LM paths follow it too): a
     leading ``~`` is the user's home (:func:`os.path.expanduser`), nothing else is expanded."""

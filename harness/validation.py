@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from .config import (ProbeSettings, bad_field, check_fields, check_known_keys, path_problem, refuse_unknown_keys,
-                     results_path)
+from . import config as schema
+from .config import (PARAM_BYTES, ProbeSettings, bad_field, check_fields, check_fits, check_known_keys, path_problem,
+                     refuse_unknown_keys, results_path)
 from .estimators import ESTIMATORS, KL_ESTIMATORS, EstimatorSpec, get_estimator
 from .losses import AGG_MODES, DELTA_LOSSES, POLICY_LOSSES
 from .probes import validate_probe
-from .tasks.control import time_limit, validate_control
+from .tasks.control import env_info, time_limit, validate_control
 from .tasks.lm import validate_lm
 from .tasks.toy import PRESETS as TOY_PRESETS
 from .tasks.toy import spec_from_config, validate_toy
@@ -127,7 +128,8 @@ def check_results_dir(cfg: DictConfig) -> None:
 def check_control_sizes(cfg: DictConfig, spec: EstimatorSpec) -> None:
     """Sizes that only make sense together: minibatches within the samples an iteration gives
     (step-based: ``num_envs x rollout_steps`` steps; whole-episode: at most ``episodes_per_iter``
-    x the time limit), and no more gymnasium envs at once than :data:`ENVS_MAX`."""
+    x the time limit), no more gymnasium envs at once than :data:`ENVS_MAX`, and networks and samples
+    that fit in this machine's memory (:func:`check_control_memory`)."""
     t = cfg.task
     P = int(cfg.population)
     if spec.full_episodes:
@@ -139,6 +141,7 @@ def check_control_sizes(cfg: DictConfig, spec: EstimatorSpec) -> None:
         if P * w > ENVS_MAX:
             bad_field(name, f"at most {ENVS_MAX // P} with population={P} (population x {w} gymnasium envs "
                       f"at once; at most {ENVS_MAX})", cfg[name] if name == "eval_episodes" else t[name.split('.')[1]])
+    check_control_memory(cfg, spec)
     if cfg.mode != "train":
         return
     one_each = cfg.normalize_advantages == "minibatch"  # a one-sample minibatch whitens to advantage 0
@@ -154,3 +157,45 @@ def check_control_sizes(cfg: DictConfig, spec: EstimatorSpec) -> None:
         fewer = (f"< {what}: with normalize_advantages=minibatch a one-sample minibatch has advantage 0"
                  if one_each else f"<= {what}")
         bad_field("minibatches", fewer, cfg.minibatches)
+
+
+def control_parameters(obs_dim: int, out: int, hidden: list[int]) -> int:
+    """Weights and biases of one MLP ``obs_dim -> hidden... -> out`` (:class:`harness.models.mlp.PopulationMLP`)."""
+    sizes = [obs_dim, *hidden, out]
+    return sum((n_in + 1) * n_out for n_in, n_out in zip(sizes[:-1], sizes[1:]))
+
+
+def check_control_memory(cfg: DictConfig, spec: EstimatorSpec) -> None:
+    """The least memory a control run holds at once fits in this machine
+    (:func:`harness.config.memory_bytes`), or a size is refused by name with the largest value
+    that fits: ``task.hidden`` when not even one member's networks fit (an actor, and a critic
+    with the estimator's ``needs_critic``; :data:`~harness.config.PARAM_BYTES` a parameter), else
+    the size at fault (:func:`harness.config.check_fits`) among ``population`` and, with
+    ``mode=train``, what one iteration's samples hold per member (``task.num_envs x
+    task.rollout_steps`` steps, or at least one step of each of ``task.episodes_per_iter``
+    episodes; 4 bytes for each observation number, action number, reward, done flag,
+    log-probability and value). A lower estimate: a config refused here cannot run; one that
+    passes may still be more than the machine holds next to other work."""
+    t = cfg.task
+    info = env_info(t.env_id)
+    P, per_member = int(cfg.population), 2 if spec.needs_critic else 1
+    out = info.act_dim * (2 if not info.discrete and t.log_std == "state_dependent" else 1)
+    n = control_parameters(info.obs_dim, out, list(t.hidden))
+    budget = schema.memory_bytes()  # looked up on the module: one place to stand in for the machine
+    if per_member * n * PARAM_BYTES > budget:  # not even one member's networks: the widths
+        nets = "an actor and a critic" if per_member == 2 else "an actor"
+        bad_field("task.hidden", f"layer widths whose networks fit in this machine's {budget / 2**30:.3g} GiB: "
+                  f"at most {budget // (per_member * PARAM_BYTES)} parameters a network ({nets} per member, "
+                  f"{PARAM_BYTES} bytes a parameter); these widths make {n}", list(t.hidden))
+    sizes = {"population": (P, 1)}
+    if cfg.mode == "train":
+        sizes.update({"task.episodes_per_iter": (int(t.episodes_per_iter), 1)} if spec.full_episodes else
+                     {"task.num_envs": (int(t.num_envs), 1), "task.rollout_steps": (int(t.rollout_steps), 1)})
+    per_step = 4 * (info.obs_dim + (1 if info.discrete else info.act_dim) + 4)
+
+    def need(v: dict) -> int:
+        steps = v.get("task.episodes_per_iter", 0) + v.get("task.num_envs", 0) * v.get("task.rollout_steps", 0)
+        return v["population"] * (per_member * n * PARAM_BYTES + steps * per_step)
+
+    check_fits(sizes, need, f"the networks ({per_member} a member, {n} parameters each)"
+               + (" and an iteration's samples" if cfg.mode == "train" else ""), budget)

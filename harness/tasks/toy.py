@@ -47,7 +47,8 @@ from typing import Any
 
 import torch
 
-from ..config import TOY_LOG_PROMPTS_MAX, ToySettings, bad_field, refuse_unknown_keys, toy_settings_from_config
+from ..config import (TOY_LOG_PROMPTS_MAX, ToySettings, bad_field, check_fits, refuse_unknown_keys,
+                      toy_settings_from_config)
 from ..estimators import AdvantageBatch
 
 DTYPE = torch.float64  # exact quantities and estimates: float64 keeps rounding far below any bias measured
@@ -150,6 +151,14 @@ def validate_toy(cfg) -> None:
     if B < 1 or B % k:
         raise ValueError(f"task.episodes_per_iter must be a positive multiple of group_size={k} "
                          f"(sequences per iteration = prompts x group_size), got {B}")
+    P, L = int(cfg.population), spec.length
+    check_fits({"task.episodes_per_iter": (B, k), "population": (P, 1)},
+               lambda v: v["population"] * v["task.episodes_per_iter"] * L * SAMPLED_TOKEN_BYTES,
+               f"an iteration's sampled sequences ({L} tokens each, {SAMPLED_TOKEN_BYTES} bytes a token: its id "
+               "and log-probability)")
+
+
+SAMPLED_TOKEN_BYTES = 12  # a sampled token's int64 id and float32 log-probability (at least)
 
 
 def random_rewards(n: int, generator: torch.Generator | None) -> torch.Tensor:

@@ -29,13 +29,13 @@ def build_word_tokenizer(words: list[str]):
     return fast
 
 
-def ensure_special_tokens(tokenizer: Any) -> bool:
+def ensure_special_tokens(tokenizer: Any, field_name: str = "lm.tokenizer") -> bool:
     """Give a tokenizer without a pad token one (its EOS, else a new ``[PAD]``), and refuse
-    one without EOS: generation must be able to stop. Returns True when the vocabulary grew
-    (the model's embeddings must then be resized)."""
+    one without EOS (one line naming ``field_name``): generation must be able to stop. Returns
+    True when the vocabulary grew (the model's embeddings must then be resized)."""
     grew = False
     if tokenizer.eos_token_id is None:
-        raise ValueError("lm.tokenizer: the tokenizer has no EOS token; generation needs one "
+        raise ValueError(f"{field_name}: the tokenizer has no EOS token; generation needs one "
                          "(set eos_token in its tokenizer_config.json)")
     if tokenizer.pad_token_id is None:
         # padding is always masked out (the masks are tracked explicitly), so EOS can double as pad

@@ -5,7 +5,11 @@ or tokenizer folder is never run: every transformers load passes ``trust_remote_
 a folder whose ``config.json`` / ``tokenizer_config.json`` names custom code (``auto_map``) or a
 ``model_type`` this transformers does not know is refused here, by reading those files as JSON.
 A local ``.json``/``.jsonl`` dataset is read here too, so a bad row is refused before any run
-directory exists (with the file and the line).
+directory exists (with the file and the line). So is every local model or tokenizer folder the run
+would read (issue 36): the tokenizer is loaded as the run loads it (:func:`check_tokenizer_loads`),
+and the safetensors weights' headers are compared with the model ``config.json`` describes, built
+on the meta device (:func:`check_weights`); nothing of the weights is read but their headers. The
+embedded model's sizes are bounded by the machine's memory (:func:`check_embedded_memory`).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
+from ...config import PARAM_BYTES, check_fits
 from .data import LOCAL_SUFFIXES, load_examples
 
 REWARDS = ("rm", "gold")
@@ -28,6 +33,7 @@ ARITH_OPS_MAX = 32
 CRITICS = ("head", "model")
 DTYPES = ("auto", "float32", "bfloat16")
 KL_TARGETS = ("ref", "old")
+EXAMPLE_BYTES = 200  # at least, a generated example in memory (tests/test_fuzz_sizes.py measures the smallest)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
@@ -102,9 +108,15 @@ def _known_model_types():
     return CONFIG_MAPPING
 
 
-def check_model_folder(field_name: str, path: Path) -> None:
-    """A local model folder: ``config.json`` is a JSON object with a ``model_type`` transformers
-    knows and no ``auto_map`` (custom code), read with ``json`` (nothing of the folder is run)."""
+WEIGHTS, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def check_model_folder(field_name: str, path: Path, kind: str = "model") -> None:
+    """A local model folder, checked fully without loading its weights: ``config.json`` is a JSON
+    object with a ``model_type`` transformers knows and no ``auto_map`` (custom code), read with
+    ``json`` (nothing of the folder is run); transformers builds the model it describes (on the
+    meta device: no memory); and the safetensors weights hold every tensor of that model with
+    its shape (:func:`check_weights`)."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{field_name}: {str(path)!r} has no config.json, so it is not a saved transformers model")
@@ -118,6 +130,124 @@ def check_model_folder(field_name: str, path: Path) -> None:
                          f"{transformers.__version__} does not know (code from a model folder is never run: "
                          "trust_remote_code=False)")
     check_tokenizer_folder(field_name, path)
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as exc:
+        raise ValueError(f"{field_name}: cannot read the config of {str(path)!r}: {one_line(exc)}") from None
+    check_weights(field_name, path, config, kind)
+
+
+def saved_shapes(field_name: str, path: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in the folder's safetensors weights (``model.safetensors``,
+    or the shards ``model.safetensors.index.json`` names), read from the files' headers;
+    safetensors refuses a file its header does not exactly cover (a truncated one)."""
+    if (path / WEIGHTS).is_file():
+        files = [path / WEIGHTS]
+    elif (path / WEIGHTS_INDEX).is_file():
+        index = path / WEIGHTS_INDEX
+        weight_map = read_json_object(field_name, index).get("weight_map")
+        if (not isinstance(weight_map, dict) or not weight_map
+                or not all(isinstance(v, str) and v and Path(v).name == v for v in weight_map.values())):
+            raise ValueError(f"{field_name}: {str(index)!r} must hold a non-empty weight_map of tensor names to "
+                             "shard file names in the same folder")
+        files = [path / name for name in sorted(set(weight_map.values()))]
+    else:
+        raise ValueError(f"{field_name}: {str(path)!r} has no {WEIGHTS} (nor {WEIGHTS_INDEX}); the weights are read "
+                         "from safetensors only (a pickled pytorch_model.bin is never loaded)")
+    return safetensors_shapes(field_name, files)
+
+
+def safetensors_shapes(field_name: str, files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in ``files``, from their headers (no tensor is read)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    shapes[key] = tuple(f.get_slice(key).get_shape())
+        except Exception as exc:
+            raise ValueError(f"{field_name}: {str(file)!r} is not a complete safetensors file "
+                             f"({type(exc).__name__}: {one_line(exc, 200)})") from None
+    return shapes
+
+
+def _pooled_head(path: Path, kind: str) -> Path | None:
+    """A reward model folder's :class:`~harness.models.lm.PooledRewardModel` head file, if it has one."""
+    from ...models.lm import PooledRewardModel
+
+    head = path / PooledRewardModel.HEAD_FILE
+    return head if kind == "reward_model" and head.is_file() else None
+
+
+def _model_class(path: Path, kind: str):
+    """The transformers Auto class the run loads a ``kind`` folder with (:mod:`.pipeline`)."""
+    import transformers
+
+    if kind == "reward_model":
+        pooled = _pooled_head(path, kind) is not None
+        return transformers.AutoModel if pooled else transformers.AutoModelForSequenceClassification
+    return transformers.AutoModelForCausalLM
+
+
+def check_weights(field_name: str, path: Path, config: Any, kind: str) -> None:
+    """The folder's safetensors hold every tensor of the model its config describes, with the
+    config's shape (a tensor absent would be silently re-initialised at random; a shape off, a
+    failed load mid-run). The model is built on the meta device (shapes, no memory); tied tensors
+    count once; a base model's weights under a head model (or the reverse) match by
+    ``base_model_prefix``, as transformers loads them. Tensors the model does not have are
+    ignored, as transformers ignores them."""
+    import torch
+
+    auto_cls = _model_class(path, kind)
+    try:
+        with torch.device("meta"):
+            model = auto_cls.from_config(config, trust_remote_code=False)
+    except Exception as exc:
+        raise ValueError(f"{field_name}: transformers cannot build a {auto_cls.__name__} from the config.json of "
+                         f"{str(path)!r} ({type(exc).__name__}: {one_line(exc, 200)})") from None
+    saved = saved_shapes(field_name, path)
+    state = model.state_dict(keep_vars=True)
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    dot = prefix + "."
+    expects_prefix = bool(prefix) and any(k.startswith(dot) for k in state)
+    has_prefix = bool(prefix) and any(k.startswith(dot) for k in saved)
+    if has_prefix and not expects_prefix:  # a head model's weights, loaded as its base model
+        saved = {k[len(dot):]: v for k, v in saved.items() if k.startswith(dot)}
+    strip = expects_prefix and not has_prefix  # a base model's weights, loaded under a head
+
+    def saved_name(name: str) -> str:
+        return name[len(dot):] if strip and name.startswith(dot) else name
+
+    groups: dict[int, list[str]] = {}  # tied tensors: one group, present if any of its names is
+    for name, tensor in state.items():
+        groups.setdefault(id(tensor), []).append(name)
+    missing = []
+    for names in groups.values():
+        expected = tuple(state[names[0]].shape)
+        found = [n for n in names if saved_name(n) in saved]
+        if not found:
+            missing.append(names[0])
+        for n in found:
+            if saved[saved_name(n)] != expected:
+                raise ValueError(f"{field_name}: the weights in {str(path)!r} do not match its config.json: tensor "
+                                 f"{saved_name(n)!r} has shape {list(saved[saved_name(n)])} in the weights, "
+                                 f"{list(expected)} by the config")
+    if missing:
+        raise ValueError(f"{field_name}: the weights in {str(path)!r} do not match its config.json: {len(missing)} "
+                         f"of the {len(groups)} tensors of the {type(model).__name__} it describes are not in them "
+                         f"(first: {saved_name(missing[0])!r})")
+    head_file = _pooled_head(path, kind)
+    if head_file is not None:
+        head = safetensors_shapes(field_name, [head_file])
+        hidden = int(config.hidden_size)
+        want = {"w_e": (hidden,), "w_h": (hidden,), "bias": ()}
+        if {k: head.get(k) for k in want} != want:
+            raise ValueError(f"{field_name}: {str(head_file)!r} must hold w_e and w_h of shape [{hidden}] and a "
+                             f"scalar bias, got {one_line({k: list(v) for k, v in sorted(head.items())}, 200)}")
 
 
 def check_tokenizer_folder(field_name: str, path: Path) -> None:
@@ -126,6 +256,19 @@ def check_tokenizer_folder(field_name: str, path: Path) -> None:
     if config_file.is_file():
         config = read_json_object(field_name, config_file)
         _refuse_custom_code(field_name, repr(str(config_file)), config.get("auto_map"))
+
+
+def check_tokenizer_loads(field_name: str, path: Path) -> None:
+    """The tokenizer the run will use, loaded now from the local ``path`` as the run loads it
+    (:func:`.tokenizer.load_tokenizer`: ``AutoTokenizer``, ``trust_remote_code=False``, after
+    :func:`check_tokenizer_folder` refused custom code), with the EOS token generation needs: a
+    truncated ``tokenizer.json`` or a folder with only ``tokenizer_config.json`` is refused here,
+    in one line naming ``field_name``, not when the run reaches it."""
+    from .tokenizer import ensure_special_tokens, load_tokenizer
+
+    if path.is_dir():
+        check_tokenizer_folder(field_name, path)
+    ensure_special_tokens(load_tokenizer(str(path), field_name), f"{field_name}: {str(path)!r}")
 
 
 def check_source(field_name: str, value: Any, kind: str) -> None:
@@ -141,13 +284,15 @@ def check_source(field_name: str, value: Any, kind: str) -> None:
         if kind in ("model", "reward_model"):
             if not p.is_dir():
                 raise ValueError(f"{field_name}: {text!r} is a file; a saved transformers model is a folder")
-            check_model_folder(field_name, p)
+            check_model_folder(field_name, p, kind)
         if kind == "tokenizer":
-            if p.is_dir() and not any((p / f).is_file() for f in TOKENIZER_FILES):
+            if not p.is_dir():
+                raise ValueError(f"{field_name}: {text!r} is a file; a saved tokenizer is a folder (tokenizer.json, "
+                                 "tokenizer_config.json)")
+            if not any((p / f).is_file() for f in TOKENIZER_FILES):
                 raise ValueError(f"{field_name}: {text!r} holds no tokenizer files (tokenizer.json, "
                                  "tokenizer_config.json)")
-            if p.is_dir():
-                check_tokenizer_folder(field_name, p)
+            check_tokenizer_loads(field_name, p)
         if kind == "dataset" and p.is_file() and p.suffix not in LOCAL_SUFFIXES:
             raise ValueError(f"{field_name}: local file {text!r} must end in one of {list(LOCAL_SUFFIXES)}")
         return
@@ -199,11 +344,20 @@ def validate_lm(cfg: Any) -> None:
         _validate_arith(cfg, lm)
     else:
         _validate_summarize(lm)
+    if corpus == "arith" or lm.dataset is None:  # a generated corpus: every example held at once
+        node = "arith" if corpus == "arith" else "data"
+        sizes = {f"lm.{node}.train_size": (int(lm[node].train_size), 1),
+                 f"lm.{node}.eval_size": (int(lm[node].eval_size), 1)}
+        check_fits(sizes, lambda v: EXAMPLE_BYTES * sum(v.values()),
+                   f"the generated corpus (at least {EXAMPLE_BYTES} bytes an example: the object, its prompt and "
+                   "its reference)")
     a = lm.arch
     for key in ("n_layer", "n_head", "n_embd"):
         check_int(f"lm.arch.{key}", a[key], 1)
     if a.n_embd % a.n_head:
         _bad("lm.arch", "positive n_layer, n_head, n_embd with n_embd divisible by n_head", dict(a))
+    if lm.model is None:
+        check_embedded_memory(cfg, lm)
     check_int("lm.sft.steps", lm.sft.steps, 0)
     if lm.model is None and lm.sft.steps < 1:
         _bad("lm.sft.steps", ">= 1 for the embedded model (it starts untrained)", lm.sft.steps)
@@ -234,13 +388,40 @@ def validate_lm(cfg: Any) -> None:
         if lm.tokenizer is None and not any((model_dir / f).is_file() for f in TOKENIZER_FILES):
             raise ValueError(f"lm.model: {str(lm.model)!r} holds no tokenizer files (tokenizer.json, "
                              "tokenizer_config.json); save one there or set lm.tokenizer")
+        if lm.tokenizer is None:  # the policy reads texts with the model folder's own tokenizer
+            check_tokenizer_loads("lm.model", model_dir)
         _check_context(lm, model_dir)
+    rm_dir = Path(str(lm.reward_model)).expanduser() if lm.reward_model is not None else None
+    if rm_dir is not None and rm_dir.is_dir():  # a given reward model reads texts with its own tokenizer
+        check_tokenizer_loads("lm.reward_model", rm_dir)
     if corpus == "arith":
         from .arith import ArithSpec, make_problems
 
         make_problems(int(lm.pipeline_seed), ArithSpec.from_cfg(lm.arith))  # a space too small for the sizes
     elif lm.dataset is not None and Path(str(lm.dataset)).expanduser().is_file():
         load_examples(lm, int(lm.pipeline_seed))  # every row checked now, naming the file and the line
+
+
+def check_embedded_memory(cfg: Any, lm: Any) -> None:
+    """The embedded GPT-2 (``lm.model=null``) and one iteration's activations fit in this machine
+    (:func:`harness.config.memory_bytes`), or the size at fault is refused by name with the
+    largest value that fits (:func:`harness.config.check_fits`). A lower estimate: the trained
+    weights (:data:`PARAM_BYTES` each: ``12 n_embd^2`` a layer, and the position table of
+    ``lm.max_prompt_len + lm.max_response_len`` rows of ``n_embd``) and the float32 hidden states
+    every layer keeps for the backward pass, for the ``lm.prompts_per_iter x group_size``
+    sequences of an iteration."""
+    a = lm.arch
+    sizes = {"lm.max_prompt_len": (int(lm.max_prompt_len), 1), "lm.max_response_len": (int(lm.max_response_len), 1),
+             "lm.arch.n_embd": (int(a.n_embd), int(a.n_head)), "lm.arch.n_layer": (int(a.n_layer), 1),
+             "lm.prompts_per_iter": (int(lm.prompts_per_iter), 1), "group_size": (int(cfg.group_size), 1)}
+
+    def need(v: dict) -> int:
+        d, layers = v["lm.arch.n_embd"], v["lm.arch.n_layer"]
+        tokens = v["lm.max_prompt_len"] + v["lm.max_response_len"]
+        weights = PARAM_BYTES * (layers * 12 * d * d + tokens * d)
+        return weights + 4 * v["lm.prompts_per_iter"] * v["group_size"] * tokens * d * layers
+
+    check_fits(sizes, need, "the embedded model's weights and an iteration's hidden states")
 
 
 def _validate_arith(cfg: Any, lm: Any) -> None:
