@@ -81,6 +81,9 @@ METRIC_COLUMNS = schema.METRIC_COLUMNS
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same folder and ``os.replace``: a
+    reader sees the old file or the new one. An ``OSError`` that names no file (a full disk
+    fails ``write`` or ``fsync``) is raised with ``path`` as its ``filename``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -97,9 +100,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:  # a failed write() or fsync() (disk full)
+            exc.filename = str(path)  # names no file: the one being written is named
         raise
 
 
