@@ -3,7 +3,9 @@ rliable's score matrices as an .npz: :mod:`analysis.interop`) and ``claims`` (re
 ``--run`` it first runs the claim experiments that are missing, through :mod:`harness.experiments`).
 
 Exit codes: 0 success, 2 bad input: an argument outside its allowed values (one line naming
-the argument and what is allowed, no usage dump, no traceback), or a folder without runs.
+the argument and what is allowed, no usage dump, no traceback), a folder without runs, or an
+output folder that cannot be written (checked before anything is computed); 130 interrupted
+(Ctrl-C: one line, ``interrupted; rerun the same command to resume``).
 Every run either command leaves out (not finished, a non-finite score, a symlink, an
 unreadable file) is printed with its path and reason, and listed in report.md / claims.md.
 """
@@ -364,12 +366,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    import matplotlib
+INTERRUPTED = "interrupted; rerun the same command to resume"
 
-    matplotlib.use("Agg")
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command; its exit code (the module docstring). Ctrl-C: one line on stderr,
+    :data:`INTERRUPTED`, and 130 (the results it reads are not changed; rerunning the command
+    writes its outputs again; ``claims --run`` skips the runs already finished)."""
     try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a bad argument (2, its one line already printed)
-        return exc.code if isinstance(exc.code, int) else 2
-    return args.func(args)
+        import matplotlib
+
+        matplotlib.use("Agg")
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exc:  # --help (0) or a bad argument (2, its one line already printed)
+            return exc.code if isinstance(exc.code, int) else 2
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130

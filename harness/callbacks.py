@@ -1,9 +1,13 @@
 """Hydra callback: results_dir checked before Hydra writes its job folder there, and one line
-at the end of a sweep with how many runs were skipped, done, failed (exit code 1 if any failed)."""
+at the end of a sweep with how many runs were skipped, done, failed (exit code 1 if any failed).
+A job run in a worker process of the sweep (``hydra/launcher=joblib``) ends with the sweep's
+process: killed, it leaves no worker training on (:func:`watch_parent`)."""
 from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +60,44 @@ def refuse_bad_launcher(config: DictConfig) -> None:
         raise SystemExit(2)
 
 
+#: The sweep's process id, set by :meth:`SweepSummary.on_multirun_start` for the worker processes
+#: a launcher starts (they inherit the environment).
+SWEEP_PID_ENV = "HARNESS_SWEEP_PID"
+#: The resource tracker of joblib's workers warns about the semaphores it cleans up after an
+#: interrupted sweep (Ctrl-C); that is its job, not a fault: the warning is left out.
+_TRACKER_WARNING = "ignore:resource_tracker:UserWarning"
+_watching: list[int] = []
+
+
+def watch_parent(parent: int, poll_s: float = 0.2) -> bool:
+    """In a worker process whose parent is the sweep's process ``parent``: a daemon thread ends
+    this process (exit code 1) within ``poll_s`` seconds of the parent's death (a SIGKILL
+    leaves joblib's workers training for minutes otherwise). Nothing is lost: every file is
+    written atomically and the run's lock (an ``flock``) dies with the process, so the rerun
+    resumes it; a job that starts after the sweep died ends at once. Does nothing (False)
+    anywhere else: in the sweep's own process, or in a process a worker started (its parent is
+    the worker, the sweep lives); once per process."""
+    if parent == os.getpid() or _watching:
+        return False
+    if os.getppid() != parent:
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:  # the sweep died before this job started: end with it
+            os._exit(1)
+        except OSError:
+            pass
+        return False  # started by a worker, not by the sweep: its own parent watches
+    _watching.append(parent)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="harness-watch-parent", daemon=True).start()
+    return True
+
+
 class SweepSummary(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_unusable_results_dir(config, "hydra.run.dir")
@@ -63,6 +105,14 @@ class SweepSummary(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_bad_launcher(config)
         refuse_unusable_results_dir(config, "hydra.sweep.dir")
+        os.environ[SWEEP_PID_ENV] = str(os.getpid())
+        if _TRACKER_WARNING not in os.environ.get("PYTHONWARNINGS", ""):
+            os.environ["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), _TRACKER_WARNING) if w)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        parent = os.environ.get(SWEEP_PID_ENV, "")
+        if parent.isdigit():
+            watch_parent(int(parent))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         totals: dict[str, int] = {}
