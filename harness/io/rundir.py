@@ -266,9 +266,15 @@ class RunDir:
             finally:
                 os.close(fd)
             return False
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                     "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode())
+        except OSError as exc:  # a full disk: named by the lock's path, the lock let go
+            os.close(fd)
+            if exc.filename is None:
+                exc.filename = str(self.path / LOCK_FILE)
+            raise
         self._lock_fd = fd
         return True
 
