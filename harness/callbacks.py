@@ -61,7 +61,8 @@ def refuse_bad_launcher(config: DictConfig) -> None:
 
 
 #: The sweep's process id, set by :meth:`SweepSummary.on_multirun_start` for the worker processes
-#: a launcher starts (they inherit the environment).
+#: the joblib launcher starts (they inherit the environment). Other launchers' jobs are left as
+#: they are: in-process (basic), or started and kept by their own scheduler (submitit, ray).
 SWEEP_PID_ENV = "HARNESS_SWEEP_PID"
 #: The resource tracker of joblib's workers warns about the semaphores it cleans up after an
 #: interrupted sweep (Ctrl-C); that is its job, not a fault: the warning is left out.
@@ -105,7 +106,8 @@ class SweepSummary(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_bad_launcher(config)
         refuse_unusable_results_dir(config, "hydra.sweep.dir")
-        os.environ[SWEEP_PID_ENV] = str(os.getpid())
+        if "joblib" in str(OmegaConf.select(config, "hydra.launcher._target_", default="")).lower():
+            os.environ[SWEEP_PID_ENV] = str(os.getpid())  # the workers it starts watch it (on_job_start)
         if _TRACKER_WARNING not in os.environ.get("PYTHONWARNINGS", ""):
             os.environ["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), _TRACKER_WARNING) if w)
 
