@@ -34,11 +34,12 @@ def refuse_unusable_results_dir(config: DictConfig, job_dir: str | None = None) 
     field = "results_dir"
     if not problem and job_dir is not None:
         try:
-            folder = expand_path(OmegaConf.select(config, job_dir, default=None))
+            raw = OmegaConf.select(config, job_dir, default=None)
         except Exception as exc:  # e.g. hydra.run.dir=${oc.env:UNSET}
             print(f"invalid config: {error_line(exc)}")
             raise SystemExit(2)
-        if folder and folder != "None":
+        folder = expand_path(raw) if raw is not None else None
+        if folder:
             inside = os.path.abspath(folder).startswith(os.path.join(os.path.abspath(path), ""))
             problem = path_problem(path, writable=True, below=os.path.relpath(folder, path)) if inside \
                 else path_problem(folder, writable=True)
@@ -108,8 +109,9 @@ class SweepSummary(Callback):
         refuse_unusable_results_dir(config, "hydra.sweep.dir")
         if "joblib" in str(OmegaConf.select(config, "hydra.launcher._target_", default="")).lower():
             os.environ[SWEEP_PID_ENV] = str(os.getpid())  # the workers it starts watch it (on_job_start)
-        if _TRACKER_WARNING not in os.environ.get("PYTHONWARNINGS", ""):
-            os.environ["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), _TRACKER_WARNING) if w)
+            previous = os.environ.get("PYTHONWARNINGS", "")
+            if _TRACKER_WARNING not in previous:
+                os.environ["PYTHONWARNINGS"] = ",".join(w for w in (previous, _TRACKER_WARNING) if w)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         parent = os.environ.get(SWEEP_PID_ENV, "")
