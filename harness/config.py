@@ -400,19 +400,31 @@ def path_problem(path: str, writable: bool = False, below: str | None = None) ->
         if not stat.S_ISDIR(st.st_mode):
             return f"{current} exists and is not a directory"
         ancestor = current
-    name_max = _pathconf(ancestor, "PC_NAME_MAX", 255)
-    for name in parts:
-        if len(os.fsencode(name)) > name_max:
-            return f"the folder name {name[:20]}... is {len(os.fsencode(name))} bytes long (at most {name_max})"
-    path_max = _pathconf(ancestor, "PC_PATH_MAX", 4096)
-    if len(os.fsencode(target)) >= path_max:
-        return f"{target[:40]}... is {len(os.fsencode(target))} bytes long (at most {path_max - 1})"
-    if ancestor == target and not writable:
-        return None
+    problem = length_problem(target, ancestor)
+    if problem or (not writable and (ancestor == target or os.path.isdir(p))):
+        return problem
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".harness-write-test-", dir=ancestor))
     except OSError as exc:
         return f"cannot create folders in {ancestor} ({exc.strerror or exc})"
+    return None
+
+
+def length_problem(path: str, where: str | None = None) -> str | None:
+    """Why the absolute ``path`` is too long for the file system it would be made on, or None:
+    a name over its ``NAME_MAX`` (255 bytes on most) or the whole over ``PATH_MAX``. ``where``:
+    an existing folder on that file system (default: the nearest existing ancestor)."""
+    if where is None:
+        where = path
+        while not os.path.isdir(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)
+    name_max = _pathconf(where, "PC_NAME_MAX", 255)
+    for name in path.split(os.sep):
+        if len(os.fsencode(name)) > name_max:
+            return f"the folder name {name[:20]}... is {len(os.fsencode(name))} bytes long (at most {name_max})"
+    path_max = _pathconf(where, "PC_PATH_MAX", 4096)
+    if len(os.fsencode(path)) >= path_max:
+        return f"the path ...{path[-48:]} is {len(os.fsencode(path))} bytes long (at most {path_max - 1})"
     return None
 
 

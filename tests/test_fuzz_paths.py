@@ -51,11 +51,24 @@ def _dangling(tmp: Path) -> Path:
     return tmp / "dangling"
 
 
+def _fits_alone(t: Path) -> Path:
+    """A results_dir of 4046 bytes: under PATH_MAX (4096) itself, but a run folder in it
+    (``/cartpole/a2c/seed0-<10 hex>``, 30 bytes) with its checkpoint's temp file
+    (``/.checkpoint.safetensors.<8 random>.tmp``, 37) is over: 4046 + 30 + 37 = 4113."""
+    path = str(t)
+    while len(path) < 4046 - 251:
+        path += "/" + "e" * 250
+    path += "/" + "f" * (4046 - len(path) - 1)
+    assert len(path) == 4046
+    return Path(path)
+
+
 # kind -> (make it under tmp: returns results_dir, what the one line must contain)
 RESULTS_DIR_CASES = {
     "folder_name_too_long": (lambda t: t / LONG, "is 300 bytes long (at most 255)"),
     "folder_name_too_long_deeper": (lambda t: t / "ok" / LONG / "x", "is 300 bytes long (at most 255)"),
     "path_too_long": (lambda t: Path(t, *["b" * 250] * 17), "bytes long (at most 4095)"),  # 17 x 251 > 4096
+    "run_folders_too_long": (_fits_alone, "xxxxxxxx.tmp is 4113 bytes long (at most 4095)"),
     "symlink_loop": (lambda t: _loop(t), "loop1 is a symlink loop"),
     "under_a_symlink_loop": (lambda t: _loop(t) / "res", "loop1 is a symlink loop"),
     "dangling_symlink": (lambda t: _dangling(t), f"dangling is a dangling symlink (to {{t}}{os.sep}nowhere"),
