@@ -1,5 +1,9 @@
 import sys
 
-from .cli import main
+try:
+    from .cli import main
+except KeyboardInterrupt:  # Ctrl-C while importing: the one line main() prints for it, exit 130
+    print("interrupted; rerun the same command to resume", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

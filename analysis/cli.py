@@ -3,7 +3,9 @@ rliable's score matrices as an .npz: :mod:`analysis.interop`) and ``claims`` (re
 ``--run`` it first runs the claim experiments that are missing, through :mod:`harness.experiments`).
 
 Exit codes: 0 success, 2 bad input: an argument outside its allowed values (one line naming
-the argument and what is allowed, no usage dump, no traceback), or a folder without runs.
+the argument and what is allowed, no usage dump, no traceback), a folder without runs, or an
+output folder that cannot be written (checked before anything is computed); 130 interrupted
+(Ctrl-C: one line, ``interrupted; rerun the same command to resume``).
 Every run either command leaves out (not finished, a non-finite score, a symlink, an
 unreadable file) is printed with its path and reason, and listed in report.md / claims.md.
 """
@@ -16,7 +18,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from .options import DEFAULT_DIVERGED, DEFAULT_REPS, DEFAULT_SEED, DIVERGED_RULES, EXPECTED, RAGGED
+from .options import (DEFAULT_DIVERGED, DEFAULT_REPS, DEFAULT_SEED, DIVERGED_RULES, EXPECTED, RAGGED, REPS_MAX,
+                      SEED_OFFSET_MAX)
 
 # The arguments are checked before anything heavy is imported: scipy (analysis.stats), seaborn and
 # matplotlib (analysis.report) are imported by the command that runs, after parsing succeeded.
@@ -29,17 +32,34 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _int_at_least(low: int, what: str = "an integer"):
+def _int_at_least(low: int, what: str = "an integer", high: int | None = None):
+    """An argparse type: an integer >= ``low`` (and <= ``high``, where given)."""
+    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}; allowed: an integer >= {low}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is not allowed; allowed: an integer >= {low}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}; allowed: {allowed}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value} is not allowed; allowed: {allowed}")
         return value
-    parse.__name__ = f"integer >= {low}"
+    parse.__name__ = allowed.removeprefix("an ")
     return parse
+
+
+def _unwritable(command: str, argument: str, folder: Path) -> int | None:
+    """Exit code 2 after one line when ``folder`` (an output folder, created if missing) cannot
+    be created or written: checked before anything is computed, as the harness checks its
+    results_dir (:func:`harness.config.path_problem`, the same check). None when it can."""
+    from harness.config import path_problem
+
+    problem = path_problem(str(folder), writable=True)
+    if problem is None:
+        return None
+    print(f"python -m analysis {command}: error: argument {argument}: {folder} cannot be written ({problem}); "
+          "allowed: a folder the analysis can create and write", file=sys.stderr)
+    return 2
 
 
 def _existing_folder(text: str) -> Path:
@@ -90,8 +110,8 @@ def _add_report(sub) -> None:
                    help="final score = mean of the last N evaluations, N >= 1 (default: 5)")
     p.add_argument("--out", type=_out_folder, default=None, metavar="DIR",
                    help="output folder, not an existing file (default: RESULTS/report)")
-    p.add_argument("--reps", type=_int_at_least(1), default=DEFAULT_REPS,
-                   help=f"bootstrap replicates, >= 1 (default: {DEFAULT_REPS})")
+    p.add_argument("--reps", type=_int_at_least(1, high=REPS_MAX), default=DEFAULT_REPS,
+                   help=f"bootstrap replicates, 1 to {REPS_MAX} (default: {DEFAULT_REPS})")
     p.add_argument("--seed", type=_int_at_least(0), default=DEFAULT_SEED,
                    help=f"bootstrap random seed, >= 0 (default: {DEFAULT_SEED})")
     p.add_argument("--diverged", choices=DIVERGED_RULES, default=DEFAULT_DIVERGED,
@@ -132,6 +152,9 @@ def _warnings_after():
 
 
 def _run_report(args) -> int:
+    out = Path(args.out) if args.out is not None else Path(args.results) / "report"
+    if _unwritable("report", "--out" if args.out is not None else "RESULTS (its report/ folder)", out):
+        return 2
     from .report import NoRunsError, build_report, diverged_rule_text
 
     with _warnings_after():
@@ -152,7 +175,6 @@ def _run_report(args) -> int:
     for r in t.scores.itertuples():
         print(f"  {r.task:<16} {r.estimator:<14} IQM {r.iqm:10.3f}  "
               f"[{r.iqm_low:.3f}, {r.iqm_high:.3f}]  n={r.n_scored}")
-    out = Path(args.out) if args.out is not None else Path(args.results) / "report"
     print(f"report: {out / 'report.md'}")
     return 0
 
@@ -192,6 +214,9 @@ def _run_rliable(args) -> int:
     from .interop import score_matrices, write_rliable_npz
     from .load import load
 
+    out = args.out if args.out is not None else Path(args.results) / "rliable_scores.npz"
+    if _unwritable("rliable", "--out" if args.out is not None else "RESULTS", out.parent):
+        return 2
     left_out: list = []
     with _warnings_after():
         try:
@@ -203,7 +228,6 @@ def _run_rliable(args) -> int:
             _print_left_out(left_out)
             print(f"error: {err}", file=sys.stderr)
             return 2
-    out = args.out if args.out is not None else Path(args.results) / "rliable_scores.npz"
     write_rliable_npz(out, scores, tasks)
     _print_left_out(left_out)
     print(f"tasks (columns): {', '.join(tasks)}")
@@ -245,7 +269,7 @@ def _add_claims(sub) -> None:
                    help="the quick variant of the experiments (smaller budgets, wider intervals, LM claims skipped)")
     p.add_argument("--only", type=_claim_ids, default=None, metavar="IDS",
                    help="comma-separated claim ids, e.g. C3,C5,C6")
-    p.add_argument("--seed-offset", type=_int_at_least(0), default=0, metavar="K",
+    p.add_argument("--seed-offset", type=_int_at_least(0, high=SEED_OFFSET_MAX), default=0, metavar="K",
                    help="run/judge every experiment on seeds shifted by K (1000: disjoint from the default seeds); "
                         "each offset keeps its own report and every report shows all offsets side by side")
     p.add_argument("--diverged", choices=DIVERGED_RULES, default=DEFAULT_DIVERGED,
@@ -262,6 +286,14 @@ def _add_claims(sub) -> None:
     p.set_defaults(func=_run_claims)
 
 
+def _holds_runs(root: Path) -> bool:
+    """Whether ``root`` holds anything ``claims`` judges: a run directory, or the exact claims'
+    test record (``exact_tests.json``). Without either, nothing is written into it."""
+    from .load import find_run_dirs
+
+    return (root / "exact_tests.json").is_file() or bool(find_run_dirs(root))
+
+
 def _run_claims(args) -> int:
     import time
 
@@ -274,6 +306,17 @@ def _run_claims(args) -> int:
         print(f"python -m analysis claims: error: argument DIR: {args.results} does not exist; allowed: an existing "
               "folder holding the claim experiments' runs (or --run, which runs them there)", file=sys.stderr)
         return 2
+    if not args.run and not _holds_runs(Path(args.results)):
+        print(f"python -m analysis claims: error: argument DIR: {args.results} holds no runs (no run directory with "
+              "metrics.parquet or summary.json, no exact_tests.json); allowed: a folder holding the claim "
+              "experiments' runs (or --run, which runs them there)", file=sys.stderr)
+        return 2
+    outputs = [("DIR", Path(args.results))] + [("--readme", f.parent) for f in args.readme or []]
+    if args.publish:
+        outputs.append(("--publish", Path(args.publish)))
+    for argument, folder in outputs:
+        if _unwritable("claims", argument, folder):
+            return 2
     t0 = time.time()
     command = "python -m analysis claims " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else \
         f"python -m analysis claims {args.results}"
@@ -364,12 +407,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    import matplotlib
+INTERRUPTED = "interrupted; rerun the same command to resume"
 
-    matplotlib.use("Agg")
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command; its exit code (the module docstring). Ctrl-C: one line on stderr,
+    :data:`INTERRUPTED`, and 130 (the results it reads are not changed; rerunning the command
+    writes its outputs again; ``claims --run`` skips the runs already finished)."""
     try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a bad argument (2, its one line already printed)
-        return exc.code if isinstance(exc.code, int) else 2
-    return args.func(args)
+        import matplotlib
+
+        matplotlib.use("Agg")
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exc:  # --help (0) or a bad argument (2, its one line already printed)
+            return exc.code if isinstance(exc.code, int) else 2
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130

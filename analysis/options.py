@@ -6,6 +6,12 @@ scipy, seaborn or matplotlib (:mod:`analysis.cli`)."""
 #: Bootstrap replicates and seed of every interval (:mod:`analysis.stats`).
 DEFAULT_REPS = 2000
 DEFAULT_SEED = 0
+#: At most this many replicates: each interval draws ``reps x runs`` indices at once (8 bytes
+#: each; 100,000 x 1,000 runs of a task is 0.8 GB). rliable's own default is 2,000.
+REPS_MAX = 100_000
+#: ``claims --seed-offset`` at most 2**31 - 1: the experiments' seeds (offset + their own, each
+#: < 2**31) stay within the harness's 32-bit seeds (``harness.config.SEED_MAX``).
+SEED_OFFSET_MAX = 2**31 - 1
 #: How a diverged run is scored after its divergence (:mod:`analysis.stats`' docstring): ``worst``
 #: its task's worst return, ``last`` its last evaluations carried forward.
 DIVERGED_RULES = ("worst", "last")

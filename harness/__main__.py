@@ -1,12 +1,21 @@
-"""``python -m harness [overrides]`` — see README.md and docs/running.md."""
+"""``python -m harness [overrides]`` — see README.md and docs/running.md.
+
+Ctrl-C (SIGINT) at any moment, imports included, ends the command with one line on stderr,
+:data:`INTERRUPTED`, and exit code 130: nothing finished is lost and nothing half-written is
+read back (atomic writes; the run's lock dies with the process), and the same command resumes."""
 import re
 import sys
 
-import hydra
+INTERRUPTED = "interrupted; rerun the same command to resume"
+try:
+    import hydra
 
-from harness.app import main_entry
-from harness.config import expand_path, register_configs
-from harness.tune import objective, wants_objective
+    from harness.app import main_entry
+    from harness.config import expand_path, register_configs
+    from harness.tune import objective, wants_objective
+except KeyboardInterrupt:
+    print(INTERRUPTED, file=sys.stderr)
+    raise SystemExit(130) from None
 
 register_configs()
 
@@ -39,5 +48,9 @@ def main(cfg) -> float | None:
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = expand_results_dir(sys.argv[1:])
-    main()
+    try:
+        sys.argv[1:] = expand_results_dir(sys.argv[1:])
+        main()
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        raise SystemExit(130) from None

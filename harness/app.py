@@ -12,7 +12,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .config import member_configs
+from .config import error_line, member_configs
 from .io import RunDir
 from .probes import run_probe
 from .train.control import train as train_control
@@ -194,15 +194,16 @@ def in_sweep() -> bool:
 def main_entry(cfg: DictConfig) -> None:
     """Run ``cfg``; exit 2 with one line for an invalid config or an unusable results path
     (nothing started), exit 1 when a run failed (in a sweep: at its end, see
-    :class:`harness.callbacks.SweepSummary`, after the other jobs ran)."""
+    :class:`harness.callbacks.SweepSummary`, after the other jobs ran) or a write failed at run
+    time (one line naming the file: ``cannot write results: <file>: No space left on device``)."""
     try:
         counts = run(cfg)
     except ValueError as exc:  # invalid config: nothing was started
-        print(f"invalid config: {exc}")
+        print(f"invalid config: {error_line(exc)}")
         raise SystemExit(2)
-    except OSError as exc:  # results_dir turned unusable between validation and the runs
+    except OSError as exc:  # a write failed at run time (disk full, results_dir turned unusable)
         print(f"cannot write results: {os_problem(exc)}")
-        raise SystemExit(2)
+        raise SystemExit(1)
     write_outcome(counts)
     print(f"[harness] {cfg.task.name}/{cfg.estimator} seed={cfg.seed}"
           f"{' population=' + str(cfg.population) if cfg.population > 1 else ''}: {describe(counts)}"

@@ -1,38 +1,122 @@
 """Hydra callback: results_dir checked before Hydra writes its job folder there, and one line
-at the end of a sweep with how many runs were skipped, done, failed (exit code 1 if any failed)."""
+at the end of a sweep with how many runs were skipped, done, failed (exit code 1 if any failed).
+A job run in a worker process of the sweep (``hydra/launcher=joblib``) ends with the sweep's
+process: killed, it leaves no worker training on (:func:`watch_parent`)."""
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from .config import path_problem, results_path
+from .config import error_line, expand_path, path_problem, results_path
 from .io.files import read_json
 
 
-def refuse_unusable_results_dir(config: DictConfig) -> None:
+def refuse_unusable_results_dir(config: DictConfig, job_dir: str | None = None) -> None:
     """Hydra creates its job folder under results_dir before the task starts: a results_dir
-    that is a file, or under a file or a read-only place, would end there in a traceback. One
-    line (as :func:`harness.app.main_entry` words an invalid config) and exit code 2 instead."""
+    that is a file, or under a file or a read-only place, would end there in a traceback; so
+    would any component of the job folder's path Hydra cannot make (a name longer than the file
+    system takes, a symlink loop, a dangling symlink, ``results_dir/.hydra`` a regular file).
+    ``job_dir``: the key of the job folder (``hydra.run.dir`` or ``hydra.sweep.dir``), whose
+    whole path is checked too (:func:`harness.config.path_problem`). One line (as
+    :func:`harness.app.main_entry` words an invalid config) and exit code 2 instead."""
     try:
         path = results_path(config)
-    except Exception:  # an interpolation Hydra will report itself
-        return
-    problem = path_problem(path, writable=True)
-    if problem:
-        print(f"invalid config: results_dir must be a folder the harness can create and write ({problem}), "
-              f"got {str(config.results_dir)!r}")
+    except Exception as exc:  # an unresolvable interpolation (${oc.env:UNSET}): Hydra's traceback
+        print(f"invalid config: {error_line(exc)}")
         raise SystemExit(2)
+    problem = path_problem(path, writable=True)
+    field = "results_dir"
+    if not problem and job_dir is not None:
+        try:
+            raw = OmegaConf.select(config, job_dir, default=None)
+        except Exception as exc:  # e.g. hydra.run.dir=${oc.env:UNSET}
+            print(f"invalid config: {error_line(exc)}")
+            raise SystemExit(2)
+        folder = expand_path(raw) if raw is not None else None
+        if folder:
+            inside = os.path.abspath(folder).startswith(os.path.join(os.path.abspath(path), ""))
+            problem = path_problem(path, writable=True, below=os.path.relpath(folder, path)) if inside \
+                else path_problem(folder, writable=True)
+            field = "results_dir" if inside else job_dir
+    if problem:
+        print(f"invalid config: {field} must be a folder the harness can create and write ({problem}), "
+              f"got {str(config[field] if field == 'results_dir' else OmegaConf.select(config, field))!r}")
+        raise SystemExit(2)
+
+
+def refuse_bad_launcher(config: DictConfig) -> None:
+    """Launcher settings the launcher would refuse with a traceback after the sweep started:
+    ``hydra.launcher.n_jobs`` (joblib) must be a non-zero integer (-1: every core) or null. One
+    line and exit code 2 instead."""
+    n_jobs = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None)
+    if n_jobs is not None and (isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs == 0):
+        print("invalid config: hydra.launcher.n_jobs must be a non-zero integer (n parallel jobs; -1 every "
+              f"core, -2 all but one, ...) or null, got {n_jobs!r}")
+        raise SystemExit(2)
+
+
+#: The sweep's process id, set by :meth:`SweepSummary.on_multirun_start` for the worker processes
+#: the joblib launcher starts (they inherit the environment). Other launchers' jobs are left as
+#: they are: in-process (basic), or started and kept by their own scheduler (submitit, ray).
+SWEEP_PID_ENV = "HARNESS_SWEEP_PID"
+#: The resource tracker of joblib's workers warns about the semaphores it cleans up after an
+#: interrupted sweep (Ctrl-C); that is its job, not a fault: the warning is left out.
+_TRACKER_WARNING = "ignore:resource_tracker:UserWarning"
+_watching: list[int] = []
+
+
+def watch_parent(parent: int, poll_s: float = 0.2) -> bool:
+    """In a worker process whose parent is the sweep's process ``parent``: a daemon thread ends
+    this process (exit code 1) within ``poll_s`` seconds of the parent's death (a SIGKILL
+    leaves joblib's workers training for minutes otherwise). Nothing is lost: every file is
+    written atomically and the run's lock (an ``flock``) dies with the process, so the rerun
+    resumes it; a job that starts after the sweep died ends at once. Does nothing (False)
+    anywhere else: in the sweep's own process, or in a process a worker started (its parent is
+    the worker, the sweep lives); once per process."""
+    if parent == os.getpid() or _watching:
+        return False
+    if os.getppid() != parent:
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:  # the sweep died before this job started: end with it
+            os._exit(1)
+        except OSError:
+            pass
+        return False  # started by a worker, not by the sweep: its own parent watches
+    _watching.append(parent)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="harness-watch-parent", daemon=True).start()
+    return True
 
 
 class SweepSummary(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        refuse_unusable_results_dir(config)
+        refuse_unusable_results_dir(config, "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        refuse_unusable_results_dir(config)
+        refuse_bad_launcher(config)
+        refuse_unusable_results_dir(config, "hydra.sweep.dir")
+        if "joblib" in str(OmegaConf.select(config, "hydra.launcher._target_", default="")).lower():
+            os.environ[SWEEP_PID_ENV] = str(os.getpid())  # the workers it starts watch it (on_job_start)
+            previous = os.environ.get("PYTHONWARNINGS", "")
+            if _TRACKER_WARNING not in previous:
+                os.environ["PYTHONWARNINGS"] = ",".join(w for w in (previous, _TRACKER_WARNING) if w)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        parent = os.environ.get(SWEEP_PID_ENV, "")
+        if parent.isdigit():
+            watch_parent(int(parent))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         totals: dict[str, int] = {}

@@ -409,34 +409,94 @@ def name_problem(name: str) -> str | None:
     return None
 
 
-def path_problem(path: str, writable: bool = False) -> str | None:
+def path_problem(path: str, writable: bool = False, below: str | None = None) -> str | None:
     """Why ``path`` (a results_dir) cannot hold run directories, or None: it must be a
     directory or creatable as one; with ``writable`` an existing one must take new folders too
     (the command line always writes Hydra's job folder there; in-process, a read-only folder of
-    finished runs is fine: each run that needs writing says so itself). Checked without leaving
-    anything: a temporary folder is made in the nearest existing ancestor and removed at once."""
+    finished runs is fine: each run that needs writing says so itself). ``below``: a folder
+    inside ``path`` that will be created too (Hydra's job folder), checked the same way.
+
+    The whole path is checked, every component, not only the nearest existing parent: no name
+    longer than the file system takes (``NAME_MAX``, 255 bytes on most) nor a path longer than
+    ``PATH_MAX``; an existing component must be a directory (a symlink to one is fine; a dangling
+    symlink or a symlink loop is named). Checked without leaving anything: a temporary folder is
+    made in the nearest existing ancestor and removed at once."""
+    import errno
+    import stat
     import tempfile
 
-    if "\0" in path:
+    if "\0" in path or (below is not None and "\0" in below):
         return "it contains a NUL character"
     p = os.path.abspath(path)
-    if os.path.exists(p) and not os.path.isdir(p):
-        return f"{p} exists and is not a directory"
-    if os.path.isdir(p) and not writable:
-        return None
-    ancestor = p
-    while not os.path.exists(ancestor):
-        parent = os.path.dirname(ancestor)
-        if parent == ancestor:
-            break
-        ancestor = parent
-    if not os.path.isdir(ancestor):
-        return f"{ancestor} is not a directory"
+    target = os.path.normpath(os.path.join(p, below)) if below else p
+    parts = target.split(os.sep)[1:]
+    ancestor, current = os.sep, os.sep
+    for i, name in enumerate(parts):
+        current = os.path.join(current, name)
+        try:
+            st = os.stat(current)
+        except FileNotFoundError:
+            if os.path.islink(current):
+                return f"{current} is a dangling symlink (to {os.readlink(current)})"
+            break  # this one and the rest are created
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return f"{current} is a symlink loop"
+            if exc.errno == errno.ENAMETOOLONG:
+                break  # named below with the limit
+            return f"{current}: {exc.strerror or exc}"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{current} exists and is not a directory"
+        ancestor = current
+    problem = length_problem(target, ancestor)
+    if problem or (not writable and (ancestor == target or os.path.isdir(p))):
+        return problem
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".harness-write-test-", dir=ancestor))
     except OSError as exc:
         return f"cannot create folders in {ancestor} ({exc.strerror or exc})"
     return None
+
+
+def length_problem(path: str, where: str | None = None) -> str | None:
+    """Why the absolute ``path`` is too long for the file system it would be made on, or None:
+    a name over its ``NAME_MAX`` (255 bytes on most) or the whole over ``PATH_MAX``. ``where``:
+    an existing folder on that file system (default: the nearest existing ancestor)."""
+    if where is None:
+        where = path
+        while not os.path.isdir(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)
+    name_max = _pathconf(where, "PC_NAME_MAX", 255)
+    for name in path.split(os.sep):
+        if len(os.fsencode(name)) > name_max:
+            return f"the folder name {name[:20]}... is {len(os.fsencode(name))} bytes long (at most {name_max})"
+    path_max = _pathconf(where, "PC_PATH_MAX", 4096)
+    if len(os.fsencode(path)) >= path_max:
+        return f"the path ...{path[-48:]} is {len(os.fsencode(path))} bytes long (at most {path_max - 1})"
+    return None
+
+
+def _pathconf(path: str, name: str, default: int) -> int:
+    """``os.pathconf(path, name)``, or ``default`` where the system does not say."""
+    try:
+        value = os.pathconf(path, name)
+    except (OSError, ValueError, AttributeError):
+        return default
+    return value if value and value > 0 else default
+
+
+def error_line(exc: Exception) -> str:
+    """An error's message as one line: an OmegaConf error (an unresolvable interpolation such as
+    ``${oc.env:UNSET}``) as ``<key>: <its first line>``, without the ``full_key``/``object_type``
+    lines OmegaConf appends; any other message's lines joined with ``; ``."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    text = str(exc)
+    if isinstance(exc, OmegaConfBaseException):
+        first = (str(getattr(exc, "msg", None) or text).strip().splitlines() or [""])[0]
+        key = getattr(exc, "full_key", None)
+        return f"{key}: {first}" if key else first
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def bad_field(field_name: str, allowed: str, value: Any) -> None:

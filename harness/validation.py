@@ -10,12 +10,15 @@ first; it raises ``ValueError`` naming the first invalid field and what it allow
 """
 from __future__ import annotations
 
-from omegaconf import DictConfig
+import os
+
+from omegaconf import DictConfig, open_dict
 
 from . import config as schema
-from .config import (PARAM_BYTES, ProbeSettings, bad_field, check_fields, check_fits, check_known_keys, path_problem,
-                     refuse_unknown_keys, results_path)
+from .config import (PARAM_BYTES, ProbeSettings, bad_field, check_fields, check_fits, check_known_keys, length_problem,
+                     path_problem, refuse_unknown_keys, results_path)
 from .estimators import ESTIMATORS, KL_ESTIMATORS, EstimatorSpec, get_estimator
+from .io.rundir import CHECKPOINT_NAME, run_dir_for
 from .losses import AGG_MODES, DELTA_LOSSES, POLICY_LOSSES
 from .probes import validate_probe
 from .tasks.control import env_info, time_limit, validate_control
@@ -119,8 +122,17 @@ def check_device(cfg: DictConfig) -> None:
 
 
 def check_results_dir(cfg: DictConfig) -> None:
-    """results_dir must be a directory, or creatable as one (nothing is created here)."""
-    problem = path_problem(results_path(cfg))
+    """results_dir must be a directory, or creatable as one (nothing is created here), and short
+    enough for the longest path a run writes under it: its last member's run folder
+    (``<task>/<estimator>/seed<k>-<hash>``) and the temporary file of its checkpoint in it."""
+    path = results_path(cfg)
+    problem = path_problem(path)
+    if not problem:
+        last = cfg.copy()
+        with open_dict(last):
+            last.seed = int(cfg.seed) + max(int(cfg.population), 1) - 1  # the longest seed; not in the hash
+        longest = os.path.join(os.path.abspath(str(run_dir_for(last))), f".{CHECKPOINT_NAME}.xxxxxxxx.tmp")
+        problem = length_problem(longest)
     if problem:
         bad_field("results_dir", f"a folder the harness can create and write ({problem})", cfg.results_dir)
 

@@ -25,9 +25,12 @@ def _cases(tmp: Path):
     report = "python -m analysis report: error: argument"
     claims = "python -m analysis claims: error: argument"
     return [
-        (["report", ok, "--reps", "0"], f"{report} --reps: 0 is not allowed; allowed: an integer >= 1"),
-        (["report", ok, "--reps", "-5"], f"{report} --reps: -5 is not allowed; allowed: an integer >= 1"),
-        (["report", ok, "--reps", "many"], f"{report} --reps: 'many' is not an integer; allowed: an integer >= 1"),
+        (["report", ok, "--reps", "0"], f"{report} --reps: 0 is not allowed; allowed: an integer in "
+                                             "[1, 100000]"),
+        (["report", ok, "--reps", "-5"], f"{report} --reps: -5 is not allowed; allowed: an integer in "
+                                             "[1, 100000]"),
+        (["report", ok, "--reps", "many"], f"{report} --reps: 'many' is not an integer; allowed: an integer in "
+                                                "[1, 100000]"),
         (["report", ok, "--seed", "-1"], f"{report} --seed: -1 is not allowed; allowed: an integer >= 0"),
         (["report", ok, "--last-n", "0"], f"{report} --last-n: 0 is not allowed; allowed: an integer >= 1"),
         (["report", ok, "--out", str(f)], f"{report} --out: {f} is an existing file; allowed: a folder "

@@ -621,14 +621,15 @@ def test_a_leftover_temp_folder_does_not_stop_a_run(tmp_path):
     assert tmp_dir.is_dir()
 
 
-def test_an_os_error_after_validation_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+def test_an_os_error_after_validation_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
+    """A run-time failure (issue 36): exit code 1, not the bad-input code 2."""
     def unwritable(cfg):
         raise PermissionError(13, "Permission denied", str(tmp_path / "res" / "cartpole"))
 
     monkeypatch.setattr(app, "run", unwritable)
     with pytest.raises(SystemExit) as info:
         app.main_entry(make_cfg([*TINY_RUN, f"results_dir={tmp_path / 'res'}"]))
-    assert info.value.code == 2
+    assert info.value.code == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and str(tmp_path / "res" / "cartpole") in out[0] and "Permission denied" in out[0], out
 

@@ -82,6 +82,9 @@ METRIC_COLUMNS = schema.METRIC_COLUMNS
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same folder and ``os.replace``: a
+    reader sees the old file or the new one. An ``OSError`` that names no file (a full disk
+    fails ``write`` or ``fsync``) is raised with ``path`` as its ``filename``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -98,9 +101,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:  # a failed write() or fsync() (disk full)
+            exc.filename = str(path)  # names no file: the one being written is named
         raise
 
 
@@ -283,9 +288,15 @@ class RunDir:
             finally:
                 os.close(fd)
             return False
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                     "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode())
+        except OSError as exc:  # a full disk: named by the lock's path, the lock let go
+            os.close(fd)
+            if exc.filename is None:
+                exc.filename = str(self.path / LOCK_FILE)
+            raise
         self._lock_fd = fd
         return True
 
