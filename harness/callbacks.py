@@ -44,10 +44,26 @@ def refuse_unusable_results_dir(config: DictConfig, job_dir: str | None = None) 
             problem = path_problem(path, writable=True, below=os.path.relpath(folder, path)) if inside \
                 else path_problem(folder, writable=True)
             field = "results_dir" if inside else job_dir
+            if inside and not problem:
+                problem = linked_part(path, os.path.relpath(folder, path))
     if problem:
         print(f"invalid config: {field} must be a folder the harness can create and write ({problem}), "
               f"got {str(config[field] if field == 'results_dir' else OmegaConf.select(config, field))!r}")
         raise SystemExit(2)
+
+
+def linked_part(root: str, rel: str) -> str | None:
+    """Why Hydra's job folder ``root/rel`` would be written outside ``root`` (issue 36): an
+    existing folder on the way (``results_dir/.hydra``, ...) is a symlink; else None. The run
+    folders get the same rule (:meth:`harness.io.RunDir.blocker`)."""
+    at = root
+    for part in rel.split(os.sep):
+        at = os.path.join(at, part)
+        if os.path.islink(at):
+            return f"{at} is a symlink (to {os.readlink(at)}): Hydra's job folder would be written outside {root}"
+        if not os.path.isdir(at):
+            return None
+    return None
 
 
 def refuse_bad_launcher(config: DictConfig) -> None:

@@ -257,3 +257,19 @@ def test_claims_on_a_folder_without_runs_exits_2_and_writes_nothing(tmp_path, ca
                    "metrics.parquet or summary.json, no exact_tests.json); allowed: a folder holding the claim "
                    "experiments' runs (or --run, which runs them there)"], err
     assert sorted(os.listdir(empty)) == ["notes.txt"]
+
+
+def test_dot_hydra_a_symlink_outside_is_refused_through_the_cli(tmp_path):
+    """``results_dir/.hydra`` a symlink to a folder outside results_dir: Hydra would write its job
+    folder there (issue 36 item 4). One line naming it, exit 2, nothing written outside."""
+    res, outside = tmp_path / "res", tmp_path / "outside"
+    res.mkdir()
+    outside.mkdir()
+    (res / ".hydra").symlink_to(outside, target_is_directory=True)
+    out = _cli([*TINY, f"results_dir={res}"], tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stdout.strip() == (f"invalid config: results_dir must be a folder the harness can create and "
+                                  f"write ({res / '.hydra'} is a symlink (to {outside}): Hydra's job folder would "
+                                  f"be written outside {res}), got '{res}'"), out.stdout
+    assert "Traceback" not in out.stderr, out.stderr
+    assert os.listdir(outside) == [] and sorted(os.listdir(res)) == [".hydra"]
