@@ -494,8 +494,7 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
         runs.at[i, "left_out"] = why
 
     # ±inf scores, looked for in all the stacked runs at once
-    bad = _nonfinite_runs(table, counts) if kept else set()
-    unscored = _unscored_runs(table, counts) if kept else set()
+    bad, unscored = _score_scan(table, counts) if kept else (set(), set())
     starts = np.cumsum(counts) - counts
     where = {id(rec): k for k, rec in enumerate(kept)}
     keep = np.array([rec["finished"] or not finished_only for rec in kept], dtype=bool)
@@ -599,32 +598,14 @@ def _blockwise(df: pd.DataFrame, counts: np.ndarray, starts: np.ndarray, codes: 
     return not np.isnan(it).any() and bool((np.diff(it) > 0)[inside[1:]].all())
 
 
-def _nonfinite_runs(table: pa.Table, counts: list[int]) -> set[int]:
-    """Indices of the runs (``counts[k]`` rows each, in order) of the scanned ``table`` whose
-    scoring columns hold ±inf, or all of them where a scoring column is not numeric (each then
-    gets :func:`nonfinite_score`'s message)."""
+def _score_scan(table: pa.Table, counts: list[int]) -> tuple[set[int], set[int]]:
+    """One pass over the scoring columns of the stacked ``table`` (runs of ``counts[k]`` rows
+    each, in order): ``(nonfinite, unscored)``. ``nonfinite``: the runs whose scoring columns hold
+    ±inf, or all of them where a scoring column is not numeric (each then gets
+    :func:`nonfinite_score`'s message); ``unscored``: the runs with no finite value in any of
+    :data:`SCORE_VALUE_COLUMNS` (issue 36: they were counted as scored, with score NaN)."""
     row_run = np.repeat(np.arange(len(counts)), counts)
     bad = np.zeros(table.num_rows, dtype=bool)
-    for col in SCORE_VALUE_COLUMNS:
-        if col not in table.column_names:
-            continue
-        try:
-            vals = table.column(col).cast(pa.float64()).to_numpy(zero_copy_only=False)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            return set(range(len(counts)))
-        bad |= np.isinf(vals)
-    return {int(k) for k in np.unique(row_run[bad])}
-
-
-#: Why a completed run without any finite score is left out (issue 36: it was counted as scored).
-NO_SCORE = ("no score: neither eval_return nor episode_return holds a finite value (no evaluation ran "
-            "and no episode ended)")
-
-
-def _unscored_runs(table: pa.Table, counts: list[int]) -> set[int]:
-    """The runs (indices into ``counts``) of the stacked ``table`` with no finite value in any
-    of :data:`SCORE_VALUE_COLUMNS`."""
-    row_run = np.repeat(np.arange(len(counts)), counts)
     scored = np.zeros(len(counts), dtype=bool)
     for col in SCORE_VALUE_COLUMNS:
         if col not in table.column_names:
@@ -632,9 +613,15 @@ def _unscored_runs(table: pa.Table, counts: list[int]) -> set[int]:
         try:
             vals = table.column(col).cast(pa.float64()).to_numpy(zero_copy_only=False)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            continue  # named by nonfinite_score
+            return set(range(len(counts))), set()
+        bad |= np.isinf(vals)
         scored[np.unique(row_run[np.isfinite(vals)])] = True
-    return {int(k) for k in np.flatnonzero(~scored)}
+    return {int(k) for k in np.unique(row_run[bad])}, {int(k) for k in np.flatnonzero(~scored)}
+
+
+#: Why a completed run without any finite score is left out (issue 36: it was counted as scored).
+NO_SCORE = ("no score: neither eval_return nor episode_return holds a finite value (no evaluation ran "
+            "and no episode ended)")
 
 
 #: The per-run columns load adds; a column of these names in a metrics file is dropped.
