@@ -92,8 +92,10 @@ def _damage(d, how):
     elif how == "summary_huge_iterations":
         _summary_edit(d, iterations=10 ** 11)
         (d / "config.yaml").write_text(CONFIG.replace("budget:\n  iterations: 5\n", ""))
-    elif how == "config_deep":
+    elif how == "config_deep":  # flow style (a segfault in libyaml's composer on some PyYAML builds)
         (d / "config.yaml").write_text("a: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    elif how == "config_deep_block":  # block style: a sequence in a sequence ... 100,000 times
+        (d / "config.yaml").write_text("- " * 100_000 + "x\n")
     elif how == "metrics_duplicated_column":
         t = pq.read_table(m)
         pq.write_table(t.append_column("eval_return", t.column("eval_return")), m)
@@ -130,13 +132,14 @@ CORRUPT = {  # damage -> the exact reason every reader gives
     "summary_deep": "unreadable summary.json (JSON nested deeper than 64 levels)",
     "summary_too_big": None,  # starts with "unreadable summary.json (is N bytes, over the"
     "summary_huge_iterations": "metrics.parquet holds iterations [1..3] (3 rows), summary.json says 100000000000",
-    "config_deep": None,  # "unreadable config.yaml (": libyaml's own nesting limit or ours
+    "config_deep": "unreadable config.yaml (YAML nested deeper than 64 levels)",
+    "config_deep_block": "unreadable config.yaml (YAML nested deeper than 64 levels)",
     "metrics_duplicated_column": "unreadable metrics.parquet (has the column 'eval_return' more than once)",
     "metrics_string_return": "unreadable metrics.parquet (column 'episode_return' is string, expected double)",
 }
 PREFIX = {"torn_summary": "unreadable summary.json (JSONDecodeError: ",
           "torn_config": "unreadable config.yaml (", "truncated_metrics": "unreadable metrics.parquet (",
-          "no_metrics": "unreadable metrics.parquet (", "config_deep": "unreadable config.yaml (",
+          "no_metrics": "unreadable metrics.parquet (",
           "summary_too_big": "unreadable summary.json (is "}
 
 

@@ -124,12 +124,35 @@ def read_json(path: str | os.PathLike, limit: int | None = None) -> Any:
     return loads_json(read_bytes(path, JSON_LIMIT if limit is None else limit), path)
 
 
+def _yaml_too_deep(data: bytes) -> bool:
+    """A bound on YAML nesting read from the text, without parsing: flow nesting (``[``/``{``
+    opened and not yet closed, counted as bytes: brackets inside quoted strings count too, which
+    can only overstate it) over :data:`MAX_DEPTH`, or a line whose content starts after more than
+    ``2 * MAX_DEPTH`` columns of indentation and ``- `` markers (a block collection nested in
+    another starts at least one column further right). libyaml's C composer recurses once per
+    level: 100,000 levels overflow the C stack (a segfault, on some builds) before any Python
+    check runs."""
+    import re
+
+    import numpy as np
+
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH:
+        b = np.frombuffer(data, dtype=np.uint8)
+        step = (np.isin(b, (ord("["), ord("{"))).astype(np.int32) - np.isin(b, (ord("]"), ord("}"))))
+        if np.cumsum(step).max(initial=0) > MAX_DEPTH:
+            return True
+    prefixes = re.findall(rb"^[ \t-]*", data, re.M)
+    return max(map(len, prefixes), default=0) > 2 * MAX_DEPTH
+
+
 def read_yaml(path: str | os.PathLike, limit: int | None = None) -> Any:
     """A YAML file through :func:`read_bytes` and the safe loader (plain values only, nothing
     constructed), with the same depth bound as JSON."""
     import yaml  # PyYAML, shipped with omegaconf
 
     data = read_bytes(path, YAML_LIMIT if limit is None else limit)
+    if _yaml_too_deep(data):  # before parsing: libyaml's composer recurses in C and can overflow the stack
+        raise RunFileError(path, f"YAML nested deeper than {MAX_DEPTH} levels")
     try:
         obj = yaml.load(data.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except RecursionError:
