@@ -57,8 +57,9 @@ def _kind(mode: int) -> str:
 
 def read_bytes(path: str | os.PathLike, limit: int | None) -> bytes:
     """The bytes of the regular file ``path`` (not a symlink, FIFO, device or directory), at most
-    ``limit`` bytes (None: no bound; the checkpoint, whose size the trainer knows, checks its own). ``FileNotFoundError`` when there is no such entry, so callers
-    can tell "not written yet" from "unusable"; :class:`RunFileError` for everything else."""
+    ``limit`` bytes (None: no bound; the checkpoint, whose size the trainer knows, checks its own).
+    ``FileNotFoundError`` when there is no such entry, so callers can tell "not written yet" from
+    "unusable"; :class:`RunFileError` for everything else."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -74,16 +75,15 @@ def read_bytes(path: str | os.PathLike, limit: int | None) -> bytes:
             raise RunFileError(path, f"is {_kind(st.st_mode)}, not a regular file")
         if limit is not None and st.st_size > limit:
             raise RunFileError(path, f"is {st.st_size} bytes, over the {limit}-byte bound for this file")
-        chunks, left = [], st.st_size if limit is None else min(st.st_size, limit) + 1
-        while True:  # the file may have grown since fstat: read to its end, within the bound
-            chunk = os.read(fd, max(left, 1 << 16))
+        chunks, total = [], 0
+        while True:  # to its end: the file may have grown since fstat, still within the bound
+            chunk = os.read(fd, max(st.st_size - total, 1 << 16))
             if not chunk:
-                break
+                return b"".join(chunks)
             chunks.append(chunk)
-            left = max(left - len(chunk), 0)
-            if limit is not None and sum(map(len, chunks)) > limit:
+            total += len(chunk)
+            if limit is not None and total > limit:
                 raise RunFileError(path, f"is over the {limit}-byte bound for this file")
-        return b"".join(chunks)
     except OSError as exc:
         raise RunFileError(path, f"cannot be read ({exc.strerror or exc})") from None
     finally:
