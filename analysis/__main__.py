@@ -1,3 +1,4 @@
+"""``python -m analysis`` and the ``pg-analysis`` console script (pyproject.toml)."""
 import sys
 
 try:
@@ -6,4 +7,10 @@ except KeyboardInterrupt:  # Ctrl-C while importing: the one line main() prints 
     print("interrupted; rerun the same command to resume", file=sys.stderr)
     sys.exit(130)
 
-sys.exit(main())
+
+def cli() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -256,7 +256,7 @@ def _readme_file(text: str) -> Path:
 
 def _add_claims(sub) -> None:
     p = sub.add_parser("claims", help="verdicts for the claims from the runs in DIR (claims.md)",
-                       description="Verdicts for the claims of conf/claims.yaml (docs/claims_list.md) from runs the "
+                       description="Verdicts for the claims of harness/conf/claims.yaml (docs/claims_list.md) from runs the "
                                    "harness produced in DIR: DIR/claims.md, DIR/claims.json and DIR/claims_figures/. "
                                    "With --run, first runs what is missing (every claim experiment's sweep and "
                                    "the exact claims' tests).")

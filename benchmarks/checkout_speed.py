@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._docs import write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-ZOO = ["task=cartpole", "estimator=ppo_gae", "progress=false", "eval_every=0", "threads=1"]  # conf/tuned preset
+ZOO = ["task=cartpole", "estimator=ppo_gae", "progress=false", "eval_every=0", "threads=1"]  # harness/conf/tuned preset
 
 
 def harness(checkout: Path, overrides: list[str]) -> None:

@@ -1,6 +1,6 @@
 """Every estimator x the main policy losses on the LM task, side by side (issue 14).
 
-    python -m harness -m experiment=lm_compare                    # the sweep (conf/experiment/lm_compare.yaml)
+    python -m harness -m experiment=lm_compare                    # the sweep (harness/conf/experiment/lm_compare.yaml)
     python benchmarks/lm_compare.py results/lm_compare --docs     # report, figure, README and docs blocks
 
 The numbers are the report's (:func:`analysis.report.build_report`, the same call as ``python -m
@@ -32,7 +32,7 @@ from benchmarks._docs import write_block  # noqa: E402
 from benchmarks.lm_gain import final_rows, t_interval  # noqa: E402
 
 FIGURE = "docs/figures/lm_compare_final_scores.png"
-LOSSES = ("clip", "gspo")  # conf/experiment/lm_compare.yaml's policy_loss axis
+LOSSES = ("clip", "gspo")  # harness/conf/experiment/lm_compare.yaml's policy_loss axis
 SEEDS = 3
 
 

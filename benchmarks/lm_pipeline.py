@@ -15,7 +15,7 @@ Usage::
 The LM sizes are tiny: intra-op threads buy little and, on a shared 2-core machine, two
 threads per process can be many times slower than one, hence ``--threads 1`` by default.
 ``--set`` overrides apply to every run (the estimator group's lr/epochs are tuned for control
-tasks; pass LM values here until conf/tuned/lm_summarize_*.yaml exist).
+tasks; pass LM values here until harness/conf/tuned/lm_summarize_*.yaml exist).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def compose(overrides: list[str]):
 
     register_configs()
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(ROOT / "harness" / "conf"), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=overrides)
 
 

@@ -101,7 +101,7 @@ def compose(overrides: list[str]):
 
     register_configs()
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(ROOT / "harness" / "conf"), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=overrides)
 
 

@@ -1,7 +1,7 @@
 """MuJoCo learning table (issue 18): ppo_gae and three other estimators on Hopper-v5 and
 HalfCheetah-v5, 5 seeds each as one population, at a budget this machine affords (state it).
 
-ppo_gae runs with rl-baselines3-zoo's tuned preset for the task (``conf/tuned/<task>_ppo_gae.yaml``,
+ppo_gae runs with rl-baselines3-zoo's tuned preset for the task (``harness/conf/tuned/<task>_ppo_gae.yaml``,
 loaded by itself); a2c, baseline (REINFORCE with a learned baseline) and rloo with their own
 defaults on the task presets (CleanRL's sizes: one env, 2048 steps per iteration, observation and
 reward normalisation). Each run ends with a 10-episode greedy evaluation (its final return); the

@@ -5,7 +5,7 @@ DLR-RM/rl-trained-agents. For each agent, ``ppo/<env>_1/evaluations.npz`` is the
 ``EvalCallback`` wrote while the agent trained: ``timesteps`` (every 25,000 env steps, 40 rows for
 the 1M-step runs), ``results`` (the return of each of the 20 deterministic evaluation episodes at
 each of them) and ``ep_lengths``. The Hopper-v3 and HalfCheetah-v3 agents were trained with the
-same tuned hyperparameters as ``conf/tuned/{hopper,halfcheetah}_ppo_gae.yaml`` (their
+same tuned hyperparameters as ``harness/conf/tuned/{hopper,halfcheetah}_ppo_gae.yaml`` (their
 ``config.yml``), one training seed each.
 
 This script reads those two files from a checkout of that repository and writes
@@ -58,7 +58,7 @@ def main() -> None:
     lines = [
         "# rl-baselines3-zoo's published PPO agents, evaluation during training (SB3 EvalCallback:",
         "# every 25,000 env steps, 20 deterministic episodes; one training seed per env; hyperparameters",
-        "# as conf/tuned/<task>_ppo_gae.yaml). Source: github.com/DLR-RM/rl-trained-agents at commit",
+        "# as harness/conf/tuned/<task>_ppo_gae.yaml). Source: github.com/DLR-RM/rl-trained-agents at commit",
         f"# {commit}, files ppo/<env>_1/evaluations.npz.",
         "# Written by: python benchmarks/sb3_zoo_reference.py <checkout>",
         "env,timesteps,episodes,mean,min,max",

@@ -35,7 +35,7 @@ def expand_results_dir(argv: list[str]) -> list[str]:
     return out
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg) -> float | None:
     """Train (or skip) the runs of ``cfg``. Under ``hydra/sweeper=optuna`` the job returns the
     value the sweeper maximises (:func:`harness.tune.objective`); otherwise nothing."""
@@ -47,10 +47,15 @@ def main(cfg) -> float | None:
     return value
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """``python -m harness`` and the ``pg-harness`` console script (pyproject.toml)."""
     try:
         sys.argv[1:] = expand_results_dir(sys.argv[1:])
         main()
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)
         raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,6 +1,6 @@
 """Typed config schema (Hydra ConfigStore) and the per-field checks: the bottom layer.
 
-The YAML groups under ``conf/`` fill these dataclasses; a typo'd key or a wrong type fails
+The YAML groups under ``harness/conf/`` fill these dataclasses; a typo'd key or a wrong type fails
 at composition (OmegaConf struct mode), a value out of range fails in :func:`check_fields`
 with the field's name and what is allowed, before a run directory is created.
 
@@ -114,8 +114,8 @@ class Config:
     dynamic_sampling_max_draws: int = 10  # generation batches drawn at most per iteration (verl max_num_gen_batches)
     mask_truncated: bool = False  # TRL mask_truncated_completions: responses without EOS leave the loss
     overlong_cache: Optional[int] = None  # DAPO's soft overlong punishment: its L_cache in tokens; null: off
-    lm: Any = None  # the LM task's own node (conf/task/lm_*.yaml)
-    toy: Any = None  # the toy task's own node (conf/task/toy.yaml)
+    lm: Any = None  # the LM task's own node (harness/conf/task/lm_*.yaml)
+    toy: Any = None  # the toy task's own node (harness/conf/task/toy.yaml)
     probe: Any = None  # mode=probe settings (harness.probes)
 
 
@@ -525,7 +525,7 @@ def check_fields(cfg: DictConfig) -> None:
                 f"unset for task.family={family} (the {node}.* settings belong to task.family={owner})",
                 cfg[node][keys[0]] if keys else cfg[node])
     # probe.* settings with mode=train are allowed and inert: one sweep may cover both modes
-    # (conf/experiment/claim_c20.yaml sweeps mode=probe,train with ++probe.batches)
+    # (harness/conf/experiment/claim_c20.yaml sweeps mode=probe,train with ++probe.batches)
     if not str(cfg.task.name) or "/" in str(cfg.task.name):
         bad("task.name", "a non-empty name without '/' (it names the run directory's folder)", cfg.task.name)
     problem = name_problem(str(cfg.task.name))

@@ -23,7 +23,7 @@ import torch
 from .estimators.kl import kl_estimate
 
 # The only list of loss aggregations (config key ``loss_agg``); presets named after TRL's
-# ``loss_type`` are in conf/loss_type/.
+# ``loss_type`` are in harness/conf/loss_type/.
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "token_sum", "seq_mean_token_sum")
 
 
@@ -51,7 +51,7 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
     of independent agents ``P``) are kept: the result has shape ``x.shape[:-2]``.
 
     TRL's ``GRPOConfig.loss_type`` names are presets of these (``loss_type=<name>``,
-    ``conf/loss_type/``), each on one minibatch = one optimizer step of one process:
+    ``harness/conf/loss_type/``), each on one minibatch = one optimizer step of one process:
     ``grpo`` = ``seq_mean_token_mean`` (TRL divides by all ``B`` sequences, empty ones
     included, and clamps each length to >= 1; here ``S`` counts non-empty ones: the same when
     every sequence has a token); ``bnpo`` = ``token_mean`` (TRL: the tokens of each process's

@@ -6,7 +6,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from harness.config import register_configs
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+CONF = str(Path(__file__).resolve().parents[1] / "harness" / "conf")
 TINY = [
     "budget.iterations=2", "task.num_envs=2", "task.rollout_steps=8", "task.episodes_per_iter=4",
     "task.max_episode_steps=30", "group_size=2", "eval_episodes=2", "eval_every=1", "progress=false",

@@ -196,7 +196,7 @@ def test_every_statistical_claim_is_registered_with_one_primary_test():
 def test_every_rule_matches_its_registered_hash():
     """A rule or design changed without a new registration fails here: bump the claim's version,
     add a changelog entry (date, after seeing which offsets, the fresh offset that confirms it) and
-    put the new hash in conf/claims.yaml."""
+    put the new hash in harness/conf/claims.yaml."""
     stale = [f"{c.id}: registered {c.rule_hash}, now {c.computed_hash}" for c in STATISTICAL if not c.hash_ok]
     assert not stale, "rule or design changed since registration:\n" + "\n".join(stale)
 
@@ -1039,7 +1039,7 @@ def test_a_missing_opt_in_experiment_names_the_command_that_runs_it(tmp_path):
 
 
 def test_the_claims_list_page_is_written_from_the_registry():
-    """docs/claims_list.md's table is generated from conf/claims.yaml (python -m analysis.claims.register
+    """docs/claims_list.md's table is generated from harness/conf/claims.yaml (python -m analysis.claims.register
     --docs docs/claims_list.md): it says what is registered, no hand copy to drift."""
     from analysis.claims.register import END, START, list_markdown
 

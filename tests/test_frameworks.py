@@ -358,7 +358,7 @@ def test_every_recipe_on_the_page_is_tested():
     ("gspo", "GSPO (TRL importance_sampling_level=sequence, epsilon=3e-4, epsilon_high=4e-4)"),
     ("cispo", "CISPO (TRL loss_type=cispo, epsilon_high=5.0)")])
 def test_policy_loss_presets_are_the_tested_recipes_knobs(preset, recipe):
-    """``policy_loss=<name>`` (conf/policy_loss/, what experiment=lm_compare sweeps) sets the same
+    """``policy_loss=<name>`` (harness/conf/policy_loss/, what experiment=lm_compare sweeps) sets the same
     update, clip_eps and clip_eps_high as the recipe the frameworks' loss was checked with."""
     keys = ("update", "clip_eps", "clip_eps_high")
     got = make_cfg(["task=lm_summarize", "estimator=rloo", f"policy_loss={preset}"])

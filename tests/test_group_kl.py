@@ -178,7 +178,7 @@ def _yaml(name):
     import yaml
     from pathlib import Path
 
-    return yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "estimator" / f"{name}.yaml").read_text())
+    return yaml.safe_load((Path(__file__).resolve().parents[1] / "harness" / "conf" / "estimator" / f"{name}.yaml").read_text())
 
 
 def _verl_masked_whiten(values, mask):

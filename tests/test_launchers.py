@@ -3,7 +3,7 @@
 - ``hydra/launcher=submitit_local`` (CI's stand-in for Slurm) runs a tiny two-run sweep for
   real; its run directories equal those of the basic launcher, and rerunning the sweep with
   the basic launcher skips them (resume across launchers).
-- ``hydra/launcher=slurm`` (conf/hydra/launcher/slurm.yaml) composes, and the sbatch script
+- ``hydra/launcher=slurm`` (harness/conf/hydra/launcher/slurm.yaml) composes, and the sbatch script
   submitit would submit is rendered, without submitting anything.
 - ``hydra/launcher=joblib`` runs the sweep in two worker processes.
 - ``hydra/launcher=ray`` (hydra-ray-launcher, the ``ray`` extra) and ``hydra/sweeper=optuna``

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "harness" / "conf"
 CACHE = Path(tempfile.mkdtemp(prefix="lm-test-cache-"))
 atexit.register(shutil.rmtree, CACHE, True)
 

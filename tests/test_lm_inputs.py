@@ -266,10 +266,10 @@ def test_bad_lm_values_are_refused_naming_the_field(override, expected, tmp_path
 
 
 def test_every_numeric_lm_field_of_the_task_file_is_covered():
-    """A numeric field added to conf/task/lm_summarize.yaml needs a case above."""
+    """A numeric field added to harness/conf/task/lm_summarize.yaml needs a case above."""
     from omegaconf import OmegaConf
 
-    node = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "task" / "lm_summarize.yaml").lm, resolve=False)
+    node = OmegaConf.to_container(OmegaConf.load(REPO / "harness" / "conf" / "task" / "lm_summarize.yaml").lm, resolve=False)
 
     def numeric(prefix, n):
         for k, v in n.items():

@@ -1,5 +1,5 @@
 """Loss aggregations (``loss_agg``, :data:`harness.losses.AGG_MODES`) by hand, and the TRL
-``loss_type`` presets (``conf/loss_type/``) against TRL's documented formulas on the same tensors.
+``loss_type`` presets (``harness/conf/loss_type/``) against TRL's documented formulas on the same tensors.
 
 (Kept apart from test_losses.py, which the policy-loss work edits.)"""
 from pathlib import Path
@@ -10,7 +10,7 @@ import yaml
 
 from harness.losses import AGG_MODES, aggregate
 
-LOSS_TYPES = Path(__file__).resolve().parents[1] / "conf" / "loss_type"
+LOSS_TYPES = Path(__file__).resolve().parents[1] / "harness" / "conf" / "loss_type"
 
 # Two sequences (columns) in T = 4: lengths 1 (value 4) and 3 (values 1, 2, 3; sum 6).
 X = torch.tensor([[4.0, 1.0], [9.0, 2.0], [9.0, 3.0], [9.0, 9.0]])

@@ -12,7 +12,7 @@ from harness.estimators import (
 )
 from harness.losses import POLICY_LOSSES, get_policy_loss, pg_loss, register_policy_loss
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "estimator"
+CONF = Path(__file__).resolve().parents[1] / "harness" / "conf" / "estimator"
 
 
 def _yaml(name: str) -> dict:
@@ -129,7 +129,7 @@ def test_a_bad_name_is_refused_naming_every_registered_value(override, field, re
     names = {"estimators": ESTIMATORS, "agg": AGG_MODES, "kl": KL_ESTIMATORS}[registry]
     if registry != "agg":  # a throwaway entry shows the message reads the registry itself
         monkeypatch.setitem(names, "throwaway_test", names[next(iter(names))])
-    if field == "estimator":  # a group on the command line (Hydra lists conf/estimator/); in a config, a string
+    if field == "estimator":  # a group on the command line (Hydra lists harness/conf/estimator/); in a config, a string
         cfg = make_cfg([f"results_dir={tmp_path}"])
         cfg.estimator = "nope"
     else:

@@ -1,6 +1,6 @@
 """Claims report: ``python -m analysis claims DIR [--run] [--quick] [--seed-offset K]``.
 
-Every claim of ``conf/claims.yaml`` gets a row. A *statistical* claim is judged by one
+Every claim of ``harness/conf/claims.yaml`` gets a row. A *statistical* claim is judged by one
 registered primary test (:mod:`.spec`): its statistic (:mod:`.kinds`) with an interval method
 whose coverage at the n used is tested (:mod:`.intervals`), read against its rule (:mod:`.rules`)
 at the level Holm's procedure across all claims tested in the report assigns it

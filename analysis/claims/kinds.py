@@ -1,6 +1,6 @@
 """Statistic kinds: each computes one statistic of a claim's evidence as an :class:`Estimate`.
 
-A part of a claim names its kind (``stat:``) in ``conf/claims.yaml``; the kinds are few and
+A part of a claim names its kind (``stat:``) in ``harness/conf/claims.yaml``; the kinds are few and
 reusable, and each uses one interval method of :mod:`.intervals` (intervals at any level):
 
 * ``probe_value``: a column of a probe row (bias, weight, cosine, ...) with its bootstrap

@@ -1,6 +1,6 @@
 """The claims report's error control: Holm across claims, a group-sequential plan within one.
 
-Fixed before any data (``conf/claims.yaml``'s ``protocol`` block sets the numbers):
+Fixed before any data (``harness/conf/claims.yaml``'s ``protocol`` block sets the numbers):
 
 * **Family-wise error rate, Holm (1979).** Every statistical claim that is tested in a report
   (its evidence present, its premise met, its power check passed, at least ``min_seeds`` seeds
@@ -45,11 +45,11 @@ class Protocol:
         d = dict(d or {})
         unknown = set(d) - {"alpha", "power", "min_seeds", "check_level", "multiplicity", "spending"}
         if unknown:
-            raise ValueError(f"conf/claims.yaml protocol: unknown field(s) {sorted(unknown)}")
+            raise ValueError(f"harness/conf/claims.yaml protocol: unknown field(s) {sorted(unknown)}")
         if d.get("multiplicity", "holm") != "holm":
-            raise ValueError("conf/claims.yaml protocol.multiplicity: only 'holm' is implemented")
+            raise ValueError("harness/conf/claims.yaml protocol.multiplicity: only 'holm' is implemented")
         if d.get("spending", "obrien_fleming") != "obrien_fleming":
-            raise ValueError("conf/claims.yaml protocol.spending: only 'obrien_fleming' is implemented")
+            raise ValueError("harness/conf/claims.yaml protocol.spending: only 'obrien_fleming' is implemented")
         return cls(float(d.get("alpha", 0.05)), float(d.get("power", 0.8)), int(d.get("min_seeds", 10)),
                    float(d.get("check_level", 0.95)))
 

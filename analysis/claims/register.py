@@ -3,10 +3,10 @@ claims list written from it.
 
 Prints every statistical claim's version, its registered ``rule_hash`` and the hash of its rule
 and design in this checkout (:func:`.spec.rule_hash`), and exits 1 when any differs: a changed
-rule or design needs a new version, a changelog entry and the new hash in ``conf/claims.yaml``
+rule or design needs a new version, a changelog entry and the new hash in ``harness/conf/claims.yaml``
 (``tests/test_claims.py`` checks the same). ``--docs FILE`` writes the claims list (every claim,
 its primary test, registered effect, rationale and design) between FILE's ``claims-list``
-markers, so docs/claims_list.md says what conf/claims.yaml registers and nothing else.
+markers, so docs/claims_list.md says what harness/conf/claims.yaml registers and nothing else.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _design(c: Claim) -> str:
 def list_markdown() -> str:
     """The claims list: statistical claims (primary test, effect, rationale, design), then exact checks."""
     claims = load_claims()
-    lines = ["Written by `python -m analysis.claims.register --docs docs/claims_list.md` from `conf/claims.yaml`.", "",
+    lines = ["Written by `python -m analysis.claims.register --docs docs/claims_list.md` from `harness/conf/claims.yaml`.", "",
              "| id | claim | source | primary test: rule (registered effect) | why that effect | design | registered |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in claims:

@@ -82,7 +82,7 @@ def protocol_text(quick: bool) -> list[str]:
                 "claim's estimate with a nominal 95% interval and **no verdict**; only the exact checks are judged. "
                 "The full command (without `--quick`) gives verdicts."]
     return [
-        "How a statistical claim is judged (`conf/claims.yaml`, `analysis/claims/`):",
+        "How a statistical claim is judged (`harness/conf/claims.yaml`, `analysis/claims/`):",
         "",
         "- **Registered before the data.** One primary test per claim: a statistic, a rule and its smallest effect "
         "or margin with a one-line rationale, dated and hashed (`registered`, `version`, `rule_hash`). A rule or "
@@ -248,7 +248,7 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
         lines += _details(v, data, root)
     lines += ["## Experiments", "",
               "Each claim experiment is a Hydra sweep (`python -m harness -m experiment=NAME`); seeds, budgets and "
-              "fixed settings are in `conf/experiment/NAME.yaml`. Sweep parameters as run for this report"
+              "fixed settings are in `harness/conf/experiment/NAME.yaml`. Sweep parameters as run for this report"
               + (" (with the --quick replacements)" if quick else "") + ":", "",
               "| experiment | sweep | configs | runs |", "| --- | --- | --- | --- |"]
     for name in sorted(set(data) | set(meta.get("skipped", {}))):

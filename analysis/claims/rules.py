@@ -1,6 +1,6 @@
 """Verdict rules: a statistic's interval read against a threshold or a band.
 
-Each rule is registered with its claim in ``conf/claims.yaml`` (with its smallest effect or
+Each rule is registered with its claim in ``harness/conf/claims.yaml`` (with its smallest effect or
 margin, a rationale and a date, before the data it judges exist) and writes its own text for the
 report, so the text cannot drift from what is applied. With the interval ``[lo, hi]`` of a
 statistic ``s`` at the level the multiplicity control assigns (:mod:`.protocol`):

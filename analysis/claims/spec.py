@@ -1,4 +1,4 @@
-"""The claims as data: ``conf/claims.yaml`` read into :class:`Claim` entries, checked once.
+"""The claims as data: ``harness/conf/claims.yaml`` read into :class:`Claim` entries, checked once.
 
 The file has three blocks: ``protocol`` (the error control, :class:`.protocol.Protocol`),
 ``claims`` and ``changelog``. A statistical claim has exactly one ``primary`` test (a statistic
@@ -114,7 +114,7 @@ def rule_hash(raw: dict) -> str:
 
 
 def _part(cid: str, raw: dict, default_exp: str, role: str) -> PartSpec:
-    where = f"conf/claims.yaml {cid} {role} part {raw.get('name', '?') if isinstance(raw, dict) else '?'!r}"
+    where = f"harness/conf/claims.yaml {cid} {role} part {raw.get('name', '?') if isinstance(raw, dict) else '?'!r}"
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: must be a mapping")
     unknown = set(raw) - PART_FIELDS
@@ -157,40 +157,40 @@ def _date(cid: str, v) -> str:
     try:
         return datetime.date.fromisoformat(str(v)).isoformat()
     except ValueError:
-        raise ValueError(f"conf/claims.yaml {cid}: registered must be a date YYYY-MM-DD, got {v!r}") from None
+        raise ValueError(f"harness/conf/claims.yaml {cid}: registered must be a date YYYY-MM-DD, got {v!r}") from None
 
 
 def _claim(cid: str, c: dict) -> Claim:
     if not isinstance(c, dict):
-        raise ValueError(f"conf/claims.yaml {cid}: must be a mapping")
+        raise ValueError(f"harness/conf/claims.yaml {cid}: must be a mapping")
     unknown = set(c) - CLAIM_FIELDS
     if unknown:
-        raise ValueError(f"conf/claims.yaml {cid}: unknown field(s) {sorted(unknown)}; allowed: {sorted(CLAIM_FIELDS)}")
+        raise ValueError(f"harness/conf/claims.yaml {cid}: unknown field(s) {sorted(unknown)}; allowed: {sorted(CLAIM_FIELDS)}")
     exact = bool(c.get("exact", False))
     exps = tuple(c.get("experiments") or ())
     base = dict(id=str(cid), text=str(c["text"]), short=str(c.get("short") or c["text"]), source=str(c["source"]),
                 exact=exact)
     if exact:
         if c.get("primary") or c.get("checks") or exps:
-            raise ValueError(f"conf/claims.yaml {cid}: an exact claim is judged by its tests (no primary, checks "
+            raise ValueError(f"harness/conf/claims.yaml {cid}: an exact claim is judged by its tests (no primary, checks "
                              "or experiments)")
         return Claim(**base, tests=str(c.get("tests", "")))
     if not exps:
-        raise ValueError(f"conf/claims.yaml {cid}: needs experiments or exact: true")
+        raise ValueError(f"harness/conf/claims.yaml {cid}: needs experiments or exact: true")
     for name in exps:
         if name not in EXPERIMENTS:
-            raise ValueError(f"conf/claims.yaml {cid}: unknown experiment {name!r} (harness.experiments.EXPERIMENTS)")
+            raise ValueError(f"harness/conf/claims.yaml {cid}: unknown experiment {name!r} (harness.experiments.EXPERIMENTS)")
     if not isinstance(c.get("primary"), dict):
-        raise ValueError(f"conf/claims.yaml {cid}: a statistical claim needs one primary test (a mapping)")
+        raise ValueError(f"harness/conf/claims.yaml {cid}: a statistical claim needs one primary test (a mapping)")
     for key in ("registered", "version", "rule_hash"):
         if key not in c:
-            raise ValueError(f"conf/claims.yaml {cid}: needs {key} (its registration)")
+            raise ValueError(f"harness/conf/claims.yaml {cid}: needs {key} (its registration)")
     primary = _part(cid, c["primary"], exps[0], "primary")
     checks = tuple(_part(cid, p, exps[0], "check") for p in c.get("checks") or ())
     reported = tuple(_part(cid, p, exps[0], "reported") for p in c.get("reported") or ())
     for p in (primary, *checks, *reported):
         if p.experiment not in exps:
-            raise ValueError(f"conf/claims.yaml {cid} part {p.name!r}: experiment {p.experiment} is not among "
+            raise ValueError(f"harness/conf/claims.yaml {cid} part {p.name!r}: experiment {p.experiment} is not among "
                              f"the claim's experiments {list(exps)}")
     return Claim(**base, experiments=exps, primary=primary, checks=checks, reported=reported,
                  registered=_date(cid, c["registered"]), version=int(c["version"]), rule_hash=str(c["rule_hash"]),

@@ -89,7 +89,7 @@ def reinforce_pp_baseline(scores: torch.Tensor) -> torch.Tensor:
     The method then whitens these over the whole batch, ``(A - mean_batch A) / std_batch A``
     with statistics over every unmasked token. That second step is *not* here: it is the
     ``normalize_advantages: batch`` axis of the update step, which the preset's YAML sets
-    (``conf/estimator/reinforce_pp_baseline.yaml``), so an ablation can turn it off by name.
+    (``harness/conf/estimator/reinforce_pp_baseline.yaml``), so an ablation can turn it off by name.
     The harness's whitening (:func:`harness.losses.whiten`: token-weighted mean, biased std,
     ``/(std + 1e-8)``) is OpenRLHF's (biased variance, ``rsqrt(max(var, 1e-8))``) up to where
     the epsilon sits; verl's ``masked_whiten`` uses the Bessel-corrected variance over the ``N``

@@ -8,7 +8,7 @@ A trainer looks a preset up with :func:`get_estimator`, asks the returned
 Normalisation, clipping and loss aggregation are *not* done here: they are separate config
 axes applied by the trainer, so an ablation cannot silently credit whitening to GAE. A
 preset's defaults for those axes (``update``, ``epochs``, whitening, ``loss_agg``, ...) live
-in its Hydra file ``conf/estimator/<name>.yaml`` and nowhere else, e.g. ``reinforce_pp.yaml``
+in its Hydra file ``harness/conf/estimator/<name>.yaml`` and nowhere else, e.g. ``reinforce_pp.yaml``
 sets batch whitening and ``dr_grpo.yaml`` the token-sum aggregation. Adding an estimator is
 one adapter function, one :func:`register` call and that one YAML file.
 """
@@ -228,7 +228,7 @@ def _grpo_passk(batch, p):
     return AdvantageResult(_broadcast(adv, batch), None)
 
 
-# The only list of estimators. Each name has its defaults in conf/estimator/<name>.yaml.
+# The only list of estimators. Each name has its defaults in harness/conf/estimator/<name>.yaml.
 register(EstimatorSpec("reinforce", _reinforce, needs_critic=False, full_episodes=True))
 register(EstimatorSpec("baseline", _baseline, needs_critic=True, full_episodes=True))
 register(EstimatorSpec("a2c", _a2c, needs_critic=True))

@@ -4,7 +4,7 @@
 (:mod:`harness.experiments.run`); this package's top only describes and composes them, so
 :mod:`analysis.claims` can find the evidence without importing anything that trains.
 
-Each claim of docs/claims_list.md that needs data has one or more experiments, ``conf/experiment/
+Each claim of docs/claims_list.md that needs data has one or more experiments, ``harness/conf/experiment/
 claim_*.yaml``: a Hydra sweep over ``hydra.sweeper.params``. This module expands each sweep with
 Hydra's own machinery (its override parser and the basic sweeper's cartesian product), composes
 every config with ``results_dir=DIR/<experiment>``, and runs what is not finished yet through
@@ -19,7 +19,7 @@ adds sweep parameters: fewer batches, seeds and steps) and skips the LM task; it
 beside the full ones (other config hashes) and ``python -m analysis claims DIR --quick`` reports
 on them.
 
-The claims themselves are data, ``conf/claims.yaml`` (:data:`CLAIMS_FILE`): the ids, each claim's
+The claims themselves are data, ``harness/conf/claims.yaml`` (:data:`CLAIMS_FILE`): the ids, each claim's
 experiments and which claims are exact; :data:`EXPERIMENTS` says how each experiment runs (its
 family and --quick variant). :mod:`analysis.claims` reads both to find the evidence.
 """
@@ -43,7 +43,7 @@ from ..io import run_dir_for, run_status
 from ..io.rundir import FINISHED
 
 REPO = Path(__file__).resolve().parents[2]
-CONF_DIR = REPO / "conf"
+CONF_DIR = REPO / "harness" / "conf"
 TESTS_DIR = REPO / "tests"
 
 __all__ = ["CLAIMS_FILE", "CLAIM_EXPERIMENTS", "CLAIM_IDS", "EXACT_CLAIMS", "EXPERIMENTS", "Experiment", "NotComposed",
@@ -129,7 +129,7 @@ def _claim_table() -> dict[str, dict]:
 
 
 _TABLE = _claim_table()
-#: Claim ids in the order of conf/claims.yaml.
+#: Claim ids in the order of harness/conf/claims.yaml.
 CLAIM_IDS: list[str] = list(_TABLE)
 #: Claim id -> its experiments (the first is required for a verdict, later ones add optional parts).
 CLAIM_EXPERIMENTS: dict[str, tuple[str, ...]] = {c: tuple(e.get("experiments") or ()) for c, e in _TABLE.items()
@@ -150,7 +150,7 @@ def experiments_for(claims: Iterable[str]) -> list[str]:
 
 
 def claims_of(name: str) -> list[str]:
-    """The claims (in conf/claims.yaml's order) that use experiment ``name``."""
+    """The claims (in harness/conf/claims.yaml's order) that use experiment ``name``."""
     return [c for c in CLAIM_IDS if name in CLAIM_EXPERIMENTS.get(c, ())]
 
 
@@ -177,7 +177,7 @@ def lm_unavailable() -> str | None:
     if importlib.util.find_spec("harness.train.lm") is None:
         return "the LM task (harness/train/lm.py) is not present"
     if not (CONF_DIR / "task" / "lm_summarize.yaml").is_file():
-        return "conf/task/lm_summarize.yaml is not present"
+        return "harness/conf/task/lm_summarize.yaml is not present"
     return None  # an import or run failure is recorded per run (failed, with its reason)
 
 
@@ -201,7 +201,7 @@ class Point:
 
 
 def sweep_params(name: str, quick: bool) -> dict[str, str]:
-    """``hydra.sweeper.params`` of ``conf/experiment/<name>.yaml``, with the --quick replacements."""
+    """``hydra.sweeper.params`` of ``harness/conf/experiment/<name>.yaml``, with the --quick replacements."""
     path = CONF_DIR / "experiment" / f"{name}.yaml"
     if not path.is_file():
         raise NotComposed(f"no experiment file {path.relative_to(REPO)}")

@@ -11,7 +11,7 @@ MARKER = "claim"
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "claim(id): the test checks exact claim <id> of conf/claims.yaml")
+    config.addinivalue_line("markers", "claim(id): the test checks exact claim <id> of harness/conf/claims.yaml")
 
 
 def pytest_collection_modifyitems(items):

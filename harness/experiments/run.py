@@ -1,6 +1,6 @@
 """``python -m harness.experiments claims DIR [--quick] [--only C3,C4]``: run what the claims need.
 
-For the claims selected (all of ``conf/claims.yaml`` by default): the exact claims' unit
+For the claims selected (all of ``harness/conf/claims.yaml`` by default): the exact claims' unit
 tests (marked ``@pytest.mark.claim``), once, with pytest (outcomes per claim into
 ``DIR/exact_tests.json``), then every experiment the claims need, toy first, then control, then
 LM: each config of its sweep (expanded by Hydra, see :mod:`harness.experiments`) through
@@ -204,8 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Run named sets of experiments (finished runs are skipped).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     p = sub.add_parser("claims", help="run the claim experiments and the exact claims' tests",
-                       description="Run what the claims of conf/claims.yaml need into DIR: every sweep of "
-                                   "conf/experiment/claim_*.yaml (DIR/<experiment>/...) and the exact claims' "
+                       description="Run what the claims of harness/conf/claims.yaml need into DIR: every sweep of "
+                                   "harness/conf/experiment/claim_*.yaml (DIR/<experiment>/...) and the exact claims' "
                                    "unit tests (DIR/exact_tests.json). Then: python -m analysis claims DIR.")
     p.add_argument("results", metavar="DIR", help="folder for the claim experiments' runs")
     p.add_argument("--quick", action="store_true",

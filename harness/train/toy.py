@@ -16,7 +16,7 @@ what it needs and never its name), laid out like the LM task:
 
 Sample budget: ``env_steps`` counts **sampled sequences** (greedy ones included); ``tokens``
 counts sampled tokens (EOS included). ``eval_return`` is the exact ``J(theta)`` (``eval_every``,
-every iteration in ``conf/task/toy.yaml``); ``grad_cos`` is the cosine between the batch's
+every iteration in ``harness/conf/task/toy.yaml``); ``grad_cos`` is the cosine between the batch's
 policy-gradient estimate (before the update) and the exact gradient; ``exact_entropy`` the exact
 response entropy of the updated policy (``entropy`` is the update's mean token entropy over the
 sampled tokens). ``toy.reward=random`` trains on :func:`harness.tasks.toy.random_rewards` (drawn
