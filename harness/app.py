@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from .config import error_line, member_configs
 from .io import RunDir
+from .plugins import load_plugins
 from .probes import run_probe
 from .train.control import train as train_control
 from .train.lm import train as train_lm
@@ -128,6 +129,7 @@ def run(cfg: DictConfig) -> dict[str, int]:
     A run whose folder cannot be used (a crafted entry: :meth:`RunDir.blocker`, or an OS error
     making or locking it) counts as ``failed`` with one log line naming the path; the others run.
     """
+    load_plugins(cfg.get("plugins") or [])  # the user's registrations first: validation checks names against them
     validate(cfg)
     runs = [RunDir(m) for m in member_configs(cfg)]
     counts = {"skipped": 0}
