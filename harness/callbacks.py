@@ -136,14 +136,24 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         totals: dict[str, int] = {}
+        places: dict[str, int] = {}
         for f in Path(config.hydra.sweep.dir).glob("*/outcome.json"):
             try:
-                for k, v in read_json(f).items():  # harness.io.files: a regular file, bounded
-                    totals[k] = totals.get(k, 0) + int(v)
-            except (OSError, ValueError):
+                outcome = read_json(f)  # harness.io.files: a regular file, bounded
+                ran_on = outcome.pop("ran_on", None)  # harness.app.where_job_ran
+                counts = {k: int(v) for k, v in outcome.items()}
+            except (OSError, ValueError, TypeError, AttributeError):
                 continue
+            for k, v in counts.items():
+                totals[k] = totals.get(k, 0) + v
+            place = ran_on.get("ray_node_id") if isinstance(ran_on, dict) else None
+            if place:
+                places[str(place)] = places.get(str(place), 0) + 1
         if totals:
             listed = ", ".join(f"{v} {k}" for k, v in sorted(totals.items()) if v)
             print(f"[harness] sweep done: {listed} (skipped = already finished in {config.results_dir})")
+        if places:  # jobs run by the Ray launcher: on which nodes (each job's outcome.json has it)
+            listed = ", ".join(f"{node} ({n} job{'s' if n > 1 else ''})" for node, n in sorted(places.items()))
+            print(f"[harness] jobs ran on {len(places)} Ray node{'s' if len(places) > 1 else ''}: {listed}")
         if totals.get("failed"):  # the other runs were done; the sweep as a whole did not succeed
             raise SystemExit(1)
