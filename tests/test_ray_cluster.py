@@ -217,3 +217,57 @@ def test_sweep_summary_counts_and_lists_the_ray_nodes(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines() == [
         "[harness] sweep done: 3 completed, 1 failed, 1 skipped (skipped = already finished in res)",
         "[harness] jobs ran on 2 Ray nodes: n1 (2 jobs), n2 (1 job)"]
+
+
+# ------------------------------------------------------------------ settings a cluster refuses (fast)
+def ray_launcher_cfg(init: dict) -> OmegaConf:
+    return OmegaConf.create({"hydra": {"launcher": {
+        "_target_": "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher", "ray": {"init": init, "remote": {}}}}})
+
+
+@pytest.mark.parametrize("init, env, refused", [
+    ({"address": "auto"}, None,  # the plugin would add its 75 MB object store; Ray refuses it for a cluster
+     "hydra.launcher.ray.init.object_store_memory must be null when the sweep connects to a running Ray "
+     "cluster (address 'auto': its nodes' `ray start` set their resources; hydra/launcher=ray_cluster does "
+     "this), got 78643200 (hydra-ray-launcher's default for a local instance)"),
+    ({"address": None, "num_cpus": 2}, "10.0.0.1:6379",  # ray.init reads RAY_ADDRESS when address is null
+     "hydra.launcher.ray.init.num_cpus must be null when the sweep connects to a running Ray cluster "
+     "(address '10.0.0.1:6379': its nodes' `ray start` set their resources; hydra/launcher=ray_cluster "
+     "does this), got 2"),
+    ({"address": "10.0.0.1:6379", "object_store_memory": None, "resources": {"gpu_a": 1}}, None,
+     "hydra.launcher.ray.init.resources must be null when the sweep connects to a running Ray cluster "
+     "(address '10.0.0.1:6379': its nodes' `ray start` set their resources; hydra/launcher=ray_cluster "
+     "does this), got {'gpu_a': 1}"),
+    ({"address": None, "num_cpus": 2, "include_dashboard": False}, None, None),  # a new local instance
+    ({"address": "local", "num_cpus": 2}, "10.0.0.1:6379", None),  # "local": never RAY_ADDRESS
+    ({"address": "auto", "object_store_memory": None}, "10.0.0.1:6379", None),  # what ray_cluster sets
+])
+def test_ray_settings_a_running_cluster_refuses_are_one_line(init, env, refused, monkeypatch, capsys):
+    from harness.callbacks import refuse_bad_launcher
+
+    if env is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    if refused is None:
+        refuse_bad_launcher(ray_launcher_cfg(init))
+        assert capsys.readouterr().out == ""
+        return
+    with pytest.raises(SystemExit) as exit_:
+        refuse_bad_launcher(ray_launcher_cfg(init))
+    assert exit_.value.code == 2
+    assert capsys.readouterr().out == f"invalid config: {refused}\n"
+
+
+@NEEDS_RAY
+def test_ray_cluster_launcher_config_passes_the_check(monkeypatch, capsys):
+    from harness.callbacks import refuse_bad_launcher
+
+    from .test_launchers import compose_with_hydra
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cfg = compose_with_hydra(["hydra/launcher=ray_cluster"])
+    assert OmegaConf.to_container(cfg.hydra.launcher.ray) == {
+        "init": {"address": "auto", "object_store_memory": None}, "remote": {}}
+    refuse_bad_launcher(cfg)
+    assert capsys.readouterr().out == ""
