@@ -37,7 +37,8 @@ from .test_launchers import REPO, TINY_CLI, has_plugin, harness_cli, run_dirs
 #: Ray's command line: the one installed beside this Python (a virtual environment's bin/), else on PATH
 RAY = Path(sys.executable).with_name("ray")
 RAY = RAY if RAY.exists() else Path(shutil.which("ray") or RAY)
-NEEDS_RAY = pytest.mark.skipif(not has_plugin("hydra_ray_launcher"), reason="hydra-ray-launcher not installed (ray extra)")
+NEEDS_RAY = pytest.mark.skipif(not has_plugin("hydra_ray_launcher"),
+                               reason="hydra-ray-launcher not installed (ray extra)")
 NODE_ID = re.compile(r"\bnode_([0-9a-f]{56})\b")
 OBJECT_STORE = str(80 * 2**20)  # bytes per node: Ray's floor is 75 MB; the machine has 24 GiB, 2 cores
 
