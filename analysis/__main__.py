@@ -1,15 +1,19 @@
 """``python -m analysis`` and the ``pg-analysis`` console script (pyproject.toml)."""
 import sys
 
+from harness.interrupt import exit_interrupted, exit_now
+
 try:
     from .cli import main
 except KeyboardInterrupt:  # Ctrl-C while importing: the one line main() prints for it, exit 130
-    print("interrupted; rerun the same command to resume", file=sys.stderr)
-    sys.exit(130)
+    exit_interrupted()
 
 
 def cli() -> None:
-    sys.exit(main())
+    code = main()
+    if code == 130:  # interrupted (main printed the line): exit 130 for sure (harness.interrupt)
+        exit_now(130)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from harness.interrupt import INTERRUPTED
+
 from .options import (DEFAULT_DIVERGED, DEFAULT_REPS, DEFAULT_SEED, DIVERGED_RULES, EXPECTED, RAGGED, REPS_MAX,
                       SEED_OFFSET_MAX)
 
@@ -405,9 +407,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rliable(sub)
     _add_claims(sub)
     return parser
-
-
-INTERRUPTED = "interrupted; rerun the same command to resume"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,8 @@ read back (atomic writes; the run's lock dies with the process), and the same co
 import re
 import sys
 
-INTERRUPTED = "interrupted; rerun the same command to resume"
+from harness.interrupt import INTERRUPTED, exit_interrupted
+
 try:
     import hydra
 
@@ -14,8 +15,7 @@ try:
     from harness.config import expand_path, register_configs
     from harness.tune import objective, wants_objective
 except KeyboardInterrupt:
-    print(INTERRUPTED, file=sys.stderr)
-    raise SystemExit(130) from None
+    exit_interrupted()
 
 register_configs()
 
@@ -53,8 +53,7 @@ def cli() -> None:
         sys.argv[1:] = expand_results_dir(sys.argv[1:])
         main()
     except KeyboardInterrupt:
-        print(INTERRUPTED, file=sys.stderr)
-        raise SystemExit(130) from None
+        exit_interrupted()
 
 
 if __name__ == "__main__":
