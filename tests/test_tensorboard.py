@@ -1,4 +1,4 @@
-"""``logger=tensorboard`` (harness.io.tblog): every run's metric rows also as TensorBoard events.
+"""``logger=tensorboard`` (harness.io.trackers): every run's metric rows also as TensorBoard events.
 
 The events are read back with TensorBoard's own ``EventAccumulator`` and compared with
 metrics.parquet read independently with pandas: one scalar per numeric non-null cell, tagged
@@ -119,9 +119,9 @@ def test_resumed_run_has_each_step_once(tmp_path, monkeypatch, caplog):
     assert_events_equal_parquet(d)
 
 
-@pytest.mark.parametrize("value", ["tb", "TensorBoard", "wandb", ""])
+@pytest.mark.parametrize("value", ["tb", "TensorBoard", "w&b", ""])
 def test_unknown_logger_is_refused(value):
-    with pytest.raises(ValueError, match=r"^logger must be one of \['none', 'tensorboard'\], got"):
+    with pytest.raises(ValueError, match=r"^logger must be one of \['none', 'tensorboard', 'wandb', 'mlflow'\], got"):
         validate(make_cfg(["task=cartpole", "estimator=a2c", f"logger={value!r}"]))
 
 

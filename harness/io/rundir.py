@@ -5,7 +5,7 @@ Layout (docs/design.md, "Outputs")::
     <results_dir>/<task.name>/<estimator>/seed<seed>-<hash>/
         config.yaml        resolved config, written first
         metrics.parquet    one row per iteration (rewritten atomically as the run goes)
-        tb/                the same rows as TensorBoard events (``logger=tensorboard``; harness.io.tblog)
+        tb/                the same rows as TensorBoard events (``logger=tensorboard``; harness.io.trackers)
         checkpoint.safetensors  the latest checkpoint (``checkpoint_every``; control and LM runs)
         summary.json       written last: its presence marks the run finished
         .lock              flock'd by the process running the run (pid, host, start time)
@@ -58,7 +58,7 @@ log = logging.getLogger("harness")
 
 FINISHED = ("completed", "diverged")
 # checkpoint_every, deterministic: added after runs existed; neither changes CPU results; logger
-# only copies the metric rows elsewhere (harness.io.tblog)
+# only copies the metric rows elsewhere (harness.io.trackers)
 _NOT_HASHED = ("seed", "results_dir", "population", "progress", "threads", "checkpoint_every", "deterministic",
                "logger", "population_workers")
 LOCK_FILE = ".lock"
