@@ -13,12 +13,14 @@ a sweep as it trains. One interface for all of them (:class:`TrackerLog`; the re
   toy task); it grows every iteration. ``iteration`` is one of the values;
 * **which runs**: one tracker run per harness run (each member of a population its own);
   population members that are shadows (``writable`` false) write nothing;
-* **resume** (:meth:`TrackerLog.__init__`): each backend opens its tracker run for a harness run
-  and says which step it holds last (:meth:`TrackerLog.open`); the rows the run starts with
-  (none from zero; from a checkpoint, the rows metrics.parquet is truncated to) are written
-  again, and every row at a step the tracker holds already is skipped. Resume is bit-identical
-  in this harness, so the rows a killed attempt logged past its checkpoint are the ones the
-  resumed attempt computes again: the tracker run ends with every step once.
+* **resume** (:meth:`TrackerLog.__init__`): a backend opens the tracker run of a harness run,
+  told the step of the last row the run starts with (none from zero; from a checkpoint, the rows
+  metrics.parquet is truncated to), and says which step its tracker run holds last
+  (:meth:`TrackerLog.open`); the rows the run starts with are written again, each step the
+  tracker holds already skipped. A resumed run recomputes the rows a killed attempt logged after
+  its checkpoint bit-identically except their ``wall_time_s``, so a tracker run that holds such
+  steps is not continued but started over (below): either way the tracker ends with every step
+  once, equal to metrics.parquet.
 
 Backends:
 
@@ -26,14 +28,20 @@ Backends:
   step (the rows the run starts with are written again). TensorBoard stores 32-bit floats.
 * :class:`WandbLog` (``<run dir>/wandb/``): ``WANDB_MODE=offline`` unless the environment sets
   ``WANDB_MODE``; the wandb run id is derived from the run directory (:func:`tracker_run_id`), the
-  group is the config hash (:func:`group_name`: the seeds of one configuration together). Offline,
-  the run's ``wandb/`` folder is removed at open like ``tb/`` (one offline run per harness run, for
-  ``wandb sync``); online (``WANDB_MODE=online``) the id resumes the server's run and the steps up
-  to its summary's ``env_steps`` are skipped.
+  group is the configuration (:func:`group_name`: its seeds, and a population's members,
+  together). Offline, the run's ``wandb/`` folder is removed at open like ``tb/``: one offline
+  run per harness run, with that id, for ``wandb sync``. Online (``WANDB_MODE=online``) the id
+  resumes the server's run and the steps up to its summary's ``env_steps`` are skipped (a
+  killed attempt's steps past its checkpoint keep that attempt's ``wall_time_s``; untested here:
+  no network).
 * :class:`MlflowLog`: ``MLFLOW_TRACKING_URI`` if set, else a SQLite store
   ``<results_dir>/mlflow.db`` (MLflow's file store is in maintenance mode); one experiment per
-  results_dir (``MLFLOW_EXPERIMENT_NAME`` overrides its name), a run per harness run found again
-  by its tag ``harness.run_id``; the steps up to its last ``env_steps`` are skipped.
+  results_dir (named by its absolute path; ``MLFLOW_EXPERIMENT_NAME`` overrides), one run per
+  harness run, named ``task/estimator/seed<seed>-<hash>`` and found again by its tag
+  ``harness.run_id``, the group in the tag ``group``, the flattened config as parameters. Resumed,
+  the same MLflow run continues when it holds no step past the rows the run starts with; one that
+  does (killed after its last checkpoint, or before any) is deleted and a new run of the same
+  name and tags written from those rows (MLflow cannot delete metric values).
 
 A run that is skipped (finished before) is not touched: a sweep rerun with a logger writes nothing
 for runs finished without it.
@@ -110,7 +118,7 @@ class TrackerLog:
                 self.handles.append(None)
                 self.last.append(0)
                 continue
-            handle, last = self.open(r)
+            handle, last = self.open(r, int(r.rows[-1][STEP]) if r.rows else None)
             self.handles.append(handle)
             self.last.append(-1 if last is None else int(last))
             for row in r.rows:  # resumed from a checkpoint: its rows, where the tracker lacks them
@@ -118,8 +126,9 @@ class TrackerLog:
             self.flush(handle)
 
     # ---- what a backend defines
-    def open(self, run: Any) -> tuple[Any, int | None]:
-        """The tracker run of ``run`` and the last step it holds (None: none)."""
+    def open(self, run: Any, start: int | None) -> tuple[Any, int | None]:
+        """The tracker run of ``run`` and the last step it holds (None: none); ``start`` is the
+        step of the last row the run starts with (None: it starts from zero)."""
         raise NotImplementedError
 
     def log(self, handle: Any, step: int, values: dict[str, float]) -> None:
@@ -163,7 +172,7 @@ class TensorBoardLog(TrackerLog):
         self._writer = SummaryWriter
         super().__init__(runs)
 
-    def open(self, run):
+    def open(self, run, start):
         path = Path(run.path) / TB_DIR
         _clear(path)
         return self._writer(log_dir=str(path), flush_secs=FLUSH_SECS), None
@@ -190,7 +199,7 @@ class WandbLog(TrackerLog):
         self.offline = self.mode in ("offline", "dryrun")
         super().__init__(runs)
 
-    def open(self, run):
+    def open(self, run, start):
         wandb = self._wandb
         if self.offline:
             _clear(Path(run.path) / WANDB_DIR)  # its rows are written again: one offline run
@@ -234,15 +243,18 @@ class MlflowLog(TrackerLog):
         except MlflowException:  # another process of the sweep created it first
             return self.client.get_experiment_by_name(name).experiment_id
 
-    def open(self, run):
+    def open(self, run, start):
         from mlflow.entities import Param
 
-        found = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run.run_id}'",
-                                        max_results=1)
-        if found:  # resumed (or redone): the same tracker run continues
-            info = found[0].info
-            self.client.update_run(info.run_id, status="RUNNING")
-            return info.run_id, found[0].data.metrics.get(STEP)
+        found = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run.run_id}'")
+        for old in found:
+            last = old.data.metrics.get(STEP)
+            if last is None or (start is not None and last <= start):  # resumed: the same tracker run continues
+                self.client.update_run(old.info.run_id, status="RUNNING")
+                return old.info.run_id, last
+            # it holds steps past the rows the run starts with (a killed attempt's, logged after its last
+            # checkpoint): their wall_time_s is not the redone rows', and MLflow deletes no metric values
+            self.client.delete_run(old.info.run_id)
         created = self.client.create_run(self.experiment_id, run_name=run.run_id,
                                          tags={RUN_TAG: run.run_id, GROUP_TAG: group_name(run)})
         params = [Param(k, str(v)) for k, v in flat_config(run.cfg).items()]
