@@ -6,6 +6,8 @@ Layout (docs/design.md, "Outputs")::
         config.yaml        resolved config, written first
         metrics.parquet    one row per iteration (rewritten atomically as the run goes)
         tb/                the same rows as TensorBoard events (``logger=tensorboard``; harness.io.trackers)
+        wandb/             the same rows as an offline wandb run (``logger=wandb``; ``logger=mlflow``
+                           writes <results_dir>/mlflow.db instead)
         checkpoint.safetensors  the latest checkpoint (``checkpoint_every``; control and LM runs)
         summary.json       written last: its presence marks the run finished
         .lock              flock'd by the process running the run (pid, host, start time)
