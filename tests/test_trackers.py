@@ -36,11 +36,15 @@ BACKENDS = ["wandb", "mlflow"]
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    """No network and no user settings: wandb offline (the harness's default), MLflow's store the default one."""
+def _offline(monkeypatch, tmp_path_factory):
+    """No network and no user settings: wandb offline (the harness's default), MLflow's store the
+    default one; wandb's own cache, config and data folders (its service's debug logs) not in $HOME."""
     for var in ("WANDB_MODE", "WANDB_PROJECT", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
+    home = tmp_path_factory.mktemp("wandb-home")
+    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(home / var.lower()))
 
 
 # ------------------------------------------------------------------ reading the trackers back
