@@ -225,3 +225,29 @@ def test_unknown_logger_exits_2_with_one_line_before_any_folder(tmp_path):
     assert out.stdout.splitlines() == [
         "invalid config: logger must be one of ['none', 'tensorboard', 'wandb', 'mlflow'], got 'mlfow'"]
     assert [p.name for p in (tmp_path / "res").iterdir()] == [".hydra"]  # Hydra's job log; no run folder
+
+
+def _open_store(root: str, barrier) -> None:
+    from harness.io.trackers import MlflowLog
+
+    barrier.wait()  # all at once, as the jobs of a joblib or Slurm sweep start
+    MlflowLog(OmegaConf.create({"results_dir": root}), [])
+
+
+def test_mlflow_store_created_by_several_processes_at_once(tmp_path):
+    """The first job creates the SQLite tables and the experiment, the others wait (unlocked, two
+    processes creating the tables together fail: ``table spans already exists``)."""
+    pytest.importorskip("mlflow")
+    import multiprocessing as mp
+
+    import mlflow.tracking  # noqa: F401  imported before the fork: the children start at once
+
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(4)
+    procs = [ctx.Process(target=_open_store, args=(str(tmp_path), barrier)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    assert [r["name"] for r in mlflow_runs(tmp_path)] == []  # the experiment exists (once), with no runs

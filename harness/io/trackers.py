@@ -57,6 +57,11 @@ from typing import Any, Sequence
 
 from omegaconf import OmegaConf
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: the store is opened unlocked
+    fcntl = None
+
 from ..config import results_path
 from .rundir import config_hash
 
@@ -227,9 +232,16 @@ class MlflowLog(TrackerLog):
 
         root = Path(results_path(cfg)).resolve()
         uri = os.environ.get("MLFLOW_TRACKING_URI")
-        self.client = MlflowClient(tracking_uri=uri or f"sqlite:///{root / MLFLOW_DB}")
-        self.experiment_id = self._experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or str(root),
-                                              None if uri else (root / MLFLOW_ARTIFACTS).as_uri())
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY)
+        try:  # the jobs of a sweep, one at a time: the first creates the SQLite tables (two at once fail:
+            if fcntl is not None:  # "table spans already exists") and the experiment
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            self.client = MlflowClient(tracking_uri=uri or f"sqlite:///{root / MLFLOW_DB}")
+            self.experiment_id = self._experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or str(root),
+                                                  None if uri else (root / MLFLOW_ARTIFACTS).as_uri())
+        finally:
+            os.close(fd)  # releases the lock
         super().__init__(runs)
 
     def _experiment(self, name: str, artifacts: str | None) -> str:
@@ -240,7 +252,7 @@ class MlflowLog(TrackerLog):
             return exp.experiment_id
         try:
             return self.client.create_experiment(name, artifact_location=artifacts)
-        except MlflowException:  # another process of the sweep created it first
+        except MlflowException:  # another process created it first (a tracking server is not locked above)
             return self.client.get_experiment_by_name(name).experiment_id
 
     def open(self, run, start):
