@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -14,6 +16,7 @@ from omegaconf import DictConfig
 
 from .config import error_line, member_configs
 from .io import RunDir
+from .plugins import load_plugins
 from .probes import run_probe
 from .train.control import train as train_control
 from .train.lm import train as train_lm
@@ -128,6 +131,7 @@ def run(cfg: DictConfig) -> dict[str, int]:
     A run whose folder cannot be used (a crafted entry: :meth:`RunDir.blocker`, or an OS error
     making or locking it) counts as ``failed`` with one log line naming the path; the others run.
     """
+    load_plugins(cfg.get("plugins") or [])  # the user's registrations first: validation checks names against them
     validate(cfg)
     runs = [RunDir(m) for m in member_configs(cfg)]
     counts = {"skipped": 0}
@@ -168,11 +172,29 @@ def run(cfg: DictConfig) -> dict[str, int]:
     return counts
 
 
+def where_job_ran() -> dict[str, str | None]:
+    """Where this process runs: ``host`` (the hostname) and ``ray_node_id``, the Ray node's id
+    when the job runs in a Ray worker (``hydra/launcher=ray`` or ``ray_cluster``: one machine
+    can hold several nodes, see docs/ray.md), else None. Ray is an optional extra: it is looked
+    up only when the process has imported it already (the launcher's workers have), never
+    imported here."""
+    node = None
+    ray = sys.modules.get("ray")
+    if ray is not None:
+        try:
+            if ray.is_initialized():
+                node = ray.get_runtime_context().get_node_id()
+        except Exception:  # a half-imported or shut-down ray: the hostname still says where
+            node = None
+    return {"host": socket.gethostname(), "ray_node_id": node}
+
+
 def write_outcome(counts: dict[str, int]) -> None:
-    """Leave the job's outcome in Hydra's job folder for the end-of-sweep summary."""
+    """Leave the job's outcome in Hydra's job folder for the end-of-sweep summary: the counts by
+    status, and under ``ran_on`` where the job ran (:func:`where_job_ran`)."""
     try:
         out = Path(HydraConfig.get().runtime.output_dir) / "outcome.json"
-        out.write_text(json.dumps(counts))
+        out.write_text(json.dumps({**counts, "ran_on": where_job_ran()}))
     except Exception:
         pass
 

@@ -68,13 +68,46 @@ def linked_part(root: str, rel: str) -> str | None:
 
 def refuse_bad_launcher(config: DictConfig) -> None:
     """Launcher settings the launcher would refuse with a traceback after the sweep started:
-    ``hydra.launcher.n_jobs`` (joblib) must be a non-zero integer (-1: every core) or null. One
-    line and exit code 2 instead."""
+    ``hydra.launcher.n_jobs`` (joblib) must be a non-zero integer (-1: every core) or null;
+    ``hydra.launcher.ray.init`` connecting to a running cluster takes no node resources
+    (:func:`refuse_ray_node_settings`). One line and exit code 2 instead."""
     n_jobs = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None)
     if n_jobs is not None and (isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs == 0):
         print("invalid config: hydra.launcher.n_jobs must be a non-zero integer (n parallel jobs; -1 every "
               f"core, -2 all but one, ...) or null, got {n_jobs!r}")
         raise SystemExit(2)
+    if str(OmegaConf.select(config, "hydra.launcher._target_", default="")).endswith(".ray_launcher.RayLauncher"):
+        refuse_ray_node_settings(config)
+
+
+#: What ``ray.init`` refuses when it connects to a running Ray cluster, whose nodes took their
+#: resources from their own ``ray start`` (``ray._private.worker.init``, Ray 2.60).
+RAY_NODE_SETTINGS = ("num_cpus", "num_gpus", "resources", "labels", "object_store_memory")
+#: hydra-ray-launcher's ``object_store_memory`` for a ``ray.init`` that has none (bytes, 75 MB).
+RAY_PLUGIN_OBJECT_STORE = 78643200
+
+
+def refuse_ray_node_settings(config: DictConfig) -> None:
+    """``hydra/launcher=ray`` that connects to a running cluster (``ray.init.address`` set, or
+    null/``auto`` with ``RAY_ADDRESS`` in the environment, as ``ray.init`` reads it) with a
+    setting only a new local instance takes: Ray would refuse it in a traceback once the sweep
+    started. The plugin adds ``object_store_memory`` itself when the key is missing;
+    ``hydra/launcher=ray_cluster`` sets it to null. One line and exit code 2 instead."""
+    init = OmegaConf.select(config, "hydra.launcher.ray.init", default=None)
+    init = OmegaConf.to_container(init, resolve=True) if isinstance(init, DictConfig) else {}
+    address = init.get("address")
+    if address in (None, "auto") and os.environ.get("RAY_ADDRESS"):
+        address = os.environ["RAY_ADDRESS"]
+    if address in (None, "local"):  # a new local Ray instance: every setting applies
+        return
+    for key in RAY_NODE_SETTINGS:
+        value = init.get(key, RAY_PLUGIN_OBJECT_STORE if key == "object_store_memory" else None)
+        if value is not None:
+            unset = " (hydra-ray-launcher's default for a local instance)" if key not in init else ""
+            print(f"invalid config: hydra.launcher.ray.init.{key} must be null when the sweep connects to a "
+                  f"running Ray cluster (address {address!r}: its nodes' `ray start` set their resources; "
+                  f"hydra/launcher=ray_cluster does this), got {value!r}{unset}")
+            raise SystemExit(2)
 
 
 #: The sweep's process id, set by :meth:`SweepSummary.on_multirun_start` for the worker processes
@@ -136,14 +169,24 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         totals: dict[str, int] = {}
+        places: dict[str, int] = {}
         for f in Path(config.hydra.sweep.dir).glob("*/outcome.json"):
             try:
-                for k, v in read_json(f).items():  # harness.io.files: a regular file, bounded
-                    totals[k] = totals.get(k, 0) + int(v)
-            except (OSError, ValueError):
+                outcome = read_json(f)  # harness.io.files: a regular file, bounded
+                ran_on = outcome.pop("ran_on", None)  # harness.app.where_job_ran
+                counts = {k: int(v) for k, v in outcome.items()}
+            except (OSError, ValueError, TypeError, AttributeError):
                 continue
+            for k, v in counts.items():
+                totals[k] = totals.get(k, 0) + v
+            place = ran_on.get("ray_node_id") if isinstance(ran_on, dict) else None
+            if place:
+                places[str(place)] = places.get(str(place), 0) + 1
         if totals:
             listed = ", ".join(f"{v} {k}" for k, v in sorted(totals.items()) if v)
             print(f"[harness] sweep done: {listed} (skipped = already finished in {config.results_dir})")
+        if places:  # jobs run by the Ray launcher: on which nodes (each job's outcome.json has it)
+            listed = ", ".join(f"{node} ({n} job{'s' if n > 1 else ''})" for node, n in sorted(places.items()))
+            print(f"[harness] jobs ran on {len(places)} Ray node{'s' if len(places) > 1 else ''}: {listed}")
         if totals.get("failed"):  # the other runs were done; the sweep as a whole did not succeed
             raise SystemExit(1)

@@ -77,6 +77,7 @@ class Config:
     checkpoint_every: int = 0  # iterations between checkpoints (control and LM trainers; resume continues from the last); 0: off
     deterministic: bool = False  # torch deterministic algorithms + cuDNN/cuBLAS settings (GPU bitwise repeatability)
     logger: str = "none"  # none | tensorboard | wandb | mlflow: also send each metric row to that tracker (harness.io.trackers); not hashed
+    plugins: list[str] = field(default_factory=list)  # modules imported before validation (harness.plugins); not hashed
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     eval_every: int = 10  # iterations; 0 disables iteration-based evaluation
     eval_every_steps: Optional[int] = None  # also evaluate each time env_steps crosses a multiple

@@ -767,6 +767,16 @@ def test_exact_claims_are_found_by_marker_not_by_name(tmp_path):
     assert C.eval_exact(C.CLAIMS_BY_ID["C12"], rec).not_run == "no test marked claim('C12') was collected"
 
 
+def test_without_a_tests_folder_the_exact_claims_say_why_they_did_not_run(tmp_path):
+    """An installed wheel has no tests/ (the exact claims' tests are the clone's): the record
+    and each exact claim's row say so, instead of "no test ... was collected"."""
+    rec = XR.run_exact_tests(["C16", "C7"], tmp_path / "exact_tests.json", progress=lambda s: None, repo=tmp_path)
+    assert rec["claims"] == {"C16": {"nodes": [], "outcomes": []}, "C7": {"nodes": [], "outcomes": []}}
+    why = C.eval_exact(C.CLAIMS_BY_ID["C16"], rec).not_run
+    assert why.startswith("the exact claims' tests are in a clone's tests/ folder") and str(tmp_path / "tests") in why
+    assert not (tmp_path / "exact_tests.xml").exists()  # no pytest was started
+
+
 def test_every_exact_claim_has_marked_tests():
     import subprocess
     import sys

@@ -272,8 +272,9 @@ def eval_exact(claim: Claim, record: dict | None) -> Verdict:
     r = record.get("claims", {}).get(claim.id, {"nodes": [], "outcomes": []})
     nodes, outcomes = r["nodes"], r["outcomes"]
     if not nodes:
+        why = record.get("unavailable")  # harness.experiments.run.run_exact_tests: no tests/ folder (a wheel)
         return Verdict(claim.id, "undecided", where, exact=True,
-                       not_run=f"no test marked claim({claim.id!r}) was collected")
+                       not_run=str(why) if isinstance(why, str) else f"no test marked claim({claim.id!r}) was collected")
     n_pass = sum(o == "passed" for o in outcomes)
     n_fail = sum(o == "failed" for o in outcomes)
     verdict = "refuted" if n_fail else "supported" if n_pass == len(outcomes) else "undecided"

@@ -60,9 +60,10 @@ log = logging.getLogger("harness")
 
 FINISHED = ("completed", "diverged")
 # checkpoint_every, deterministic: added after runs existed; neither changes CPU results; logger
-# only copies the metric rows elsewhere (harness.io.trackers)
+# only copies the metric rows elsewhere (harness.io.trackers); plugins only makes names importable (the
+# estimator's or loss's name is hashed)
 _NOT_HASHED = ("seed", "results_dir", "population", "progress", "threads", "checkpoint_every", "deterministic",
-               "logger", "population_workers")
+               "logger", "population_workers", "plugins")
 LOCK_FILE = ".lock"
 CHECKPOINT_NAME = "checkpoint.safetensors"  # harness.io.checkpoint.CHECKPOINT_FILE
 # Test-only hook (tests/test_faults.py): seconds to sleep in the middle of every atomic write,

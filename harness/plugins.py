@@ -1,0 +1,72 @@
+"""Estimators, policy losses, envs (and anything else that registers itself) from a user's own package.
+
+A plugin is a Python module that registers with the harness's own decorators when imported:
+:func:`harness.estimators.register`, :func:`harness.losses.register_policy_loss`, gymnasium's
+``register`` (or ``task.env_id=mod:EnvId``). The harness imports, before it validates a config:
+
+* every module named by the config key ``plugins`` (``plugins=[mypkg.estimators]`` on the command
+  line, or in a YAML of the user's own config folder), then
+* every entry point of the group :data:`ENTRY_POINT_GROUP` that an installed package declares
+  (``[project.entry-points."pg_harness.plugins"] mypkg = "mypkg.estimators"`` in its
+  pyproject.toml): installing the package is enough.
+
+The plugin's YAML (``estimator/<name>.yaml``, ``task/<name>.yaml``, ...) comes from its own
+config folder added to Hydra's search path: ``hydra.searchpath=[pkg://mypkg.conf]``.
+docs/extending.md has a worked example; ``python -m pytest --pyargs harness.testing
+--pg-plugins mypkg.estimators --pg-searchpath pkg://mypkg.conf`` runs the registry's tests on it.
+
+A module that cannot be imported, or whose import raises (e.g. it registers a name the harness
+already has), is refused like any bad config value: one line naming ``plugins`` and the module,
+exit 2, before any run starts.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from importlib.metadata import entry_points
+from typing import Iterable
+
+from .config import bad_field, error_line
+
+ENTRY_POINT_GROUP = "pg_harness.plugins"
+_loaded: set[str] = set()
+
+
+def _entry_point_targets() -> list[tuple[str, object]]:
+    return [(f"entry point {ep.name} = {ep.value} (group {ENTRY_POINT_GROUP})", ep)
+            for ep in entry_points(group=ENTRY_POINT_GROUP)]
+
+
+def load_plugins(modules: Iterable[str] = ()) -> list[str]:
+    """Import the modules ``modules`` names, then the installed entry points; each once per process.
+    Returns what was imported now. Raises ``ValueError`` (``plugins must be ...``) naming the first
+    one that fails."""
+    modules = list(modules or [])
+    if not all(isinstance(m, str) and m.strip() for m in modules):
+        bad_field("plugins", "a list of importable module names, e.g. [mypkg.estimators]", modules)
+    targets: list[tuple[str, object]] = [(m.strip(), m.strip()) for m in modules]
+    targets += _entry_point_targets()
+    done = []
+    for label, target in targets:
+        if label in _loaded:
+            continue
+        try:
+            if isinstance(target, str):
+                importlib.import_module(target)
+            else:
+                target.load()  # an EntryPoint: imports its module (and the attribute, if it names one)
+        except KeyboardInterrupt:
+            raise
+        except ModuleNotFoundError as exc:
+            if isinstance(target, str) and exc.name and target.startswith(exc.name):
+                bad_field("plugins", "importable module names (is the package installed, or its folder on "
+                          f"PYTHONPATH? sys.path[0] = {sys.path[0]!r})", label)
+            bad_field("plugins", f"modules whose import succeeds; importing it raised {type(exc).__name__}: {error_line(exc)}", label)
+        except Exception as exc:  # the plugin's own code raised: named, no traceback
+            bad_field("plugins", f"modules whose import succeeds; importing it raised {type(exc).__name__}: {error_line(exc)}", label)
+        _loaded.add(label)
+        done.append(label)
+    return done
+
+
+__all__ = ["ENTRY_POINT_GROUP", "load_plugins"]

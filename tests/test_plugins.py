@@ -1,0 +1,102 @@
+"""A user's package extends the harness without an edit to it (harness.plugins, harness.testing;
+docs/extending.md): examples/plugin/ (``pgh_example``: estimator ``median_baseline``, policy loss
+``clamped_pg``, env ``Corridor-v0`` with ``task=corridor``) imported by the ``plugins`` key or by an
+installed entry point, its YAML from ``hydra.searchpath``. Every run here is a separate process: a
+plugin's registrations last for the process, and this one's registries must stay the harness's own.
+(CI also installs the built wheel and the example package in a fresh venv: .ci/wheel.)"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "plugin"
+SEARCHPATH = "hydra.searchpath=[pkg://pgh_example.conf]"
+TINY = ["budget.iterations=2", "task.num_envs=2", "task.rollout_steps=8", "task.episodes_per_iter=4",
+        "group_size=2", "eval_every=0", "progress=false", "task.hidden=[8]", "threads=1"]
+
+
+def _python(args: list[str], cwd: Path, extra_path: list[Path] = (), timeout: int = 300) -> subprocess.CompletedProcess:
+    path = [str(p) for p in extra_path] + [str(REPO), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in path if x), "MPLBACKEND": "Agg"}
+    return subprocess.run([sys.executable, *args], check=False, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _frames(results: Path) -> dict[tuple[str, str, str], "object"]:
+    out = {}
+    for summary in results.rglob("summary.json"):
+        df = pq.read_table(summary.parent / "metrics.parquet").to_pandas()
+        out[(df["task"].iloc[0], df["estimator"].iloc[0], df["update"].iloc[0])] = (json.loads(summary.read_text()), df)
+    return out
+
+
+def test_a_plugin_named_by_the_plugins_key_trains_its_estimator_loss_and_env_in_a_sweep(tmp_path):
+    r = _python(["-m", "harness", "-m", SEARCHPATH, "plugins=[pgh_example.estimators]", "task=corridor",
+                 "estimator=median_baseline,rloo", "policy_loss=clamped_pg", *TINY], tmp_path, [EXAMPLE])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    runs = _frames(tmp_path / "results")
+    assert set(runs) == {("corridor", "median_baseline", "clamped_pg"), ("corridor", "rloo", "clamped_pg")}
+    for summary, df in runs.values():
+        assert summary["status"] == "completed" and df["iteration"].tolist() == [1, 2]
+    # the run's config keeps the key, so the run's own config.yaml reruns it
+    (cfg_file,) = (tmp_path / "results").rglob("*median_baseline*/**/config.yaml") or [None]
+    assert cfg_file is None or "pgh_example.estimators" in cfg_file.read_text()
+
+
+def test_an_installed_entry_point_is_imported_without_the_key(tmp_path):
+    """A package's ``pg_harness.plugins`` entry point (a dist-info folder on the path, as pip
+    writes it) is enough: no ``plugins=`` on the command line."""
+    dist = tmp_path / "site" / "pgh_example-0.1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pgh-example\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[pg_harness.plugins]\npgh_example = pgh_example.estimators\n")
+    r = _python(["-m", "harness", SEARCHPATH, "task=corridor", "estimator=median_baseline", *TINY], tmp_path,
+                [EXAMPLE, tmp_path / "site"])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert set(_frames(tmp_path / "results")) == {("corridor", "median_baseline", "pg")}
+    (tmp_path / "other").mkdir()
+    r = _python(["-m", "harness", SEARCHPATH, "task=corridor", "estimator=median_baseline", *TINY], tmp_path / "other",
+                [EXAMPLE])  # without the entry point (python -m puts the working folder on the path): unknown
+    assert r.returncode == 2 and "estimator must be one of" in r.stdout
+
+
+@pytest.mark.parametrize("value, shown", [
+    ("[no_such_module_xyz]", "plugins must be importable module names"),
+    ("[pgh_broken]", "importing it raised RuntimeError: broken on purpose"),
+    ("[pgh_twice]", "importing it raised ValueError: estimator 'rloo' is already registered"),
+])
+def test_a_plugin_that_cannot_be_imported_is_one_line_exit_2_before_any_run(value, shown, tmp_path):
+    (tmp_path / "pgh_broken.py").write_text("raise RuntimeError('broken on purpose')\n")
+    (tmp_path / "pgh_twice.py").write_text(
+        "from harness.estimators import EstimatorSpec, get_estimator, register\n"
+        "register(EstimatorSpec('rloo', get_estimator('rloo').fn, needs_critic=False))\n")
+    r = _python(["-m", "harness", f"plugins={value}", f"results_dir={tmp_path}/res", *TINY], tmp_path, [tmp_path])
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(lines) == 1 and lines[0].startswith("invalid config: plugins must be") and shown in lines[0], lines
+    assert "Traceback" not in r.stderr
+    assert [p.name for p in (tmp_path / "res").iterdir()] == [".hydra"]  # Hydra's job folder only: no run
+
+
+def test_the_registry_tests_run_on_the_plugin_and_catch_a_missing_yaml(tmp_path):
+    """``python -m pytest --pyargs harness.testing --pg-plugins ... --pg-searchpath ...``: the
+    contract tests include the plugin's estimator, loss and task; without its config folder the
+    estimator has no YAML and the contract test that pairs names and files fails."""
+    k = "median_baseline or clamped_pg or corridor or one_yaml"
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "harness.testing", "-k", k,
+            "--pg-plugins", "pgh_example.estimators"]
+    r = _python([*args, "--pg-searchpath", "pkg://pgh_example.conf"], tmp_path, [EXAMPLE], timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    tail = r.stdout.strip().splitlines()[-1]
+    # the pairing test + median_baseline's YAML and training (2) + clamped_pg under 5 aggregations and on
+    # 2 tasks (7) + corridor with reinforce and a2c (2)
+    assert tail.startswith("12 passed"), tail
+    r = _python(args, tmp_path, [EXAMPLE], timeout=600)
+    assert r.returncode == 1 and "test_every_registered_estimator_has_one_yaml_and_every_yaml_is_registered" in r.stdout
