@@ -123,10 +123,10 @@ def leaves(d: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def check_run(backend: str, tr: dict, run_dir: Path, root: Path) -> None:
-    """``tr`` (one tracker run) holds ``run_dir``'s metrics.parquet, its config.yaml, its name and group."""
-    want = expected_from_parquet(run_dir)
-    assert tr["history"] == want
+def check_run(backend: str, tr: dict, run_dir: Path, root: Path, want: dict | None = None) -> None:
+    """``tr`` (one tracker run) holds ``run_dir``'s metrics.parquet (or the history ``want``), its
+    config.yaml, its name and group."""
+    assert tr["history"] == (expected_from_parquet(run_dir) if want is None else want)
     config = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
     name = str(run_dir.relative_to(root))  # cartpole/a2c/seed0-<hash>
     seed, config_hash = run_dir.name.split("-")
@@ -176,7 +176,9 @@ def test_population_member_each_its_own_tracker_run_shadows_none(backend, tmp_pa
 @pytest.mark.parametrize("backend,killed_at", [("wandb", 6), ("mlflow", 6), ("mlflow", 4)])
 def test_resumed_run_ends_with_one_tracker_run_each_step_once(backend, killed_at, tmp_path, monkeypatch):
     """Killed at 6 (checkpoint at 3; 4 and 5 logged, then redone with another wall_time_s) or at 4
-    (nothing logged past the checkpoint): the tracker run continued or started over, never doubled."""
+    (nothing logged past the checkpoint): the same tracker run continues, never doubled. Offline
+    wandb writes the run's offline folder again (one to sync, the same id); MLflow keeps the
+    killed attempt's wall_time_s at the steps it held (it deletes no metric value)."""
     pytest.importorskip(backend)
     args = [*CONTROL, "budget.iterations=7", "checkpoint_every=3", f"results_dir={tmp_path}", f"logger={backend}"]
     kill_at(monkeypatch, killed_at)  # dies building that iteration's row: the rows before it logged
@@ -189,14 +191,20 @@ def test_resumed_run_ends_with_one_tracker_run_each_step_once(backend, killed_at
     assert run(make_cfg(args)) == {"skipped": 0, "completed": 1}
     (d,) = run_dirs(tmp_path)
     (tr,) = tracker_runs(backend, tmp_path)
+    assert tr["id"] == killed["id"]  # the same tracker run
     assert [v for _, v in tr["history"]["iteration"]] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]  # each once
-    check_run(backend, tr, d, tmp_path)  # wall_time_s of 4 and 5 too: the resumed attempt's
     assert (tr["exit_code"] == 0) if backend == "wandb" else (tr["status"] == "FINISHED")
-    if backend == "wandb":  # the same id, one offline run to sync: the killed attempt's was replaced
-        assert tr["id"] == killed["id"]
+    if backend == "wandb":  # one offline run to sync, written again from the checkpoint's rows
         assert len(list((d / "wandb").glob("offline-run-*"))) == 1
-    else:  # continued where it holds nothing past the checkpoint; else a new run of the same name
-        assert (tr["id"] == killed["id"]) == (killed_at == 4)
+        check_run(backend, tr, d, tmp_path)
+        return
+    held = {step for step, _ in killed["history"]["iteration"]}  # the steps the killed attempt logged
+    want = expected_from_parquet(d)
+    want["wall_time_s"] = [(step, dict(killed["history"]["wall_time_s"])[step] if step in held else v)
+                           for step, v in want["wall_time_s"]]
+    check_run(backend, tr, d, tmp_path, want)
+    if killed_at == 6:  # the redone steps 4 and 5 kept their first wall times, which differ from the parquet's
+        assert tr["history"]["wall_time_s"] != expected_from_parquet(d)["wall_time_s"]
 
 
 def test_every_logger_but_none_has_a_tracker_class():

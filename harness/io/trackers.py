@@ -18,9 +18,10 @@ a sweep as it trains. One interface for all of them (:class:`TrackerLog`; the re
   metrics.parquet is truncated to), and says which step its tracker run holds last
   (:meth:`TrackerLog.open`); the rows the run starts with are written again, each step the
   tracker holds already skipped. A resumed run recomputes the rows a killed attempt logged after
-  its checkpoint bit-identically except their ``wall_time_s``, so a tracker run that holds such
-  steps is not continued but started over (below): either way the tracker ends with every step
-  once, equal to metrics.parquet.
+  its checkpoint bit-identically except their ``wall_time_s``: where the tracker run holds such
+  steps already (MLflow, wandb online), it keeps the killed attempt's values for them (the wall
+  times at which those steps were first computed); every other value equals metrics.parquet,
+  each step once.
 
 Backends:
 
@@ -39,9 +40,7 @@ Backends:
   results_dir (named by its absolute path; ``MLFLOW_EXPERIMENT_NAME`` overrides), one run per
   harness run, named ``task/estimator/seed<seed>-<hash>`` and found again by its tag
   ``harness.run_id``, the group in the tag ``group``, the flattened config as parameters. Resumed,
-  the same MLflow run continues when it holds no step past the rows the run starts with; one that
-  does (killed after its last checkpoint, or before any) is deleted and a new run of the same
-  name and tags written from those rows (MLflow cannot delete metric values).
+  the same MLflow run continues (MLflow deletes no metric values: the steps it holds are skipped).
 
 A run that is skipped (finished before) is not touched: a sweep rerun with a logger writes nothing
 for runs finished without it.
@@ -259,14 +258,10 @@ class MlflowLog(TrackerLog):
         from mlflow.entities import Param
 
         found = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run.run_id}'")
-        for old in found:
-            last = old.data.metrics.get(STEP)
-            if last is None or (start is not None and last <= start):  # resumed: the same tracker run continues
-                self.client.update_run(old.info.run_id, status="RUNNING")
-                return old.info.run_id, last
-            # it holds steps past the rows the run starts with (a killed attempt's, logged after its last
-            # checkpoint): their wall_time_s is not the redone rows', and MLflow deletes no metric values
-            self.client.delete_run(old.info.run_id)
+        if found:  # resumed (or rerun after a failure): the same MLflow run continues
+            old = found[0]
+            self.client.update_run(old.info.run_id, status="RUNNING")
+            return old.info.run_id, old.data.metrics.get(STEP)
         created = self.client.create_run(self.experiment_id, run_name=run.run_id,
                                          tags={RUN_TAG: run.run_id, GROUP_TAG: group_name(run)})
         params = [Param(k, str(v)) for k, v in flat_config(run.cfg).items()]
