@@ -76,7 +76,7 @@ class Config:
     population_workers: Optional[int] = None  # control: processes a population's members are split across; None: one per core
     checkpoint_every: int = 0  # iterations between checkpoints (control and LM trainers; resume continues from the last); 0: off
     deterministic: bool = False  # torch deterministic algorithms + cuDNN/cuBLAS settings (GPU bitwise repeatability)
-    logger: str = "none"  # none | tensorboard: also write each metric row to <run dir>/tb/ (harness.io.tblog); not hashed
+    logger: str = "none"  # none | tensorboard | wandb | mlflow: also send each metric row to that tracker (harness.io.trackers); not hashed
     plugins: list[str] = field(default_factory=list)  # modules imported before validation (harness.plugins); not hashed
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     eval_every: int = 10  # iterations; 0 disables iteration-based evaluation
@@ -295,7 +295,11 @@ CONTROL_ONLY = {"log_std": "state_independent", "action_bound": "clip", "ortho_i
 FAMILIES = ("control", "lm", "toy")
 MODES = ("train", "probe")
 DEVICES = ("auto", "cpu", "cuda")
-LOGGERS = ("none", "tensorboard")  # logger: where metric rows go besides metrics.parquet (harness.io.tblog)
+# logger: where metric rows go besides metrics.parquet (harness.io.trackers.TRACKERS has a class for
+# each but none) -> the modules it imports, installed by the extra of the same name (pyproject.toml);
+# mlflow's default store is SQLite (SQLAlchemy and alembic; mlflow-skinny does not require them)
+LOGGERS = {"none": (), "tensorboard": ("tensorboard",), "wandb": ("wandb",),
+           "mlflow": ("mlflow", "sqlalchemy", "alembic")}
 
 
 def refuse_unknown_keys(cfg: DictConfig, name: str, *schemas: type) -> None:
@@ -651,16 +655,16 @@ def check_fields(cfg: DictConfig) -> None:
 
 
 def check_logger(value: Any) -> None:
-    """``logger`` is one of :data:`LOGGERS`, and ``tensorboard`` only where its package imports
-    (checked here, before any run starts, not at the first metric row)."""
-    if value not in LOGGERS:
+    """``logger`` is one of :data:`LOGGERS`, and only where the modules it needs import (checked
+    here, before any run starts, not at the first metric row)."""
+    if not isinstance(value, str) or value not in LOGGERS:
         bad_field("logger", f"one of {list(LOGGERS)}", value)
-    if value == "tensorboard":
-        import importlib.util
+    import importlib.util
 
-        if importlib.util.find_spec("tensorboard") is None:
-            bad_field("logger", "'none' here: logger=tensorboard needs the tensorboard package "
-                      "(pip install -c constraints.txt -e \".[tensorboard]\")", value)
+    missing = [m for m in LOGGERS[value] if importlib.util.find_spec(m) is None]
+    if missing:
+        bad_field("logger", f"'none' here: logger={value} needs the {' and '.join(missing)} package"
+                  f"{'s' if len(missing) > 1 else ''} (pip install -c constraints.txt -e \".[{value}]\")", value)
 
 
 def check_bounds(cfg: DictConfig) -> None:

@@ -337,7 +337,7 @@ CLI_CASES: list[tuple[list[str], str, int]] = [
     (["results_dir=/proc/harness-res"], "results_dir", 2),
     (["task.env_id=no_such_pkg.envs:MyEnv-v0"], "task.env_id", 2),
     (["task=toy", "estimator=rloo", "++toy.reward=bogus"], "toy.reward", 2),
-    (["logger=wandb"], "logger", 2),
+    (["logger=neptune"], "logger", 2),  # wandb and mlflow are loggers now (docs/trackers.md)
 ]
 
 

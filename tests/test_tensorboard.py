@@ -1,4 +1,4 @@
-"""``logger=tensorboard`` (harness.io.tblog): every run's metric rows also as TensorBoard events.
+"""``logger=tensorboard`` (harness.io.trackers): every run's metric rows also as TensorBoard events.
 
 The events are read back with TensorBoard's own ``EventAccumulator`` and compared with
 metrics.parquet read independently with pandas: one scalar per numeric non-null cell, tagged
@@ -16,6 +16,7 @@ from harness.app import run
 from harness.io import config_hash
 from harness.validation import validate
 from tests.control_helpers import TINY, make_cfg
+from tests.tracker_helpers import expected_from_parquet, run_dirs
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
@@ -32,25 +33,8 @@ def events(run_dir) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
 
 
-def expected_from_parquet(run_dir) -> dict[str, list[tuple[int, float]]]:
-    """What the events must hold, worked out from metrics.parquet alone."""
-    df = pd.read_parquet(run_dir / "metrics.parquet")
-    out = {}
-    for col in df.columns:
-        if not (pd.api.types.is_numeric_dtype(df[col]) and not pd.api.types.is_bool_dtype(df[col])):
-            continue  # run_id, task, estimator, update, loss_agg
-        rows = df[df[col].notna()]
-        if len(rows):
-            out[col] = [(int(s), float(np.float32(v))) for s, v in zip(rows["env_steps"], rows[col])]
-    return out
-
-
-def run_dirs(root):
-    return sorted(p.parent for p in root.rglob("metrics.parquet"))
-
-
 def assert_events_equal_parquet(run_dir) -> None:
-    got, want = events(run_dir), expected_from_parquet(run_dir)
+    got, want = events(run_dir), expected_from_parquet(run_dir, np.float32)
     assert set(got) == set(want), (sorted(set(got) ^ set(want)))
     for tag in want:
         assert [s for s, _ in got[tag]] == [s for s, _ in want[tag]], tag
@@ -119,9 +103,9 @@ def test_resumed_run_has_each_step_once(tmp_path, monkeypatch, caplog):
     assert_events_equal_parquet(d)
 
 
-@pytest.mark.parametrize("value", ["tb", "TensorBoard", "wandb", ""])
+@pytest.mark.parametrize("value", ["tb", "TensorBoard", "w&b", ""])
 def test_unknown_logger_is_refused(value):
-    with pytest.raises(ValueError, match=r"^logger must be one of \['none', 'tensorboard'\], got"):
+    with pytest.raises(ValueError, match=r"^logger must be one of \['none', 'tensorboard', 'wandb', 'mlflow'\], got"):
         validate(make_cfg(["task=cartpole", "estimator=a2c", f"logger={value!r}"]))
 
 

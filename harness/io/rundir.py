@@ -5,7 +5,9 @@ Layout (docs/design.md, "Outputs")::
     <results_dir>/<task.name>/<estimator>/seed<seed>-<hash>/
         config.yaml        resolved config, written first
         metrics.parquet    one row per iteration (rewritten atomically as the run goes)
-        tb/                the same rows as TensorBoard events (``logger=tensorboard``; harness.io.tblog)
+        tb/                the same rows as TensorBoard events (``logger=tensorboard``; harness.io.trackers)
+        wandb/             the same rows as an offline wandb run (``logger=wandb``; ``logger=mlflow``
+                           writes <results_dir>/mlflow.db instead)
         checkpoint.safetensors  the latest checkpoint (``checkpoint_every``; control and LM runs)
         summary.json       written last: its presence marks the run finished
         .lock              flock'd by the process running the run (pid, host, start time)
@@ -58,7 +60,7 @@ log = logging.getLogger("harness")
 
 FINISHED = ("completed", "diverged")
 # checkpoint_every, deterministic: added after runs existed; neither changes CPU results; logger
-# only copies the metric rows elsewhere (harness.io.tblog); plugins only makes names importable (the
+# only copies the metric rows elsewhere (harness.io.trackers); plugins only makes names importable (the
 # estimator's or loss's name is hashed)
 _NOT_HASHED = ("seed", "results_dir", "population", "progress", "threads", "checkpoint_every", "deterministic",
                "logger", "population_workers", "plugins")

@@ -10,7 +10,7 @@ One iteration, the same for every task and estimator (the loop asks the
 4. :func:`harness.train.update.update` on ``source.update_batch(...)``;
 5. per member: adaptive KL beta, divergence guard, budget, evaluation schedule, metric row
    (common columns here, the family's own from ``source.row_extras``; appended to the run and
-   handed to the ``logger``, :mod:`harness.io.tblog`), finish, checkpoint, flush.
+   handed to the ``logger``, :mod:`harness.io.trackers`), finish, checkpoint, flush.
 
 Seeds are a leading population axis ``P`` (control: batched weights; LM and toy: ``P = 1``, the
 members train one after another). Everything per member is the member's own: learning-rate
@@ -42,7 +42,7 @@ from ..estimators import AdvantageBatch, EstimatorParams, get_estimator
 from ..io import RunDir, atomic_write_bytes, config_hash
 from ..io import checkpoint as ckpt
 from ..io import schema
-from ..io.tblog import NoLog, make_logger
+from ..io.trackers import NoLog, make_logger
 from ..losses import adaptive_kl_beta
 from .update import MemberOptimizer, UpdateBatch, UpdateSettings, update
 
