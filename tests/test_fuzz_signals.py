@@ -74,6 +74,24 @@ def _session(pgid: int) -> list[str]:
     return [line for line in ps.splitlines() if line.split()[1] == str(pgid) and not line.split()[2].startswith("Z")]
 
 
+def _ctrl_c_once(proc: subprocess.Popen, pattern: str, n: int, delay: float) -> list[str]:
+    """Once ``n`` paths match ``pattern`` (and ``delay`` s more), one SIGINT to ``proc``'s process
+    group, as a terminal's Ctrl-C: the command ends with exit code 130, the one line
+    :data:`INTERRUPTED` on stderr and no traceback. Returns the matched paths."""
+    try:
+        found = _wait_for(pattern, n, proc)
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out + err
+    assert err.splitlines() == [INTERRUPTED], err
+    assert "Traceback" not in out, out
+    return found
+
+
 # ---------------------------------------------------------------- Ctrl-C (item 12)
 # case -> (harness arguments given results_dir R, run folders to wait for before the signal)
 CTRL_C_CASES = {
@@ -88,17 +106,7 @@ def test_ctrl_c_is_one_line_exit_130_and_loses_nothing(case, tmp_path):
     args, n = CTRL_C_CASES[case]
     res = tmp_path / "res"
     proc = _start("harness", args(res), tmp_path)
-    try:
-        runs = _wait_for(str(res / "cartpole" / "a2c" / "*" / "config.yaml"), n, proc)  # training has begun
-        time.sleep(1.0)
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, out + err
-    assert err.splitlines() == [INTERRUPTED], err
-    assert "Traceback" not in out, out
+    runs = _ctrl_c_once(proc, str(res / "cartpole" / "a2c" / "*" / "config.yaml"), n, 1.0)  # training has begun
     t0 = time.time()
     while _session(proc.pid) and time.time() - t0 < 30:  # the sweep's workers end with it
         time.sleep(0.2)
@@ -111,17 +119,7 @@ def test_ctrl_c_in_the_analysis_is_one_line_exit_130(tmp_path):
     """Interrupted while computing (its output folder made, the bootstrap running)."""
     res = make_sweep(tmp_path / "res", estimators=("rloo", "reinforce"), tasks=("CartPole-v1",), seeds=(0, 1, 2))
     proc = _start("analysis", ["report", str(res), "--reps", "100000"], tmp_path)
-    try:
-        _wait_for(str(res / "report"), 1, proc)
-        time.sleep(0.3)
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, out + err
-    assert err.splitlines() == [INTERRUPTED], err
-    assert "Traceback" not in out
+    _ctrl_c_once(proc, str(res / "report"), 1, 0.3)
 
 
 @pytest.mark.parametrize("command", ["report", "rliable", "claims"])
