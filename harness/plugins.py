@@ -55,15 +55,14 @@ def load_plugins(modules: Iterable[str] = ()) -> list[str]:
                 importlib.import_module(target)
             else:
                 target.load()  # an EntryPoint: imports its module (and the attribute, if it names one)
-        except KeyboardInterrupt:
-            raise
-        except ModuleNotFoundError as exc:
-            if isinstance(target, str) and exc.name and target.startswith(exc.name):
+        except Exception as exc:  # (Ctrl-C is no Exception: it ends the command as everywhere else)
+            if isinstance(exc, ModuleNotFoundError) and isinstance(target, str) and exc.name and \
+                    target.startswith(exc.name):  # the named module itself, not one it imports
                 bad_field("plugins", "importable module names (is the package installed, or its folder on "
                           f"PYTHONPATH? sys.path[0] = {sys.path[0]!r})", label)
-            bad_field("plugins", f"modules whose import succeeds; importing it raised {type(exc).__name__}: {error_line(exc)}", label)
-        except Exception as exc:  # the plugin's own code raised: named, no traceback
-            bad_field("plugins", f"modules whose import succeeds; importing it raised {type(exc).__name__}: {error_line(exc)}", label)
+            # the plugin's own code raised: named, no traceback
+            bad_field("plugins", f"modules whose import succeeds; importing it raised {type(exc).__name__}: "
+                      f"{error_line(exc)}", label)
         _loaded.add(label)
         done.append(label)
     return done
