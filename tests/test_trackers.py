@@ -18,6 +18,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,9 +108,22 @@ def mlflow_runs(root: Path) -> list[dict]:
     return out
 
 
+def wandb_runs_settled(root: Path, timeout: float = 60.0) -> list[dict]:
+    """:func:`wandb_runs` once every run file holds its exit record (or after ``timeout`` s).
+    wandb's service process writes the ``.wandb`` file; once, in CI on a loaded machine, the file
+    read straight after ``finish()`` held the run record without its history (not reproduced in
+    20 runs here), as if the service had not written it yet: it is read again until complete."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = wandb_runs(root)
+        if all(r["exit_code"] is not None for r in runs) or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.2)
+
+
 def tracker_runs(backend: str, root: Path) -> list[dict]:
     pytest.importorskip(backend)
-    return wandb_runs(root) if backend == "wandb" else mlflow_runs(root)
+    return wandb_runs_settled(root) if backend == "wandb" else mlflow_runs(root)
 
 
 def leaves(d: dict, prefix: str = "") -> dict[str, object]:
