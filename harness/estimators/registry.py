@@ -1,21 +1,28 @@
 """Estimator presets by name, all behind one signature.
 
-A trainer looks a preset up with :func:`get_estimator`, asks the returned
-:class:`EstimatorSpec` what it needs (``needs_critic``, ``needs_groups``, ``needs_greedy``,
-``full_episodes``) and calls ``spec(batch, params)``. It never branches on the name
-(verl's ``core_algos`` registers by name but its caller still branches on it; we don't).
+An estimator is a pure function over tensors, registered by name with :func:`register_estimator`;
+its parameter names say what it needs (:data:`INPUTS`): ``scores`` (``[n_groups, group_size]``
+episode returns: a group estimator, whole episodes), ``lengths``, ``greedy_scores`` (a greedy
+rollout), ``rewards``/``terminated``/``truncated``/``mask`` (step-level), ``values``/``next_values``
+(a critic) and the knobs ``gamma``, ``lam``/``gae_lambda``, ``n``/``n_steps``, ``std_normalize``,
+``eps``. The registry builds the :class:`EstimatorSpec` from them: what the batch must carry
+(``needs_critic``, ``needs_groups``, ``needs_greedy``, ``full_episodes``) and the call
+``spec(batch, params)``: no adapter is written by hand. A trainer looks a preset up with
+:func:`get_estimator` and never branches on the name (verl's ``core_algos`` registers by name but
+its caller still branches on it; we don't).
 
 Normalisation, clipping and loss aggregation are *not* done here: they are separate config
 axes applied by the trainer, so an ablation cannot silently credit whitening to GAE. A
 preset's defaults for those axes (``update``, ``epochs``, whitening, ``loss_agg``, ...) live
 in its Hydra file ``harness/conf/estimator/<name>.yaml`` and nowhere else, e.g. ``reinforce_pp.yaml``
 sets batch whitening and ``dr_grpo.yaml`` the token-sum aggregation. Adding an estimator is
-one adapter function, one :func:`register` call and that one YAML file.
+its function under ``@register_estimator("name")`` and that one YAML file.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -83,6 +90,7 @@ class EstimatorSpec:
     needs_groups: bool = False
     needs_greedy: bool = False
     full_episodes: bool = False  # Monte Carlo: collect whole episodes, no bootstrap
+    summary: str = ""  # one line for the tables of README and docs (register_estimator: the docstring's first sentence)
 
     def __call__(self, batch: AdvantageBatch, params: EstimatorParams) -> AdvantageResult:
         if self.needs_critic and (batch.values is None or batch.next_values is None):
@@ -120,7 +128,7 @@ def get_estimator(name: str) -> EstimatorSpec:
 
 
 # ---------------------------------------------------------------------------------------
-# Adapters from the batch to the pure functions. Scores of whole-episode estimators are
+# What an estimator function's parameters may name. Scores of whole-episode estimators are
 # undiscounted episode returns R_i = sum_t r_t over the trajectory (docs/design.md, Estimators).
 
 
@@ -137,13 +145,44 @@ def episode_lengths(batch: AdvantageBatch) -> torch.Tensor:
     return mask.sum(dim=0).view(-1, batch.group_size)
 
 
-def _per_member(fn, scores: torch.Tensor, members: int) -> torch.Tensor:
-    """``fn`` on each member's block of groups (rows of ``scores``, member-major)."""
+# group-level inputs (one row per group): the function returns [n_groups, group_size] advantages,
+# the same for every step of an episode
+GROUP_INPUTS: dict[str, Callable[[AdvantageBatch], torch.Tensor]] = {
+    "scores": episode_scores,
+    "lengths": episode_lengths,
+    "greedy_scores": lambda b: b.greedy_scores,
+}
+# step-level inputs ([T, B]): the function returns the advantages, or (advantages, critic targets)
+STEP_INPUTS: dict[str, Callable[[AdvantageBatch], torch.Tensor]] = {
+    "rewards": lambda b: b.rewards,
+    "terminated": lambda b: b.terminated,
+    "truncated": lambda b: b.truncated,
+    "mask": lambda b: b.mask if b.mask is not None else torch.ones_like(b.rewards),
+    "values": lambda b: b.values,
+    "next_values": lambda b: b.next_values,
+}
+# knobs, from the run's config (EstimatorParams)
+KNOB_INPUTS: dict[str, Callable[[EstimatorParams], Any]] = {
+    "gamma": lambda p: p.gamma,
+    "lam": lambda p: p.gae_lambda,
+    "gae_lambda": lambda p: p.gae_lambda,
+    "n": lambda p: p.n_steps,
+    "n_steps": lambda p: p.n_steps,
+    "std_normalize": lambda p: p.std_normalize,
+    "eps": lambda p: p.group_eps,
+}
+INPUTS = (*GROUP_INPUTS, *STEP_INPUTS, *KNOB_INPUTS)
+
+
+def _per_member(fn, inputs: dict[str, torch.Tensor], members: int) -> torch.Tensor:
+    """``fn`` on each member's block of groups (rows of every group input, member-major)."""
     if members <= 1:
-        return fn(scores)
-    if scores.shape[0] % members:
-        raise ValueError(f"{scores.shape[0]} groups do not split into members={members} equal blocks")
-    return torch.cat([fn(block) for block in scores.chunk(members, dim=0)], dim=0)
+        return fn(**inputs)
+    rows = next(iter(inputs.values())).shape[0]
+    if rows % members:
+        raise ValueError(f"{rows} groups do not split into members={members} equal blocks")
+    blocks = {k: v.chunk(members, dim=0) for k, v in inputs.items()}
+    return torch.cat([fn(**{k: v[i] for k, v in blocks.items()}) for i in range(members)], dim=0)
 
 
 def _broadcast(per_traj: torch.Tensor, batch: AdvantageBatch) -> torch.Tensor:
@@ -151,97 +190,77 @@ def _broadcast(per_traj: torch.Tensor, batch: AdvantageBatch) -> torch.Tensor:
     return adv * batch.mask if batch.mask is not None else adv.clone()
 
 
-def _reinforce(batch, p):
-    """``reinforce``: A_t = G_t, the reward-to-go (Williams 1992). Also ``reinforce_pp``
-    (REINFORCE++, Hu 2025): the same advantages, whitened over the batch by its config."""
-    return AdvantageResult(
-        _returns.reward_to_go(batch.rewards, batch.terminated, batch.truncated, p.gamma), None
-    )
+def _first_sentence(fn: Callable) -> str:
+    doc = " ".join((inspect.getdoc(fn) or "").split())
+    return doc.split(". ")[0].rstrip(".:,") if doc else ""
 
 
-def _baseline(batch, p):
-    """``baseline``: A_t = G_t - V(s_t), V regressed on G_t."""
-    g = _returns.reward_to_go(batch.rewards, batch.terminated, batch.truncated, p.gamma)
-    return AdvantageResult(g - batch.values, g)
+def register_estimator(name: str, fn: Callable | None = None, *, full_episodes: bool = False,
+                       per_member: bool = False, summary: str | None = None, **fixed: Any):
+    """Register the pure function ``fn`` as estimator ``name``; usable as a decorator,
+    ``@register_estimator("median_baseline")``, or a call; returns ``fn``.
+
+    ``fn``'s parameters are named from :data:`INPUTS` (a parameter with a default that is not
+    there keeps its default; ``fixed`` gives values of its own, e.g. ``std_normalize=False``).
+    Group inputs (``scores``, ``lengths``, ``greedy_scores``) make a group estimator over whole
+    episodes whose ``[n_groups, group_size]`` result is spread over each episode's steps; with
+    ``per_member`` it is computed on each population member's block of groups apart (a batch-wide
+    statistic). Otherwise ``fn`` returns ``[T, B]`` advantages or ``(advantages, critic targets)``;
+    ``full_episodes`` asks for whole episodes (Monte Carlo, no bootstrap). ``summary``: the line of
+    the docs' tables (default: the first sentence of ``fn``'s docstring)."""
+    def _register(f: Callable) -> Callable:
+        names = [n for n, prm in inspect.signature(f).parameters.items()
+                 if n not in fixed and (n in INPUTS or prm.default is inspect.Parameter.empty)]
+        unknown = [n for n in names if n not in INPUTS]
+        if unknown:
+            raise ValueError(f"estimator {name!r}: parameters {unknown} are none of {list(INPUTS)}")
+        group = [n for n in names if n in GROUP_INPUTS]
+        step = [n for n in names if n in STEP_INPUTS]
+        knobs = [n for n in names if n in KNOB_INPUTS]
+        if group and step:
+            raise ValueError(f"estimator {name!r}: group inputs {group} and step inputs {step} together")
+        if not (group or step):
+            raise ValueError(f"estimator {name!r}: takes none of {list(GROUP_INPUTS) + list(STEP_INPUTS)}")
+
+        def call(batch: AdvantageBatch, p: EstimatorParams) -> AdvantageResult:
+            kw = {**fixed, **{n: KNOB_INPUTS[n](p) for n in knobs}}
+            if group:
+                bound = lambda **t: f(**t, **kw)  # noqa: E731
+                adv = _per_member(bound, {n: GROUP_INPUTS[n](batch) for n in group},
+                                  batch.members if per_member else 1)
+                return AdvantageResult(_broadcast(adv, batch), None)
+            out = f(**{n: STEP_INPUTS[n](batch) for n in step}, **kw)
+            return AdvantageResult(*out) if isinstance(out, tuple) else AdvantageResult(out, None)
+
+        register(EstimatorSpec(name, call, needs_critic=bool({"values", "next_values"} & set(step)),
+                               needs_groups=bool(group), needs_greedy="greedy_scores" in group,
+                               full_episodes=bool(group) or full_episodes,
+                               summary=_first_sentence(f) if summary is None else summary))
+        return f
+
+    return _register if fn is None else _register(fn)
 
 
-def _a2c(batch, p):
-    """``a2c``: n-step TD advantage (Mnih et al. 2016)."""
-    a, r = _returns.n_step(batch.rewards, batch.values, batch.next_values,
-                           batch.terminated, batch.truncated, p.gamma, p.n_steps)
-    return AdvantageResult(a, r)
-
-
-def _ppo_gae(batch, p):
-    """``ppo_gae``: GAE(gamma, lambda) (Schulman et al. 2016/2017); returns = A + V_old."""
-    a, r = _returns.gae(batch.rewards, batch.values, batch.next_values,
-                        batch.terminated, batch.truncated, p.gamma, p.gae_lambda)
-    return AdvantageResult(a, r)
-
-
-def _grpo(batch, p):
-    """``grpo``: (R_i - group mean) / (group std + eps) (Shao et al. 2024)."""
-    adv = _group.grpo(episode_scores(batch), std_normalize=p.std_normalize, eps=p.group_eps)
-    return AdvantageResult(_broadcast(adv, batch), None)
-
-
-def _dr_grpo(batch, p):
-    """``dr_grpo``: R_i - group mean, no std (Liu et al. 2025); its config adds the
-    token-sum aggregation."""
-    adv = _group.grpo(episode_scores(batch), std_normalize=False, eps=p.group_eps)
-    return AdvantageResult(_broadcast(adv, batch), None)
-
-
-def _rloo(batch, p):
-    """``rloo``: R_i - mean of the other group members (Ahmadian et al. 2024)."""
-    return AdvantageResult(_broadcast(_group.rloo(episode_scores(batch)), batch), None)
-
-
-def _remax(batch, p):
-    """``remax``: R_i - R_greedy, the greedy rollout's return from the same start (Li et al. 2023)."""
-    adv = _group.remax(episode_scores(batch), batch.greedy_scores)
-    return AdvantageResult(_broadcast(adv, batch), None)
-
-
-def _reinforce_pp_baseline(batch, p):
-    """``reinforce_pp_baseline``: R_i - group mean (REINFORCE++-baseline, Hu et al. 2025); its
-    config adds the batch whitening (``normalize_advantages: batch``)."""
-    return AdvantageResult(_broadcast(_group.reinforce_pp_baseline(episode_scores(batch)), batch), None)
-
-
-def _opo(batch, p):
-    """``opo``: R_i - length-weighted group mean of R (Hao et al. 2025)."""
-    adv = _group.opo(episode_scores(batch), episode_lengths(batch))
-    return AdvantageResult(_broadcast(adv, batch), None)
-
-
-def _gpg(batch, p):
-    """``gpg``: alpha (R_i - group mean) [/ group std] (Chu et al. 2025); alpha per member."""
-    adv = _per_member(lambda s: _group.gpg(s, std_normalize=p.std_normalize, eps=p.group_eps),
-                      episode_scores(batch), batch.members)
-    return AdvantageResult(_broadcast(adv, batch), None)
-
-
-def _grpo_passk(batch, p):
-    """``grpo_passk``: (R_max - R_second) [/ group std] for the group's best member, 0 elsewhere."""
-    adv = _group.grpo_passk(episode_scores(batch), std_normalize=p.std_normalize, eps=p.group_eps)
-    return AdvantageResult(_broadcast(adv, batch), None)
-
-
-# The only list of estimators. Each name has its defaults in harness/conf/estimator/<name>.yaml.
-register(EstimatorSpec("reinforce", _reinforce, needs_critic=False, full_episodes=True))
-register(EstimatorSpec("baseline", _baseline, needs_critic=True, full_episodes=True))
-register(EstimatorSpec("a2c", _a2c, needs_critic=True))
-register(EstimatorSpec("ppo_gae", _ppo_gae, needs_critic=True))
-register(EstimatorSpec("grpo", _grpo, needs_critic=False, needs_groups=True, full_episodes=True))
-register(EstimatorSpec("rloo", _rloo, needs_critic=False, needs_groups=True, full_episodes=True))
-register(EstimatorSpec("remax", _remax, needs_critic=False, needs_groups=True, needs_greedy=True,
-                       full_episodes=True))
-register(EstimatorSpec("dr_grpo", _dr_grpo, needs_critic=False, needs_groups=True,
-                       full_episodes=True))
-register(EstimatorSpec("reinforce_pp", _reinforce, needs_critic=False, full_episodes=True))
-register(EstimatorSpec("reinforce_pp_baseline", _reinforce_pp_baseline, needs_critic=False, needs_groups=True,
-                       full_episodes=True))
-register(EstimatorSpec("opo", _opo, needs_critic=False, needs_groups=True, full_episodes=True))
-register(EstimatorSpec("gpg", _gpg, needs_critic=False, needs_groups=True, full_episodes=True))
-register(EstimatorSpec("grpo_passk", _grpo_passk, needs_critic=False, needs_groups=True, full_episodes=True))
+# The only list of estimators, on their pure functions (harness.estimators.returns, .group). Each
+# name has its defaults in harness/conf/estimator/<name>.yaml.
+register_estimator("reinforce", _returns.reward_to_go, full_episodes=True,
+                   summary="REINFORCE: A_t = G_t, the reward-to-go (Williams 1992)")
+register_estimator("baseline", _returns.reward_to_go_baseline, full_episodes=True,
+                   summary="REINFORCE with a learned baseline: A_t = G_t - V(s_t), V regressed on G_t")
+register_estimator("a2c", _returns.n_step, summary="n-step TD advantage of A2C (Mnih et al. 2016)")
+register_estimator("ppo_gae", _returns.gae, summary="GAE(gamma, lambda) (Schulman et al. 2016); returns = A + V_old")
+register_estimator("grpo", _group.grpo, summary="GRPO: (R_i - group mean) / (group std + eps) (Shao et al. 2024)")
+register_estimator("rloo", _group.rloo, summary="RLOO: R_i - mean of the other group members (Ahmadian et al. 2024)")
+register_estimator("remax", _group.remax,
+                   summary="ReMax: R_i - R_greedy, the greedy rollout's return from the same start (Li et al. 2023)")
+register_estimator("dr_grpo", _group.grpo, std_normalize=False,
+                   summary="Dr. GRPO: R_i - group mean, no std (Liu et al. 2025); its YAML adds the token-sum aggregation")
+register_estimator("reinforce_pp", _returns.reward_to_go, full_episodes=True,
+                   summary="REINFORCE++: the reward-to-go, whitened over the batch by its YAML (Hu et al. 2025)")
+register_estimator("reinforce_pp_baseline", _group.reinforce_pp_baseline,
+                   summary="REINFORCE++-baseline: R_i - group mean, then batch whitening by its YAML (Hu et al. 2025)")
+register_estimator("opo", _group.opo, summary="OPO: R_i - the length-weighted group mean of R (Hao et al. 2025)")
+register_estimator("gpg", _group.gpg, per_member=True,
+                   summary="GPG: alpha (R_i - group mean) [/ group std] (Chu et al. 2025); alpha per member")
+register_estimator("grpo_passk", _group.grpo_passk,
+                   summary="Pass@k GRPO: (R_max - R_second) [/ group std] for the group's best member, 0 elsewhere")

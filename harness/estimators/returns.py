@@ -160,3 +160,17 @@ def n_step(
         returns[:rows] += closing * (gamma ** (k + 1)) * (1.0 - term[k:]) * next_values[k:]
         open_window[:rows] = live * (1.0 - ends)
     return returns - values, returns
+
+
+def reward_to_go_baseline(
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    values: torch.Tensor,
+    gamma: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""REINFORCE with a learned state-value baseline (Williams 1992, §4; Sutton & Barto 2018, §13.4):
+    :math:`A_t = G_t - V(s_t)` with :math:`G_t` the reward-to-go (:func:`reward_to_go`); the critic
+    regresses on :math:`G_t`, returned as the second tensor."""
+    g = reward_to_go(rewards, terminated, truncated, gamma)
+    return g - values, g
