@@ -13,11 +13,13 @@ try:
 
     from harness.app import main_entry
     from harness.config import expand_path, register_configs
+    from harness.plugins import preload
     from harness.tune import objective, wants_objective
+
+    preload(sys.argv[1:])  # a plugin's losses add their knobs to the schema: before it is stored
+    register_configs()
 except KeyboardInterrupt:
     exit_interrupted()
-
-register_configs()
 
 _RESULTS_DIR = re.compile(r"^(\+{0,2}results_dir=)(['\"]?)(~[^'\"]*)\2$")
 

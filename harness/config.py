@@ -10,6 +10,7 @@ point that runs them all is :func:`harness.validation.validate`.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -91,11 +92,8 @@ class Config:
     anneal_lr: bool = False
     clip_eps: Optional[float] = 0.2
     clip_eps_high: Optional[float] = None
-    # policy-loss knobs (harness.losses; defaults are the frameworks')
-    delta: Optional[float] = None  # TRL's two-sided cap (INTELLECT-2): ratio <= delta in the unclipped term; update=clip|gspo
-    clip_ratio_c: float = 3.0  # dual-clip PPO's bound c*A for A<0 (update=dual_clip; verl clip_ratio_c)
-    sapo_tau_pos: float = 1.0  # SAPO gate temperature for A>0 (update=sapo; TRL sapo_temperature_pos)
-    sapo_tau_neg: float = 1.05  # SAPO gate temperature for A<=0 (update=sapo; TRL sapo_temperature_neg)
+    # the knobs of one policy loss alone (delta, clip_ratio_c, sapo_tau_pos, ...) are not listed here: each
+    # loss's settings dataclass declares them (harness.losses) and register_configs adds them (LOSS_KNOBS)
     vf_clip_eps: Optional[float] = None
     normalize_advantages: str = "minibatch"  # none | batch | minibatch
     loss_agg: str = "token_mean"
@@ -280,9 +278,51 @@ def member_configs(cfg: DictConfig) -> list[DictConfig]:
     return out
 
 
+# The knobs a policy loss alone reads (harness.losses: each loss's settings dataclass), name -> (type,
+# default): filled by harness.losses.register_policy_loss, so a new loss's knob needs no edit here.
+# register_configs adds them to the schema as top-level keys (``clip_ratio_c=4``); harness.io.rundir
+# hashes one only when it is not at its default (runs recorded before it existed keep their folders).
+LOSS_KNOBS: dict[str, tuple[Any, Any]] = {}
+
+
+def register_loss_knobs(settings: type, loss: str) -> None:
+    """Add the fields of the dataclass ``settings`` (loss ``loss``'s knobs) that :class:`Config` lacks
+    to :data:`LOSS_KNOBS`. A knob two losses share must have one type and one default."""
+    import types
+    import typing
+
+    hints = typing.get_type_hints(settings)
+    base = {f.name for f in fields(Config)}
+    for f in dataclasses.fields(settings):
+        if f.name in base:
+            continue
+        kind = hints[f.name]
+        args = typing.get_args(kind)
+        if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+            kind = Optional[next(a for a in args if a is not type(None))] if type(None) in args else kind
+        if f.default is dataclasses.MISSING:
+            raise ValueError(f"policy loss {loss!r}: its setting {f.name!r} needs a default")
+        known = LOSS_KNOBS.get(f.name)
+        if known is not None and known != (kind, f.default):
+            raise ValueError(f"policy loss {loss!r}: its setting {f.name!r} = {f.default!r} ({kind}) differs from "
+                             f"the one another loss registered, {known[1]!r} ({known[0]})")
+        LOSS_KNOBS[f.name] = (kind, f.default)
+
+
+def run_schema() -> type:
+    """The schema of a run's config: :class:`Config` with the registered losses' knobs
+    (:data:`LOSS_KNOBS`) as top-level keys."""
+    if not LOSS_KNOBS:
+        return Config
+    return dataclasses.make_dataclass(
+        "Config", [(name, kind, field(default=default)) for name, (kind, default) in LOSS_KNOBS.items()],
+        bases=(Config,))
+
+
 def register_configs() -> None:
-    cs = ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
+    """Store the schema ``base_config`` (:func:`run_schema`). Call it after the losses (and plugins)
+    are imported; calling it again stores the schema with the knobs registered since."""
+    ConfigStore.instance().store(name="base_config", node=run_schema())
 
 
 NORMALIZE = ("none", "batch", "minibatch")
@@ -317,10 +357,8 @@ def refuse_unknown_keys(cfg: DictConfig, name: str, *schemas: type) -> None:
 
 def check_known_keys(cfg: DictConfig) -> None:
     """Refuse keys the schema does not know (``+foo=1`` adds one past struct mode)."""
-    for name, schema in (("", Config), ("task", TaskConfig), ("budget", BudgetConfig), ("kl", KLConfig)):
+    for name, schema in (("", run_schema()), ("task", TaskConfig), ("budget", BudgetConfig), ("kl", KLConfig)):
         refuse_unknown_keys(cfg, name, schema)
-
-
 
 
 # Sane upper bounds (issue 12): beyond them a value is a typo, and it would crash or hang
@@ -559,13 +597,6 @@ def check_fields(cfg: DictConfig) -> None:
         bad("clip_eps", "> 0 or null (no clipping)", cfg.clip_eps)
     if cfg.clip_eps_high is not None and not (finite(cfg.clip_eps_high) and cfg.clip_eps_high > 0):
         bad("clip_eps_high", "> 0 or null (the same as clip_eps)", cfg.clip_eps_high)
-    if cfg.delta is not None and not (finite(cfg.delta) and cfg.delta > 1):
-        bad("delta", "a finite number > 1 (TRL recommends > 1 + clip_eps) or null (off)", cfg.delta)
-    if not (finite(cfg.clip_ratio_c) and cfg.clip_ratio_c > 1):
-        bad("clip_ratio_c", "a finite number > 1 (dual-clip PPO's c; verl's default 3.0)", cfg.clip_ratio_c)
-    for name in ("sapo_tau_pos", "sapo_tau_neg"):
-        if not (finite(cfg[name]) and cfg[name] > 0):
-            bad(name, "a finite number > 0 (SAPO's gate temperature)", cfg[name])
     if cfg.dynamic_sampling_max_draws < 1:
         bad("dynamic_sampling_max_draws", ">= 1 (generation batches per iteration)", cfg.dynamic_sampling_max_draws)
     if cfg.overlong_cache is not None and cfg.overlong_cache < 1:

@@ -4,27 +4,38 @@ All inputs are time-major ``[T, B]`` with a 0/1 ``mask`` (1 on steps/tokens that
 Every loss returns ``(loss, metrics)``: ``loss`` is the value to *minimise*; ``metrics`` are
 detached tensors for logging. Inputs may carry leading dims (a population ``P`` of
 independent agents, ``[P, T, B]``): losses and metrics then have shape ``[P]`` and the
-trainer sums the losses, so each member's gradient is its own. Policy losses share one signature and are looked up by
+trainer sums the losses, so each member's gradient is its own. Policy losses are looked up by
 name in :data:`POLICY_LOSSES` (``update: pg | clip | dual_clip | gspo | cispo | gmpo | sapo``).
 
-The shared signature: ``(logp, old_logp, advantages, mask, clip_eps, clip_eps_high, agg, norm_len,
-with_metrics, seq_id, delta, clip_ratio_c, tau_pos, tau_neg)``; a loss ignores the knobs it has
-no use for, except ``delta``, which only the losses in :data:`DELTA_LOSSES` accept (the config
-refuses it elsewhere). Every loss reports ``approx_kl``, ``ratio_mean``, ``ratio_max`` (of the
+A policy loss is ``fn(x: PolicyInputs, s: <its settings>) -> (loss, metrics)``: ``x`` holds the
+tensors and how to reduce them (log-probs, old log-probs, advantages, mask, ``seq_id``, ``agg``,
+``norm_len``, ``with_metrics``); ``s`` is the loss's own frozen dataclass of knobs (``ClipSettings``:
+``clip_eps``, ``clip_eps_high``, ``delta``; ``SapoSettings``: the two temperatures; ...), registered
+with it. Its fields are config keys of the same names: :func:`register_policy_loss` adds the ones
+the schema lacks (:data:`harness.config.LOSS_KNOBS`), :func:`loss_settings` builds the dataclass
+from a run's config, and validation refuses a knob set away from its default for a loss that does
+not read it. Adding a loss with a knob is its function, its settings dataclass and its YAML.
+Every loss reports ``approx_kl``, ``ratio_mean``, ``ratio_max`` (of the
 token ratios, the same meaning for every loss) and ``clip_frac``, the fraction of unmasked tokens
 whose gradient the loss zeroes (a soft gate counts by the share of the gradient it removes).
 """
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
+from .config import bad_field, is_finite, register_loss_knobs
 from .estimators.kl import kl_estimate
 
 # The only list of loss aggregations (config key ``loss_agg``); presets named after TRL's
 # ``loss_type`` are in harness/conf/loss_type/.
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "token_sum", "seq_mean_token_sum")
+# Sum over tokens, mean over sequences: the aggregation under which the loss's gradient at ratio 1 is,
+# in expectation, minus the policy gradient (the probes' estimates, harness.probes)
+SEQUENCE_SUM = {"agg": "seq_mean_token_sum_norm", "norm_len": 1}
 
 
 def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
@@ -188,17 +199,6 @@ def _band(clip_eps: float | None, clip_eps_high: float | None) -> tuple[float, f
     return 1.0 - eps_low, 1.0 + eps_high
 
 
-def _check_delta(delta: float | None, name: str) -> float:
-    """``delta`` as a number (``inf`` when None); only the losses of :data:`DELTA_LOSSES` take one."""
-    if delta is None:
-        return float("inf")
-    if name not in DELTA_LOSSES:
-        raise ValueError(f"delta (TRL's two-sided cap) applies to update={'|'.join(DELTA_LOSSES)}, not {name}")
-    if not delta > 1.0:
-        raise ValueError(f"delta must be > 1 or None, got {delta!r}")
-    return float(delta)
-
-
 def _clipped_objective(ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float, delta: float
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""PPO's per-token :math:`\min(\min(r, \delta) A,\ \operatorname{clip}(r, low, high) A)` and the
@@ -212,19 +212,90 @@ def _clipped_objective(ratio: torch.Tensor, advantages: torch.Tensor, low: float
     return objective, zeroed
 
 
-def _policy_result(objective: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor,
-                   clip_frac: Callable[[], torch.Tensor], agg: str, norm_len: int | None,
-                   seq_id: torch.Tensor | None, with_metrics: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _policy_result(objective: torch.Tensor, log_ratio: torch.Tensor, x: "PolicyInputs",
+                   clip_frac: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The end every policy loss shares: ``L = -agg[objective]`` and its ``(loss, metrics)``; with
-    ``with_metrics`` the ratio diagnostics of ``log_ratio`` and ``clip_frac``, the masked token mean
+    ``x.with_metrics`` the ratio diagnostics of ``log_ratio`` and ``clip_frac``, the masked token mean
     of ``clip_frac()`` (per-token 0/1 or a soft share, built only when diagnostics are asked for)."""
-    loss = -aggregate(objective, mask, agg, norm_len, seq_id)
+    loss = -aggregate(objective, x.mask, x.agg, x.norm_len, x.seq_id)
     metrics = {}
-    if with_metrics:
-        metrics = _ratio_metrics(log_ratio.detach(), mask)
-        metrics["clip_frac"] = _masked_mean(clip_frac().to(objective.dtype), mask)
+    if x.with_metrics:
+        metrics = _ratio_metrics(log_ratio.detach(), x.mask)
+        metrics["clip_frac"] = _masked_mean(clip_frac().to(objective.dtype), x.mask)
     metrics["policy_loss"] = loss.detach()
     return loss, metrics
+
+
+@dataclass(frozen=True)
+class PolicyInputs:
+    """What every policy loss is called with: time-major ``[..., T, B]`` tensors and how to reduce them.
+
+    ``logp``: log-probabilities of the taken actions under the policy being updated (the gradient
+    flows through it); ``old_logp``: the same under the sampling policy (detached); ``advantages``;
+    ``mask`` (1 on the steps/tokens that count). ``agg``/``norm_len``/``seq_id``: the aggregation
+    (:func:`aggregate`); ``with_metrics=False`` skips the diagnostics (a trainer's hot loop),
+    leaving ``policy_loss``."""
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    agg: str = "token_mean"
+    norm_len: int | None = None
+    seq_id: torch.Tensor | None = None
+    with_metrics: bool = True
+
+
+@dataclass(frozen=True)
+class NoSettings:
+    """A loss without knobs (``pg``)."""
+
+
+@dataclass(frozen=True)
+class ClipRange:
+    """The clip band ``[1 - clip_eps, 1 + clip_eps_high]`` (``clip_eps_high`` null: ``clip_eps``;
+    ``clip_eps`` null: no clipping); config keys ``clip_eps``, ``clip_eps_high``."""
+
+    clip_eps: float | None = 0.2
+    clip_eps_high: float | None = None
+
+
+@dataclass(frozen=True)
+class ClipSettings(ClipRange):
+    """``clip`` and ``gspo``: the band and ``delta``, TRL's two-sided cap (``GRPOConfig.delta``):
+    the ratio of the unclipped term is capped at ``delta`` (null: off)."""
+
+    delta: float | None = None
+
+    def __post_init__(self):
+        if self.delta is not None and not (is_finite(self.delta) and self.delta > 1):
+            bad_field("delta", "a finite number > 1 (TRL recommends > 1 + clip_eps) or null (off)", self.delta)
+
+
+@dataclass(frozen=True)
+class DualClipSettings(ClipRange):
+    """``dual_clip``: the band and ``clip_ratio_c``, the bound ``c A`` for A < 0 (verl's ``clip_ratio_c``)."""
+
+    clip_ratio_c: float = 3.0
+
+    def __post_init__(self):
+        if not (is_finite(self.clip_ratio_c) and self.clip_ratio_c > 1):
+            bad_field("clip_ratio_c", "a finite number > 1 (dual-clip PPO's c; verl's default 3.0)", self.clip_ratio_c)
+
+
+@dataclass(frozen=True)
+class SapoSettings:
+    """``sapo``: the gate temperatures for A > 0 and A <= 0 (TRL's ``sapo_temperature_pos/neg``,
+    verl's ``tau_pos/tau_neg``)."""
+
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+
+    def __post_init__(self):
+        for name in ("sapo_tau_pos", "sapo_tau_neg"):
+            value = getattr(self, name)
+            if not (is_finite(value) and value > 0):
+                bad_field(name, "a finite number > 0 (SAPO's gate temperature)", value)
 
 
 # Clamp of a log ratio before exp in the losses that follow verl in doing so (dual_clip, cispo,
@@ -232,22 +303,7 @@ def _policy_result(objective: torch.Tensor, log_ratio: torch.Tensor, mask: torch
 LOG_RATIO_CLAMP = 20.0
 
 
-def clipped_surrogate_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float | None = 0.2,
-    clip_eps_high: float | None = None,
-    agg: str = "token_mean",
-    norm_len: int | None = None,
-    with_metrics: bool = True,
-    seq_id: torch.Tensor | None = None,
-    delta: float | None = None,
-    clip_ratio_c: float = 3.0,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def clipped_surrogate_loss(x: PolicyInputs, s: ClipSettings = ClipSettings()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""PPO's clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7), negated.
 
     .. math:: L = -\operatorname{agg}\big[\min(r_t A_t,\ \operatorname{clip}(r_t, 1-\epsilon,
@@ -265,65 +321,30 @@ def clipped_surrogate_loss(
     the ratio of the *unclipped* term is capped, :math:`\min(\min(r_t, \delta) A_t,
     \operatorname{clip}(r_t) A_t)`, so for A<0 the objective is bounded below by
     :math:`\delta A_t` (zero gradient where r > max(delta, 1+eps_high); counted in ``clip_frac``).
-    ``clip_ratio_c``, ``tau_pos``, ``tau_neg`` are other losses' knobs, ignored here.
-    ``with_metrics=False`` skips the diagnostics (a trainer's hot loop), leaving ``policy_loss``.
     """
-    low, high = _band(clip_eps, clip_eps_high)
-    cap = _check_delta(delta, "clip")
-    log_ratio = logp - old_logp
+    low, high = _band(s.clip_eps, s.clip_eps_high)
+    cap = float("inf") if s.delta is None else float(s.delta)
+    log_ratio = x.logp - x.old_logp
     ratio = log_ratio.exp()
-    if clip_eps is None and delta is None:
-        objective = ratio * advantages
-        zeroed = torch.zeros_like(mask, dtype=torch.bool)
+    if s.clip_eps is None and s.delta is None:
+        objective = ratio * x.advantages
+        zeroed = torch.zeros_like(x.mask, dtype=torch.bool)
     else:
-        objective, zeroed = _clipped_objective(ratio, advantages, low, high, cap)
-    return _policy_result(objective, log_ratio, mask, lambda: zeroed, agg, norm_len, seq_id, with_metrics)
+        objective, zeroed = _clipped_objective(ratio, x.advantages, low, high, cap)
+    return _policy_result(objective, log_ratio, x, lambda: zeroed)
 
 
-def pg_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float | None = None,
-    clip_eps_high: float | None = None,
-    agg: str = "token_mean",
-    norm_len: int | None = None,
-    with_metrics: bool = True,
-    seq_id: torch.Tensor | None = None,
-    delta: float | None = None,
-    clip_ratio_c: float = 3.0,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def pg_loss(x: PolicyInputs, s: NoSettings = NoSettings()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Vanilla policy gradient (REINFORCE, Williams 1992), negated:
     :math:`L = -\operatorname{agg}[\log\pi(a_t|s_t) A_t]`.
 
-    ``old_logp`` is used only for diagnostics (ratio, approx KL); ``clip_eps`` and the other
-    losses' knobs are ignored (``delta`` is refused). Its gradient equals the surrogate's at
-    ``r = 1`` (the first epoch).
+    ``old_logp`` is used only for diagnostics (ratio, approx KL); it has no knob. Its gradient
+    equals the surrogate's at ``r = 1`` (the first epoch).
     """
-    _check_delta(delta, "pg")
-    return _policy_result(logp * advantages, logp - old_logp, mask, lambda: torch.zeros_like(logp), agg, norm_len,
-                          seq_id, with_metrics)
+    return _policy_result(x.logp * x.advantages, x.logp - x.old_logp, x, lambda: torch.zeros_like(x.logp))
 
 
-def dual_clip_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float | None = 0.2,
-    clip_eps_high: float | None = None,
-    agg: str = "token_mean",
-    norm_len: int | None = None,
-    with_metrics: bool = True,
-    seq_id: torch.Tensor | None = None,
-    delta: float | None = None,
-    clip_ratio_c: float = 3.0,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def dual_clip_loss(x: PolicyInputs, s: DualClipSettings = DualClipSettings()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Dual-clip PPO (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL",
     arXiv:1912.09729, eq. 5), negated:
 
@@ -339,35 +360,18 @@ def dual_clip_loss(
     set. Like verl, ``log r`` is clamped to [-20, 20] before exp. ``clip_eps=None`` keeps only the
     ``c A`` bound. ``clip_frac``: tokens with zero gradient, PPO's two regions plus A<0 and r>c.
     """
-    _check_delta(delta, "dual_clip")
-    if not clip_ratio_c > 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c!r}")
-    low, high = _band(clip_eps, clip_eps_high)
-    log_ratio = logp - old_logp
+    low, high = _band(s.clip_eps, s.clip_eps_high)
+    c = s.clip_ratio_c
+    log_ratio = x.logp - x.old_logp
     ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
-    ppo, zeroed = _clipped_objective(ratio, advantages, low, high, float("inf"))
-    negative = advantages < 0
-    objective = torch.where(negative, torch.maximum(ppo, clip_ratio_c * advantages), ppo)
-    bounded = lambda: zeroed | (negative & (ratio.detach() > clip_ratio_c))  # noqa: E731
-    return _policy_result(objective, log_ratio, mask, bounded, agg, norm_len, seq_id, with_metrics)
+    ppo, zeroed = _clipped_objective(ratio, x.advantages, low, high, float("inf"))
+    negative = x.advantages < 0
+    objective = torch.where(negative, torch.maximum(ppo, c * x.advantages), ppo)
+    bounded = lambda: zeroed | (negative & (ratio.detach() > c))  # noqa: E731
+    return _policy_result(objective, log_ratio, x, bounded)
 
 
-def gspo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float | None = 0.2,
-    clip_eps_high: float | None = None,
-    agg: str = "token_mean",
-    norm_len: int | None = None,
-    with_metrics: bool = True,
-    seq_id: torch.Tensor | None = None,
-    delta: float | None = None,
-    clip_ratio_c: float = 3.0,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def gspo_loss(x: PolicyInputs, s: ClipSettings = ClipSettings()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071), its GSPO-token
     form, negated. With the sequence ratio
     :math:`s_i = \exp\big(\frac1{|y_i|}\sum_{t \in i} (\log\pi_t - \log\pi_{old,t})\big)`
@@ -397,32 +401,16 @@ def gspo_loss(
     PPO's clip. ``clip_frac``: tokens with zero gradient (sequence ratio past the band on the
     side of the advantage's sign).
     """
-    low, high = _band(clip_eps, clip_eps_high)
-    cap = _check_delta(delta, "gspo")
-    log_ratio = logp - old_logp
-    seq_log_ratio = sequence_mean(log_ratio.detach(), mask, seq_id)
-    log_s = torch.clamp(logp - logp.detach() + seq_log_ratio, max=10.0)
-    s = log_s.exp()
-    objective, zeroed = _clipped_objective(s, advantages, low, high, cap)
-    return _policy_result(objective, log_ratio, mask, lambda: zeroed, agg, norm_len, seq_id, with_metrics)
+    low, high = _band(s.clip_eps, s.clip_eps_high)
+    cap = float("inf") if s.delta is None else float(s.delta)
+    log_ratio = x.logp - x.old_logp
+    seq_log_ratio = sequence_mean(log_ratio.detach(), x.mask, x.seq_id)
+    log_s = torch.clamp(x.logp - x.logp.detach() + seq_log_ratio, max=10.0)
+    objective, zeroed = _clipped_objective(log_s.exp(), x.advantages, low, high, cap)
+    return _policy_result(objective, log_ratio, x, lambda: zeroed)
 
 
-def cispo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float | None = 0.2,
-    clip_eps_high: float | None = None,
-    agg: str = "token_mean",
-    norm_len: int | None = None,
-    with_metrics: bool = True,
-    seq_id: torch.Tensor | None = None,
-    delta: float | None = None,
-    clip_ratio_c: float = 3.0,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def cispo_loss(x: PolicyInputs, s: ClipRange = ClipRange()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv:2506.13585, eq. 4), negated:
 
     .. math:: L = -\operatorname{agg}\big[\operatorname{sg}(\operatorname{clip}(r_t,
@@ -437,31 +425,14 @@ def cispo_loss(
     epsilon_high - 1`` here. ``clip_eps=None``: the unclipped weight. ``clip_frac``: no gradient
     is zeroed, so it counts the tokens whose weight is clipped (verl's ``pg_clipfrac``).
     """
-    _check_delta(delta, "cispo")
-    low, high = _band(clip_eps, clip_eps_high)
-    log_ratio = logp - old_logp
+    low, high = _band(s.clip_eps, s.clip_eps_high)
+    log_ratio = x.logp - x.old_logp
     ratio = torch.clamp(log_ratio.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     weight = torch.clamp(ratio, low, high)
-    return _policy_result(weight * advantages * logp, log_ratio, mask, lambda: weight != ratio, agg, norm_len,
-                          seq_id, with_metrics)
+    return _policy_result(weight * x.advantages * x.logp, log_ratio, x, lambda: weight != ratio)
 
 
-def gmpo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float | None = 0.2,
-    clip_eps_high: float | None = None,
-    agg: str = "token_mean",
-    norm_len: int | None = None,
-    with_metrics: bool = True,
-    seq_id: torch.Tensor | None = None,
-    delta: float | None = None,
-    clip_ratio_c: float = 3.0,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def gmpo_loss(x: PolicyInputs, s: ClipRange = ClipRange()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv:2507.20673), negated: per
     sequence i, the geometric mean of its token ratios, each clipped in log space on the side
     of the advantage's sign,
@@ -482,35 +453,20 @@ def gmpo_loss(
     is the active term (zero gradient): A>0 and log r > eps_high, A<0 and log r < -eps (verl's
     ``pg_clipfrac`` counts every clamped token of either sign).
     """
-    _check_delta(delta, "gmpo")
-    eps_low, eps_high = _eps(clip_eps, clip_eps_high)
-    log_ratio = logp - old_logp
-    sign = torch.sign(advantages)
+    eps_low, eps_high = _eps(s.clip_eps, s.clip_eps_high)
+    adv = x.advantages
+    log_ratio = x.logp - x.old_logp
+    sign = torch.sign(adv)
     clamped = torch.clamp(log_ratio, -eps_low, eps_high)  # the clip in log space
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
-    seq_ratio = sequence_mean(pessimistic, mask, seq_id).exp()
-    seq_adv = sequence_mean(advantages, mask, seq_id)
+    seq_ratio = sequence_mean(pessimistic, x.mask, x.seq_id).exp()
+    seq_adv = sequence_mean(adv, x.mask, x.seq_id)
     lr = log_ratio.detach()
-    zeroed = lambda: ((advantages > 0) & (lr > eps_high)) | ((advantages < 0) & (lr < -eps_low))  # noqa: E731
-    return _policy_result(seq_adv * seq_ratio, log_ratio, mask, zeroed, agg, norm_len, seq_id, with_metrics)
+    zeroed = lambda: ((adv > 0) & (lr > eps_high)) | ((adv < 0) & (lr < -eps_low))  # noqa: E731
+    return _policy_result(seq_adv * seq_ratio, log_ratio, x, zeroed)
 
 
-def sapo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float | None = 0.2,
-    clip_eps_high: float | None = None,
-    agg: str = "token_mean",
-    norm_len: int | None = None,
-    with_metrics: bool = True,
-    seq_id: torch.Tensor | None = None,
-    delta: float | None = None,
-    clip_ratio_c: float = 3.0,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def sapo_loss(x: PolicyInputs, s: SapoSettings = SapoSettings()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Soft Adaptive Policy Optimization (Gao et al. 2025, arXiv:2511.20347), negated: a smooth
     gate of the ratio instead of a hard clip,
 
@@ -527,40 +483,64 @@ def sapo_loss(
     gradient the gate removes, averaged over the unmasked tokens (0 on tokens with A = 0),
     :math:`1 - 4\sigma(1-\sigma)` per token (a hard clip's 0/1 made soft; verl reports 0).
     """
-    _check_delta(delta, "sapo")
-    if not (tau_pos > 0 and tau_neg > 0):
-        raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos!r} and {tau_neg!r}")
-    log_ratio = logp - old_logp
+    adv = x.advantages
+    log_ratio = x.logp - x.old_logp
     ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
-    tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+    tau = torch.where(adv > 0, torch.full_like(ratio, s.sapo_tau_pos), torch.full_like(ratio, s.sapo_tau_neg))
     sig = torch.sigmoid(tau * (ratio - 1.0))
-    s = sig.detach()
-    removed = lambda: (1.0 - 4.0 * s * (1.0 - s)) * (advantages != 0).to(s.dtype)  # noqa: E731
-    return _policy_result(sig * (4.0 / tau) * advantages, log_ratio, mask, removed, agg, norm_len, seq_id,
-                          with_metrics)
+    g = sig.detach()
+    removed = lambda: (1.0 - 4.0 * g * (1.0 - g)) * (adv != 0).to(g.dtype)  # noqa: E731
+    return _policy_result(sig * (4.0 / tau) * adv, log_ratio, x, removed)
 
 
-PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-# The only list of policy losses (config key ``update``): name -> loss function. Adding one is
-# one function plus one :func:`register_policy_loss` call; config checks, tests and docs
-# enumerate this dict.
+PolicyLossFn = Callable[[PolicyInputs, Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered policy loss: its function and its settings dataclass (the knobs it reads)."""
+
+    name: str
+    fn: PolicyLossFn
+    settings: type = NoSettings
+
+    def __call__(self, x: PolicyInputs, s: Any = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.fn(x, self.settings() if s is None else s)
+
+    @property
+    def knobs(self) -> tuple[str, ...]:
+        """The config keys it reads (its settings' fields)."""
+        return tuple(f.name for f in dataclasses.fields(self.settings))
+
+    @property
+    def summary(self) -> str:
+        """The first sentence of the function's docstring (the tables of README and docs)."""
+        doc = " ".join((self.fn.__doc__ or "").split())
+        return doc.split(". ")[0].rstrip(".:,") if doc else ""
+
+
+# The only list of policy losses (config key ``update``): name -> :class:`PolicyLoss`. Adding one is
+# one function, its settings dataclass and one :func:`register_policy_loss` call; config schema,
+# validation, tests and docs enumerate this dict.
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
-# The losses that apply ``delta`` (TRL applies it to its clipped loss types, token- or
-# sequence-level ratio); the config refuses a non-null delta with any other ``update``.
-DELTA_LOSSES = ("clip", "gspo")
 
 
-def register_policy_loss(name: str, fn: PolicyLoss | None = None):
-    """Register ``fn`` as the policy loss selected by ``update: <name>``.
+def register_policy_loss(name: str, fn: PolicyLossFn | None = None, settings: type = NoSettings):
+    """Register ``fn(x: PolicyInputs, s: settings) -> (loss, metrics)`` as the policy loss selected by
+    ``update: <name>``; ``settings`` is a frozen dataclass whose fields (each with a default) are the
+    config keys it reads: the ones the schema lacks become config keys (:data:`harness.config.LOSS_KNOBS`).
 
-    Usable as a decorator, ``@register_policy_loss("clip")``, or a plain call,
-    ``register_policy_loss("clip", clipped_surrogate_loss)``; either way returns ``fn``.
+    Usable as a decorator, ``@register_policy_loss("sapo", settings=SapoSettings)``, or a plain call,
+    ``register_policy_loss("clip", clipped_surrogate_loss, ClipSettings)``; either way returns ``fn``.
     Registering a name twice raises ``ValueError``.
     """
-    def _register(f: PolicyLoss) -> PolicyLoss:
+    def _register(f: PolicyLossFn) -> PolicyLossFn:
         if name in POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = f
+        if not (dataclasses.is_dataclass(settings) and isinstance(settings, type)):
+            raise ValueError(f"policy loss {name!r}: settings must be a dataclass, got {settings!r}")
+        register_loss_knobs(settings, name)
+        POLICY_LOSSES[name] = PolicyLoss(name, f, settings)
         return f
 
     return _register if fn is None else _register(fn)
@@ -572,13 +552,26 @@ def get_policy_loss(name: str) -> PolicyLoss:
     return POLICY_LOSSES[name]
 
 
+def loss_settings(cfg: Any, name: str | None = None) -> Any:
+    """The settings dataclass of loss ``name`` (default ``cfg.update``) built from the config keys of
+    its fields (a key the config lacks keeps the dataclass's default); its checks raise ``ValueError``
+    naming the field (:func:`harness.config.bad_field`)."""
+    spec = get_policy_loss(cfg["update"] if name is None else name)
+    values = {}
+    for k in spec.knobs:
+        if k in cfg:
+            v = cfg[k]
+            values[k] = float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+    return spec.settings(**values)
+
+
 register_policy_loss("pg", pg_loss)
-register_policy_loss("clip", clipped_surrogate_loss)
-register_policy_loss("dual_clip", dual_clip_loss)
-register_policy_loss("gspo", gspo_loss)
-register_policy_loss("cispo", cispo_loss)
-register_policy_loss("gmpo", gmpo_loss)
-register_policy_loss("sapo", sapo_loss)
+register_policy_loss("clip", clipped_surrogate_loss, ClipSettings)
+register_policy_loss("dual_clip", dual_clip_loss, DualClipSettings)
+register_policy_loss("gspo", gspo_loss, ClipSettings)
+register_policy_loss("cispo", cispo_loss, ClipRange)
+register_policy_loss("gmpo", gmpo_loss, ClipRange)
+register_policy_loss("sapo", sapo_loss, SapoSettings)
 
 
 def value_loss(

@@ -68,4 +68,31 @@ def load_plugins(modules: Iterable[str] = ()) -> list[str]:
     return done
 
 
-__all__ = ["ENTRY_POINT_GROUP", "load_plugins"]
+def plugins_in(overrides: Iterable[str]) -> list[str]:
+    """The modules a command line's ``plugins=[...]`` override names (Hydra's own override grammar);
+    [] when there is none or the command line does not parse (Hydra then says why)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([o for o in overrides if not o.startswith("-")])
+    except Exception:  # noqa: BLE001 - a bad override is Hydra's to report, with its own message
+        return []
+    for o in parsed:
+        if o.key_or_group == "plugins" and not o.is_delete():
+            value = o.value()
+            return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    return []
+
+
+def preload(argv: Iterable[str]) -> None:
+    """Import the plugins of the command line ``argv`` (and the entry points) *before* Hydra composes
+    the config: a plugin's policy loss may add knobs to the schema (:func:`harness.config.register_configs`),
+    which its YAML sets. A plugin that fails to import is left for :func:`load_plugins` in the run
+    itself to report (one line, exit 2)."""
+    try:
+        load_plugins(plugins_in(argv))
+    except ValueError:
+        pass
+
+
+__all__ = ["ENTRY_POINT_GROUP", "load_plugins", "plugins_in", "preload"]

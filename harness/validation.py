@@ -15,11 +15,11 @@ import os
 from omegaconf import DictConfig, open_dict
 
 from . import config as schema
-from .config import (PARAM_BYTES, ProbeSettings, bad_field, check_fields, check_fits, check_known_keys, length_problem,
-                     path_problem, refuse_unknown_keys, results_path)
+from .config import (LOSS_KNOBS, PARAM_BYTES, ProbeSettings, bad_field, check_fields, check_fits, check_known_keys,
+                     length_problem, path_problem, refuse_unknown_keys, results_path)
 from .estimators import ESTIMATORS, KL_ESTIMATORS, EstimatorSpec, get_estimator
 from .io.rundir import CHECKPOINT_NAME, run_dir_for
-from .losses import AGG_MODES, DELTA_LOSSES, POLICY_LOSSES
+from .losses import AGG_MODES, POLICY_LOSSES, loss_settings
 from .probes import validate_probe
 from .tasks.control import env_info, time_limit, validate_control
 from .tasks.lm import validate_lm
@@ -41,14 +41,25 @@ def check_registered(cfg: DictConfig) -> EstimatorSpec:
         bad("group_size", f">= 2 for estimator {cfg.estimator}", cfg.group_size)
     if cfg["update"] not in POLICY_LOSSES:
         bad("update", f"one of {sorted(POLICY_LOSSES)}", cfg["update"])
-    if cfg.get("delta") is not None and cfg["update"] not in DELTA_LOSSES:  # it would be silently ignored
-        bad("delta", f"null with update={cfg['update']} (TRL's two-sided cap applies to update="
-            f"{'|'.join(DELTA_LOSSES)})", cfg.delta)
+    check_loss_knobs(cfg)
     if cfg.loss_agg not in AGG_MODES:
         bad("loss_agg", f"one of {list(AGG_MODES)}", cfg.loss_agg)
     if cfg.kl.estimator not in KL_ESTIMATORS:
         bad("kl.estimator", f"one of {sorted(KL_ESTIMATORS)}", cfg.kl.estimator)
     return spec
+
+
+def check_loss_knobs(cfg: DictConfig) -> None:
+    """A policy loss's own knob (:data:`harness.config.LOSS_KNOBS`) set away from its default for a
+    loss that does not read it would be silently ignored: refused, naming the losses that read it.
+    Then the chosen loss's settings are built, whose checks name the field out of range."""
+    chosen = POLICY_LOSSES[cfg["update"]]
+    for knob, (_, default) in LOSS_KNOBS.items():
+        if knob in cfg and cfg[knob] != default and knob not in chosen.knobs:
+            owners = "|".join(name for name, spec in POLICY_LOSSES.items() if knob in spec.knobs)
+            bad_field(knob, f"{'null' if default is None else default} with update={cfg['update']} (it applies to "
+                      f"update={owners})", cfg[knob])
+    loss_settings(cfg)
 
 
 def validate(cfg: DictConfig) -> None:

@@ -30,6 +30,7 @@ def compose(*overrides: str, results_dir: Path | str, cache_dir: Path | str | No
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    import harness.losses  # noqa: F401  (the losses' knobs are in the schema)
     from harness.config import register_configs
 
     register_configs()

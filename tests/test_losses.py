@@ -7,13 +7,15 @@ from harness.losses import (
     get_policy_loss, kl_penalty, pg_loss, value_loss,
 )
 
+from .loss_helpers import call_loss
+
 EPS = 0.2
 
 
 def grad_at(ratio: float, adv: float, clip_eps=EPS):
     logp = torch.tensor([[torch.log(torch.tensor(ratio)).item()]], requires_grad=True)
     old = torch.zeros(1, 1)
-    loss, m = clipped_surrogate_loss(logp, old, torch.tensor([[adv]]), torch.ones(1, 1), clip_eps=clip_eps)
+    loss, m = call_loss(clipped_surrogate_loss, logp, old, torch.tensor([[adv]]), torch.ones(1, 1), clip_eps=clip_eps)
     loss.backward()
     return logp.grad.item(), loss.item(), {k: float(v) for k, v in m.items()}
 
@@ -53,8 +55,8 @@ def test_c7_clipped_objective_is_lower_bound_everywhere():
     for i in range(r.shape[0]):
         for j in range(0, r.shape[1], 6):
             lr = r[i:i + 1, j:j + 1].log()
-            clipped, _ = clipped_surrogate_loss(lr, torch.zeros(1, 1), a[i:i + 1, j:j + 1], mask[:1, :1])
-            unclipped, _ = clipped_surrogate_loss(lr, torch.zeros(1, 1), a[i:i + 1, j:j + 1], mask[:1, :1], clip_eps=None)
+            clipped, _ = call_loss(clipped_surrogate_loss, lr, torch.zeros(1, 1), a[i:i + 1, j:j + 1], mask[:1, :1])
+            unclipped, _ = call_loss(clipped_surrogate_loss, lr, torch.zeros(1, 1), a[i:i + 1, j:j + 1], mask[:1, :1], clip_eps=None)
             assert -clipped.item() <= -unclipped.item() + 1e-6
 
 
@@ -62,7 +64,7 @@ def test_asymmetric_clip_high():
     _, loss, m = grad_at(1.25, 1.0)  # symmetric 0.2: capped at 1.2
     assert loss == pytest.approx(-1.2)
     logp = torch.tensor([[torch.log(torch.tensor(1.25)).item()]], requires_grad=True)
-    loss, m = clipped_surrogate_loss(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1),
+    loss, m = call_loss(clipped_surrogate_loss, logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1),
                                      clip_eps=0.2, clip_eps_high=0.28)
     assert loss.item() == pytest.approx(-1.25) and float(m["clip_frac"]) == 0.0
 
@@ -70,12 +72,12 @@ def test_asymmetric_clip_high():
 def test_pg_loss_value_and_gradient():
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     adv = torch.tensor([[2.0, -1.0]])
-    loss, m = pg_loss(logp, logp.detach(), adv, torch.ones(1, 2))
+    loss, m = call_loss(pg_loss, logp, logp.detach(), adv, torch.ones(1, 2))
     assert loss.item() == pytest.approx(-((-1.0 * 2.0) + (-2.0 * -1.0)) / 2)
     loss.backward()
     assert logp.grad.tolist() == [[-1.0, 0.5]]
     assert float(m["approx_kl"]) == 0.0 and float(m["ratio_mean"]) == 1.0
-    assert get_policy_loss("pg") is pg_loss
+    assert get_policy_loss("pg").fn is pg_loss
     with pytest.raises(ValueError, match="update must be one of"):
         get_policy_loss("trpo")
 
@@ -83,7 +85,7 @@ def test_pg_loss_value_and_gradient():
 def test_approx_kl_metric_by_hand():
     # one token with ratio 2: k3 = 2 - 1 - log 2
     logp = torch.tensor([[torch.log(torch.tensor(2.0)).item()]])
-    _, m = clipped_surrogate_loss(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1))
+    _, m = call_loss(clipped_surrogate_loss, logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1))
     assert float(m["approx_kl"]) == pytest.approx(1 - torch.log(torch.tensor(2.0)).item(), abs=1e-6)
     assert float(m["ratio_max"]) == pytest.approx(2.0)
 
@@ -143,10 +145,10 @@ def test_population_dim_keeps_members_apart():
     adv = torch.randn(3, 5, 2, generator=gen)
     mask = (torch.rand(3, 5, 2, generator=gen) > 0.3).float()
     for agg in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
-        batched, m = clipped_surrogate_loss(logp, old, adv, mask, agg=agg)
+        batched, m = call_loss(clipped_surrogate_loss, logp, old, adv, mask, agg=agg)
         assert batched.shape == (3,)
         for p in range(3):
-            single, ms = clipped_surrogate_loss(logp[p], old[p], adv[p], mask[p], agg=agg)
+            single, ms = call_loss(clipped_surrogate_loss, logp[p], old[p], adv[p], mask[p], agg=agg)
             assert batched[p].item() == pytest.approx(single.item(), abs=1e-6)
             assert float(m["clip_frac"][p]) == pytest.approx(float(ms["clip_frac"]))
             assert float(m["ratio_max"][p]) == pytest.approx(float(ms["ratio_max"]))

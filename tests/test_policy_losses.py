@@ -6,10 +6,11 @@ import math
 import pytest
 import torch
 
-from harness.losses import (DELTA_LOSSES, POLICY_LOSSES, clipped_surrogate_loss, cispo_loss, dual_clip_loss,
+from harness.losses import (POLICY_LOSSES, ClipSettings, DualClipSettings, SapoSettings, clipped_surrogate_loss, cispo_loss, dual_clip_loss,
                             get_policy_loss, gmpo_loss, gspo_loss, sapo_loss, sequence_mean)
 
 from .control_helpers import make_cfg
+from .loss_helpers import call_loss
 
 NEW = ("dual_clip", "gspo", "cispo", "gmpo", "sapo")
 AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
@@ -107,8 +108,23 @@ def ref_sapo(lp, old, adv, mask, agg):
     return -reduce(out, mask, agg)
 
 
-REFS = {"dual_clip": ref_dual_clip, "gspo": ref_gspo, "cispo": ref_cispo, "gmpo": ref_gmpo, "sapo": ref_sapo}
-KNOBS = dict(clip_eps=EPS, clip_eps_high=EPS_HIGH, clip_ratio_c=C, tau_pos=TAU_POS, tau_neg=TAU_NEG)
+def ref_pg(lp, old, adv, mask, agg):
+    """REINFORCE: log pi * A, token by token."""
+    return -reduce({(t, b): lp[t, b] * adv[t, b] for t in range(lp.shape[0]) for b in range(lp.shape[1])}, mask, agg)
+
+
+def ref_clip(lp, old, adv, mask, agg):
+    """PPO (arXiv:1707.06347 eq. 7): min(r A, clip(r, 1 - eps, 1 + eps_high) A), token by token."""
+    out = {}
+    for t in range(lp.shape[0]):
+        for b in range(lp.shape[1]):
+            r = torch.exp(lp[t, b] - old[t, b])
+            out[t, b] = torch.minimum(r * adv[t, b], torch.clamp(r, 1 - EPS, 1 + EPS_HIGH) * adv[t, b])
+    return -reduce(out, mask, agg)
+
+
+REFS = {"pg": ref_pg, "clip": ref_clip, "dual_clip": ref_dual_clip, "gspo": ref_gspo, "cispo": ref_cispo, "gmpo": ref_gmpo, "sapo": ref_sapo}
+KNOBS = dict(clip_eps=EPS, clip_eps_high=EPS_HIGH, clip_ratio_c=C, sapo_tau_pos=TAU_POS, sapo_tau_neg=TAU_NEG)
 
 
 def batch(seed, T=5, B=4, spread=0.35):
@@ -124,15 +140,17 @@ def batch(seed, T=5, B=4, spread=0.35):
 
 def loss_and_grad(fn, lp, *args, **kw):
     x = lp.clone().requires_grad_(True)
-    loss, metrics = fn(x, *args, **kw)
+    loss, metrics = call_loss(fn, x, *args, **kw)
     loss.sum().backward()
     return loss.detach(), x.grad, metrics
 
 
 # ------------------------------------------------------------------ every loss vs its re-derivation
 @pytest.mark.parametrize("agg", AGGS)
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
 def test_loss_and_gradient_match_the_independent_derivation(name, agg):
+    """Every registered loss (a plugin's too) must have its reference formula in REFS."""
+    assert name in REFS, f"policy loss {name!r} has no independent reference formula in REFS"
     for seed in range(4):
         lp, old, adv, mask = batch(seed)
         loss, grad, _ = loss_and_grad(get_policy_loss(name), lp, old, adv, mask, agg=agg, **KNOBS)
@@ -156,22 +174,22 @@ def test_the_random_cases_reach_every_region():
 
 def test_every_loss_reports_the_clip_losss_metrics_and_honours_with_metrics():
     lp, old, adv, mask = batch(0)
-    _, clip_m = clipped_surrogate_loss(lp, old, adv, mask)
+    _, clip_m = call_loss(clipped_surrogate_loss, lp, old, adv, mask)
     for name in POLICY_LOSSES:
-        loss, m = get_policy_loss(name)(lp, old, adv, mask)
+        loss, m = call_loss(get_policy_loss(name), lp, old, adv, mask)
         assert set(m) == set(clip_m) == {"approx_kl", "ratio_mean", "ratio_max", "clip_frac", "policy_loss"}, name
         for k in ("approx_kl", "ratio_mean", "ratio_max"):  # token ratios: one meaning for every loss
             assert float(m[k]) == pytest.approx(float(clip_m[k])), (name, k)
         assert 0.0 <= float(m["clip_frac"]) <= 1.0
-        _, m = get_policy_loss(name)(lp, old, adv, mask, with_metrics=False)
+        _, m = call_loss(get_policy_loss(name), lp, old, adv, mask, with_metrics=False)
         assert set(m) == {"policy_loss"}, name
 
 
 # ----------------------------------------------------------------------------------- dual clip
 def one(fn, ratio, adv, **kw):
     logp = torch.tensor([[math.log(ratio)]], dtype=DT, requires_grad=True)
-    loss, m = fn(logp, torch.zeros(1, 1, dtype=DT), torch.tensor([[adv]], dtype=DT), torch.ones(1, 1, dtype=DT),
-                 **kw)
+    loss, m = call_loss(fn, logp, torch.zeros(1, 1, dtype=DT), torch.tensor([[adv]], dtype=DT),
+                        torch.ones(1, 1, dtype=DT), **kw)
     loss.backward()
     return loss.item(), logp.grad.item(), {k: float(v) for k, v in m.items()}
 
@@ -208,10 +226,10 @@ def test_dual_clip_bounds_negative_advantages_by_c_times_a_for_huge_ratios():
                                           clip_ratio_c=c)
             assert loss.item() == pytest.approx(-(c * adv).mean().item())  # objective = c A exactly
             assert torch.equal(grad, torch.zeros_like(grad)) and float(m["clip_frac"]) == 1.0
-            plain, _ = clipped_surrogate_loss(lp, torch.zeros(1, 3, dtype=DT), adv, torch.ones(1, 3))
+            plain, _ = call_loss(clipped_surrogate_loss, lp, torch.zeros(1, 3, dtype=DT), adv, torch.ones(1, 3))
             assert plain.item() > loss.item()  # PPO alone is not bounded there
-    with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
-        dual_clip_loss(lp, lp, adv, torch.ones(1, 3), clip_ratio_c=1.0)
+    with pytest.raises(ValueError, match="clip_ratio_c must be a finite number > 1"):
+        call_loss(dual_clip_loss, lp, lp, adv, torch.ones(1, 3), clip_ratio_c=1.0)
 
 
 # ---------------------------------------------------------------------------------------- cispo
@@ -354,10 +372,10 @@ def test_sapo_by_hand():
     assert loss == pytest.approx(-4 * s) and g == pytest.approx(-4 * s * (1 - s) * 2)
     assert m["clip_frac"] == pytest.approx(1 - 4 * s * (1 - s))
     # the gate never zeroes a gradient, it shrinks it; a larger tau shrinks it faster
-    g_sharp = one(sapo_loss, 2.0, 1.0, tau_pos=8.0)[1]
+    g_sharp = one(sapo_loss, 2.0, 1.0, sapo_tau_pos=8.0)[1]
     assert 0 > g_sharp > g
-    with pytest.raises(ValueError, match="tau_pos and tau_neg must be > 0"):
-        one(sapo_loss, 1.0, 1.0, tau_neg=0.0)
+    with pytest.raises(ValueError, match="sapo_tau_neg must be a finite number > 0"):
+        one(sapo_loss, 1.0, 1.0, sapo_tau_neg=0.0)
 
 
 # ---------------------------------------------------------------------------------- delta (TRL)
@@ -381,17 +399,13 @@ def test_delta_caps_the_unclipped_ratio_as_trl_does():
     assert loss.item() == pytest.approx(ref.item()) and torch.allclose(grad, x.grad * mask)
 
 
-def test_delta_is_refused_by_the_losses_that_do_not_apply_it():
-    assert DELTA_LOSSES == ("clip", "gspo")
+def test_delta_is_a_setting_of_clip_and_gspo_alone():
+    assert [name for name, spec in POLICY_LOSSES.items() if "delta" in spec.knobs] == ["clip", "gspo"]
     lp, old, adv, mask = batch(0)
-    for name in POLICY_LOSSES:
-        if name in DELTA_LOSSES:
-            get_policy_loss(name)(lp, old, adv, mask, delta=2.0)
-            with pytest.raises(ValueError, match="delta must be > 1"):
-                get_policy_loss(name)(lp, old, adv, mask, delta=1.0)
-        else:
-            with pytest.raises(ValueError, match=f"delta .* applies to update=clip|gspo, not {name}"):
-                get_policy_loss(name)(lp, old, adv, mask, delta=2.0)
+    for name in ("clip", "gspo"):
+        call_loss(get_policy_loss(name), lp, old, adv, mask, delta=2.0)
+    with pytest.raises(ValueError, match="delta must be a finite number > 1"):
+        ClipSettings(delta=1.0)
 
 
 # ----------------------------------------------------------------------------- population dims
@@ -431,12 +445,13 @@ def test_the_knobs_reach_the_update_settings_with_the_frameworks_defaults():
 
     cfg = make_cfg(["task=toy", "estimator=grpo"])
     assert (cfg.delta, cfg.clip_ratio_c, cfg.sapo_tau_pos, cfg.sapo_tau_neg) == (None, 3.0, 1.0, 1.05)
-    cfg = make_cfg(["task=toy", "estimator=grpo", "update=clip", "delta=4", "clip_ratio_c=2.5",
-                    "sapo_tau_pos=2", "sapo_tau_neg=3"])
-    validate(cfg)
-    s = UpdateSettings.from_cfg(cfg, 3)
-    assert (s.delta, s.clip_ratio_c, s.tau_pos, s.tau_neg) == (4.0, 2.5, 2.0, 3.0)
-    assert s.policy_loss is clipped_surrogate_loss
+    for update, knobs, want in [("clip", ["delta=4", "clip_eps=0.1"], ClipSettings(0.1, None, 4.0)),
+                                ("dual_clip", ["clip_ratio_c=2.5"], DualClipSettings(0.2, None, 2.5)),
+                                ("sapo", ["sapo_tau_pos=2", "sapo_tau_neg=3"], SapoSettings(2.0, 3.0))]:
+        cfg = make_cfg(["task=toy", "estimator=grpo", f"update={update}", *knobs])
+        validate(cfg)
+        s = UpdateSettings.from_cfg(cfg, 3)
+        assert s.loss_settings == want and s.policy_loss.fn is POLICY_LOSSES[update].fn
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -448,6 +463,8 @@ def test_the_knobs_reach_the_update_settings_with_the_frameworks_defaults():
     (["update=dual_clip", "clip_ratio_c=nan"], "clip_ratio_c must be a finite number > 1"),
     (["update=sapo", "sapo_tau_pos=0"], "sapo_tau_pos must be a finite number > 0"),
     (["update=sapo", "sapo_tau_neg=-1"], "sapo_tau_neg must be a finite number > 0"),
+    (["update=clip", "clip_ratio_c=2"], r"clip_ratio_c must be 3.0 with update=clip \(it applies to update=dual_clip\)"),
+    (["update=pg", "sapo_tau_pos=2"], r"sapo_tau_pos must be 1.0 with update=pg \(it applies to update=sapo\)"),
 ])
 def test_bad_knobs_are_refused_by_name(overrides, message):
     from harness.validation import validate
@@ -480,7 +497,7 @@ def _grads_clip_and_cispo(seed: int):
     out = {}
     for name in ("clip", "cispo"):
         x = logp.clone().requires_grad_(True)
-        loss, _ = POLICY_LOSSES[name](x, old, adv, mask, clip_eps=0.2)
+        loss, _ = call_loss(POLICY_LOSSES[name], x, old, adv, mask, clip_eps=0.2)
         (grad,) = torch.autograd.grad(loss, x)
         out[name] = grad
     return logp - old, adv, out

@@ -50,8 +50,8 @@ def test_register_adds_to_the_registry(monkeypatch):
 # ------------------------------------------------------------------------- policy losses
 def test_the_design_policy_losses_are_registered():
     assert {"pg", "clip"} <= set(POLICY_LOSSES)  # docs/design.md: update: pg | clip
-    assert get_policy_loss("pg") is pg_loss
-    assert get_policy_loss("clip") is losses.clipped_surrogate_loss
+    assert get_policy_loss("pg").fn is pg_loss
+    assert get_policy_loss("clip").fn is losses.clipped_surrogate_loss
 
 
 def test_register_policy_loss_as_decorator_and_as_call(monkeypatch):
@@ -59,11 +59,11 @@ def test_register_policy_loss_as_decorator_and_as_call(monkeypatch):
     monkeypatch.setattr(losses, "POLICY_LOSSES", dict(POLICY_LOSSES))
 
     @register_policy_loss("throwaway")
-    def throwaway(logp, old_logp, advantages, mask, **kw):
-        return pg_loss(logp, old_logp, advantages, mask)
+    def throwaway(x, s):
+        return pg_loss(x, s)
 
     assert throwaway.__name__ == "throwaway"  # the decorator returns the function itself
-    assert losses.get_policy_loss("throwaway") is throwaway
+    assert losses.get_policy_loss("throwaway").fn is throwaway
     assert register_policy_loss("throwaway_call", pg_loss) is pg_loss
     assert list(losses.POLICY_LOSSES) == [*registered, "throwaway", "throwaway_call"]
     with pytest.raises(ValueError) as e:
@@ -77,7 +77,58 @@ def test_registering_a_policy_loss_twice_raises():
         register_policy_loss("pg", lambda *a, **k: None)
     with pytest.raises(ValueError, match="'clip' is already registered"):
         register_policy_loss("clip")(pg_loss)
-    assert POLICY_LOSSES["pg"] is pg_loss and POLICY_LOSSES["clip"] is losses.clipped_surrogate_loss
+    assert POLICY_LOSSES["pg"].fn is pg_loss and POLICY_LOSSES["clip"].fn is losses.clipped_surrogate_loss
+
+
+def test_a_loss_with_its_own_knob_is_its_function_and_settings(tmp_path):
+    """Registering a loss with a settings dataclass is all it takes: its knob becomes a config key
+    (with its default), validation checks it, refuses it for the other losses, and the update step
+    calls the loss with the value the command line gave (seen from inside the loss)."""
+    from harness import config
+
+    saved = dict(POLICY_LOSSES), dict(config.LOSS_KNOBS)  # the registries, as every module holds them
+    try:
+        _a_loss_with_a_knob(tmp_path)
+    finally:
+        for registry, before in zip((POLICY_LOSSES, config.LOSS_KNOBS), saved):
+            registry.clear()
+            registry.update(before)
+        config.register_configs()
+
+
+def _a_loss_with_a_knob(tmp_path):
+    import dataclasses
+
+    from harness import config
+    from harness.app import run
+    from harness.validation import validate
+    from tests.control_helpers import TINY, make_cfg
+
+    seen = []
+
+    @dataclasses.dataclass(frozen=True)
+    class ScaledSettings:
+        adv_scale_knob: float = 1.0
+
+        def __post_init__(self):
+            if not self.adv_scale_knob > 0:
+                config.bad_field("adv_scale_knob", "> 0", self.adv_scale_knob)
+
+    @register_policy_loss("scaled_pg_test", settings=ScaledSettings)
+    def scaled(x, s):
+        seen.append(s.adv_scale_knob)
+        return pg_loss(dataclasses.replace(x, advantages=x.advantages * s.adv_scale_knob), losses.NoSettings())
+
+    assert config.LOSS_KNOBS["adv_scale_knob"] == (float, 1.0)
+    args = ["task=cartpole", "estimator=a2c", *TINY, f"results_dir={tmp_path}"]
+    assert make_cfg(args).adv_scale_knob == 1.0  # in the schema, at its default
+    with pytest.raises(ValueError, match=r"adv_scale_knob must be > 0, got -1.0"):
+        validate(make_cfg([*args, "update=scaled_pg_test", "adv_scale_knob=-1"]))
+    with pytest.raises(ValueError, match=r"adv_scale_knob must be 1.0 with update=clip \(it applies to "
+                                         r"update=scaled_pg_test\)"):
+        validate(make_cfg([*args, "update=clip", "adv_scale_knob=2.5"]))
+    run(make_cfg([*args, "update=scaled_pg_test", "adv_scale_knob=2.5"]))
+    assert seen and set(seen) == {2.5}
 
 
 # ---------------------------------------------------------------------- docs follow them

@@ -38,6 +38,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from .. import losses as _losses  # noqa: F401  (registers the losses: their knobs are in the schema)
 from ..config import member_configs, register_configs
 from ..io import run_dir_for, run_status
 from ..io.rundir import FINISHED

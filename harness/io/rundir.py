@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import CONTROL_ONLY, results_path
+from ..config import CONTROL_ONLY, LOSS_KNOBS, results_path
 from . import schema
 from .finished import config_subset
 
@@ -72,10 +72,10 @@ WRITE_DELAY_ENV = "HARNESS_TEST_WRITE_DELAY"
 # where a cache lives, the bound analysis scores diverged runs with, and how often a kl.beta=0 LM run
 # measures its kl_ref column (the reference pass draws no random numbers) do not change the run
 _NOT_HASHED_NESTED = (("lm", "cache_dir"), ("task", "worst_return"), ("lm", "kl_ref_every"))
-# Keys added after runs were recorded (the policy losses' knobs, issue 14): left out of the hash
-# at these defaults, so the runs of older sweeps keep their directories; any other value is hashed.
-_HASHED_UNLESS_DEFAULT = {"delta": None, "clip_ratio_c": 3.0, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05,
-                          "dynamic_sampling": False, "dynamic_sampling_max_draws": 10, "mask_truncated": False,
+# Keys added after runs were recorded (the sampling options): left out of the hash at these
+# defaults, so the runs of older sweeps keep their directories; any other value is hashed. The
+# knobs of one policy loss (delta, clip_ratio_c, sapo_tau_pos, ...: harness.config.LOSS_KNOBS) likewise.
+_HASHED_UNLESS_DEFAULT = {"dynamic_sampling": False, "dynamic_sampling_max_draws": 10, "mask_truncated": False,
                           "overlong_cache": None}
 # task.* keys added later (issue 18: normalisation and the continuous-control switches), likewise
 _TASK_HASHED_UNLESS_DEFAULT = CONTROL_ONLY
@@ -127,7 +127,8 @@ def _hashed_part(cfg: DictConfig) -> dict:
     for key in ("toy", "probe"):  # task-specific nodes added later: keep older hashes valid
         if d.get(key) is None:
             d.pop(key, None)
-    for key, default in _HASHED_UNLESS_DEFAULT.items():
+    knob_defaults = {k: default for k, (_, default) in LOSS_KNOBS.items()}
+    for key, default in {**knob_defaults, **_HASHED_UNLESS_DEFAULT}.items():
         if key in d and d[key] == default:
             d.pop(key)
     task = d.get("task")

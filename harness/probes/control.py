@@ -34,7 +34,8 @@ import torch
 
 from ..estimators import EstimatorParams, get_estimator, reward_to_go
 from ..io import RunDir, atomic_write_bytes
-from ..losses import explained_variance, get_policy_loss, pg_loss, within_sequence_std
+from ..losses import (SEQUENCE_SUM, PolicyInputs, explained_variance, get_policy_loss, loss_settings,
+                      within_sequence_std)
 from ..models.control import ControlAgent, agent_options
 from ..models.mlp import member_view
 from ..tasks.control import EpisodeCollector, advantage_batch, env_info
@@ -42,7 +43,6 @@ from . import stats as pstats
 from ..config import ProbeSettings, settings_from_config
 from .toy import _parquet_bytes
 
-SEQ_SUM = {"agg": "seq_mean_token_sum_norm", "norm_len": 1}
 
 
 def validate_control_probe(cfg, s: ProbeSettings) -> None:
@@ -107,8 +107,9 @@ def _batch_seeds(seed: int, start: int, n: int, stream: int) -> list[int]:
     return [(int(seed) * 1_000_003 + stream * 7_919_993 + i) % (2**31 - 1) for i in range(start, start + n)]
 
 
-def _gradients(agent: ControlAgent, ro, spec, params: EstimatorParams, group: int, policy_loss=pg_loss):
-    """Per-member policy-gradient estimates of one collected population rollout."""
+def _gradients(agent: ControlAgent, ro, spec, params: EstimatorParams, group: int, loss=("pg", None)):
+    """Per-member policy-gradient estimates of one collected population rollout; ``loss``: the
+    registered policy loss and its settings (None: its defaults), taken at ratio 1."""
     T, M, E = ro.rewards.shape
     batch = advantage_batch(agent, ro, spec.needs_critic, group if spec.needs_groups else None)
     batch.members = M  # M independent batches side by side: batch-wide statistics per batch
@@ -119,8 +120,9 @@ def _gradients(agent: ControlAgent, ro, spec, params: EstimatorParams, group: in
     logp = agent.log_prob(agent.dist_params(obs), act).reshape(M, T, E)
     adv_m = adv.permute(1, 0, 2)
     mask_m = ro.mask.permute(1, 0, 2)
-    loss, _ = policy_loss(logp, logp.detach(), adv_m, mask_m, with_metrics=False, **SEQ_SUM)  # at ratio 1
-    loss.sum().backward()
+    x = PolicyInputs(logp, logp.detach(), adv_m, mask_m, with_metrics=False, **SEQUENCE_SUM)  # at ratio 1
+    pl, _ = get_policy_loss(loss[0])(x, loss[1])
+    pl.sum().backward()
     g = -_actor_grad(agent).double()
     spread = within_sequence_std(adv_m, mask_m)  # C14-style spread of the advantage across an episode's steps
     returns = (ro.rewards * ro.mask).sum(0).mean(1)  # [M] mean episode return per batch
@@ -188,14 +190,14 @@ def probe_run(cfg, run: RunDir) -> None:
     if spec.needs_critic:
         meta.update(_fit_critic(cfg, info, agent1, s, params.gamma))
 
-    def run_batches(est, est_params, n, stream, greedy, policy_loss=pg_loss):
+    def run_batches(est, est_params, n, stream, greedy, loss=("pg", None)):
         gs, spreads, rets, steps = [], [], [], 0
         for start in range(0, n, chunk):
             m = min(chunk, n - start)
             agent = _make_agent(cfg, info, m, s.init_seed)
             _broadcast_weights(agent1, agent)
             ro = _collect(cfg, info, agent, _batch_seeds(int(cfg.seed), start, m, stream), group, greedy)
-            g, sp, r, st = _gradients(agent, ro, est, est_params, group, policy_loss)
+            g, sp, r, st = _gradients(agent, ro, est, est_params, group, loss)
             gs.append(g)
             spreads.append(sp)
             rets.append(r)
@@ -203,7 +205,7 @@ def probe_run(cfg, run: RunDir) -> None:
         return torch.cat(gs).numpy(), np.concatenate(spreads), np.concatenate(rets), steps
 
     G, spread, rets, steps = run_batches(spec, params, M, stream=1, greedy=spec.needs_greedy,
-                                         policy_loss=get_policy_loss(cfg["update"]))
+                                         loss=(cfg["update"], loss_settings(cfg)))
     Gref, _, ref_rets, _ = run_batches(ref_spec, ref_params, R, stream=2, greedy=False)
     truth = Gref.mean(0)
     Wref = pstats.resample_weights(R, int(s.reps), seed=int(cfg.seed) + 11)

@@ -70,7 +70,8 @@ from ..estimators import EstimatorParams, EstimatorSpec, get_estimator, kl_estim
 from ..io import RunDir, atomic_write_bytes
 from ..io.checkpoint import CheckpointError
 from ..io.checkpoint import load as load_checkpoint
-from ..losses import clipped_surrogate_loss, get_policy_loss, kl_penalty, whiten
+from ..losses import (SEQUENCE_SUM, ClipSettings, PolicyInputs, clipped_surrogate_loss, get_policy_loss, kl_penalty,
+                      loss_settings, whiten)
 from ..tasks.toy import DTYPE, ToyBatch, ToyTask, advantage_batch, build_task, time_major, validate_toy
 from . import stats as pstats
 
@@ -212,11 +213,6 @@ def _to_tm(x_mb: torch.Tensor) -> torch.Tensor:
     return x_mb.permute(1, 0, 2).reshape(L, M * B)
 
 
-def sequence_sum_agg() -> dict:
-    """Sum over tokens, mean over sequences: the aggregation whose expectation is grad J."""
-    return {"agg": "seq_mean_token_sum_norm", "norm_len": 1}
-
-
 # ----------------------------------------------------------------------------- the probe
 
 @dataclass
@@ -230,9 +226,10 @@ class ProbeResult:
 def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: EstimatorParams, *,
               settings: ProbeSettings, batch_size: int, group_size: int, seed: int,
               normalize: str = "none", theta_ref: torch.Tensor | None = None,
-              kl_name: str = "k3", update: str = "pg", kl_beta: float = 0.0,
+              kl_name: str = "k3", update: str = "pg", loss_knobs: object = None, kl_beta: float = 0.0,
               kl_in_reward: bool = False) -> ProbeResult:
-    """Run one probe (one estimator, one target) and summarise it per scope (all, prompt<x>)."""
+    """Run one probe (one estimator, one target) and summarise it per scope (all, prompt<x>);
+    ``update``/``loss_knobs``: the registered policy loss and its settings (None: its defaults)."""
     s = settings
     check_truth_scale(s, kl_beta)
     M, k = int(s.batches or TOY_DEFAULT_BATCHES), int(group_size)
@@ -305,8 +302,8 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
             old_logp = torch.log_softmax(theta_q, -1)[batch.states, batch.tokens].view(M, batch_size, L).transpose(1, 2)
 
             def loss_fn(logp, mask):
-                return clipped_surrogate_loss(logp, old_logp, adv_mb, mask, clip_eps=None, with_metrics=False,
-                                              **sequence_sum_agg())[0]
+                x = PolicyInputs(logp, old_logp, adv_mb, mask, with_metrics=False, **SEQUENCE_SUM)
+                return clipped_surrogate_loss(x, ClipSettings(clip_eps=None))[0]
 
             lw = (task.leaf_log_probs(theta) - task.leaf_log_probs(theta_q))[batch.leaf]
             values = (lw.exp() * batch.reward).view(M, batch_size).mean(1).numpy()
@@ -316,9 +313,10 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
             kl_loss = beta > 0 and not kl_in_reward
 
             def loss_fn(logp, mask):  # the registered loss at the sampling policy (ratio 1)
-                loss = policy_loss(logp, logp.detach(), adv_mb, mask, with_metrics=False, **sequence_sum_agg())[0]
+                x = PolicyInputs(logp, logp.detach(), adv_mb, mask, with_metrics=False, **SEQUENCE_SUM)
+                loss = policy_loss(x, loss_knobs)[0]
                 if kl_loss:
-                    loss = loss + beta * kl_penalty(logp, ref_mb, mask, kl_name, **sequence_sum_agg())[0]
+                    loss = loss + beta * kl_penalty(logp, ref_mb, mask, kl_name, **SEQUENCE_SUM)[0]
                 return loss
 
             values = batch.reward.view(M, batch_size).mean(1).numpy()
@@ -452,7 +450,7 @@ def probe_run(cfg, run: RunDir) -> None:
     res = probe_toy(task, theta, spec, params, settings=s, batch_size=int(cfg.task.episodes_per_iter),
                     group_size=int(cfg.group_size), seed=int(cfg.seed), normalize=str(cfg.normalize_advantages),
                     theta_ref=theta_ref, kl_name=str(cfg.kl.estimator), update=str(cfg["update"]),
-                    kl_beta=float(cfg.kl.beta), kl_in_reward=bool(cfg.kl.in_reward))
+                    loss_knobs=loss_settings(cfg), kl_beta=float(cfg.kl.beta), kl_in_reward=bool(cfg.kl.in_reward))
     wall = time.time() - t0
     ident = {"run_id": run.run_id, "task": str(cfg.task.name), "estimator": str(cfg.estimator),
              "seed": int(cfg.seed), "policy": policy, "wall_time_s": wall}

@@ -36,6 +36,7 @@ def compose(overrides: list[str]):
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    import harness.losses  # noqa: F401  (the built-in losses: their knobs are in the schema)
     from harness.config import register_configs
 
     register_configs()

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from harness.estimators import estimator_names, get_estimator
-from harness.losses import AGG_MODES, POLICY_LOSSES
+from harness.losses import AGG_MODES, POLICY_LOSSES, PolicyInputs
 
 from . import SEARCHPATH, TINY, compose, group_options
 
@@ -80,7 +80,7 @@ def test_policy_loss_is_a_finite_scalar_with_a_finite_gradient(name, agg):
     mask = torch.ones(4, 6, dtype=torch.float64)
     mask[0, 4:] = 0  # padding
     mask[2, 1:] = 0
-    loss, metrics = POLICY_LOSSES[name](logp, old, adv, mask, agg=agg, norm_len=6)
+    loss, metrics = POLICY_LOSSES[name](PolicyInputs(logp, old, adv, mask, agg=agg, norm_len=6))  # default settings
     assert loss.dim() == 0 and torch.isfinite(loss)
     (grad,) = torch.autograd.grad(loss, logp)
     assert torch.isfinite(grad).all()

@@ -37,7 +37,7 @@ from ..config import toy_settings_from_config
 from ..io import RunDir
 from ..io.schema import prompt_column
 from ..io import checkpoint as ckpt
-from ..losses import get_policy_loss
+from ..losses import PolicyInputs, get_policy_loss, loss_settings
 from ..tasks.toy import DTYPE, ToyTask, advantage_batch, build_task, random_rewards, validate_toy
 from .loop import Source, train_one_by_one
 from .sampling import cat_rows, dynamic_sample, overlong_penalty, take_groups
@@ -111,8 +111,8 @@ class ToySource(Source):
         self.n_groups = int(cfg.task.episodes_per_iter) // self.k
         self.budget = cfg.budget.env_steps
         self.norm_len = int(task.spec.length)
-        self.policy_loss = get_policy_loss(cfg["update"])
-        self.clip_eps, self.loss_agg = cfg.clip_eps, str(cfg.loss_agg)
+        self.policy_loss, self.loss_settings = get_policy_loss(cfg["update"]), loss_settings(cfg)
+        self.loss_agg = str(cfg.loss_agg)
         self.kl_estimator, self.kl_in_reward = str(cfg.kl.estimator), bool(cfg.kl.in_reward)
         self.kl_ref_target = cfg.kl.target == "ref"
         settings = toy_settings_from_config(cfg)
@@ -206,8 +206,9 @@ class ToySource(Source):
             self._success_before = self.task.prompt_success(self._before)
         th = self.theta.detach().clone().requires_grad_(True)
         logp = gather_logp(th, batch.states, batch.tokens)
-        loss, _ = self.policy_loss(logp, batch.old_logp, ub.adv[0], ub.mask[0], clip_eps=self.clip_eps,
-                                   agg=self.loss_agg, norm_len=self.norm_len, with_metrics=False)
+        x = PolicyInputs(logp, batch.old_logp, ub.adv[0], ub.mask[0], agg=self.loss_agg, norm_len=self.norm_len,
+                         with_metrics=False)
+        loss, _ = self.policy_loss(x, self.loss_settings)
         (g,) = torch.autograd.grad(-loss, th)
         true = self.task.exact_gradient(self.theta.detach())
         den = float(g.norm() * true.norm())

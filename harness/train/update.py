@@ -26,8 +26,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from ..losses import (entropy_bonus, explained_variance, get_policy_loss, kl_penalty, masked_mean_std, value_loss,
-                      whiten, within_sequence_std)
+from ..losses import (PolicyInputs, entropy_bonus, explained_variance, get_policy_loss, kl_penalty, loss_settings,
+                      masked_mean_std, value_loss, whiten, within_sequence_std)
 from ..models.mlp import member_view
 
 ADAM_EPS = 1e-5  # every trainer's Adam (SB3's and CleanRL's PPO default)
@@ -37,12 +37,11 @@ ADAM_EPS = 1e-5  # every trainer's Adam (SB3's and CleanRL's PPO default)
 class UpdateSettings:
     """Plain-Python copies of the update knobs (OmegaConf access is slow in the hot loop)."""
 
-    policy_loss: Callable
+    policy_loss: Callable  # a registered harness.losses.PolicyLoss
+    loss_settings: Any  # its settings dataclass (harness.losses.loss_settings)
     epochs: int
     minibatches: int
     normalize: str
-    clip_eps: float | None
-    clip_eps_high: float | None
     vf_clip_eps: float | None
     loss_agg: str
     norm_len: int | None
@@ -52,25 +51,19 @@ class UpdateSettings:
     clip_per_network: bool
     kl_loss: bool
     kl_estimator: str
-    delta: float | None = None  # the policy losses' own knobs (harness.losses: one signature for all)
-    clip_ratio_c: float = 3.0
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
 
     @classmethod
     def from_cfg(cls, cfg, norm_len: int | None) -> "UpdateSettings":
         """``norm_len``: the constant length of ``loss_agg=seq_mean_token_sum_norm`` (Dr. GRPO's L)."""
         return cls(
-            policy_loss=get_policy_loss(cfg["update"]), epochs=int(cfg.epochs), minibatches=int(cfg.minibatches),
-            normalize=str(cfg.normalize_advantages), clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
+            policy_loss=get_policy_loss(cfg["update"]), loss_settings=loss_settings(cfg), epochs=int(cfg.epochs),
+            minibatches=int(cfg.minibatches), normalize=str(cfg.normalize_advantages),
             vf_clip_eps=cfg.vf_clip_eps, loss_agg=str(cfg.loss_agg), norm_len=norm_len,
             ent_coef=float(cfg.ent_coef), vf_coef=float(cfg.vf_coef),
             max_grad_norm=None if cfg.max_grad_norm is None else float(cfg.max_grad_norm),
             clip_per_network=cfg.grad_clip == "per_network",
             kl_loss=not cfg.kl.in_reward and (float(cfg.kl.beta) > 0 or bool(cfg.kl.adaptive)),
-            kl_estimator=str(cfg.kl.estimator),
-            delta=None if cfg.delta is None else float(cfg.delta), clip_ratio_c=float(cfg.clip_ratio_c),
-            tau_pos=float(cfg.sapo_tau_pos), tau_neg=float(cfg.sapo_tau_neg))
+            kl_estimator=str(cfg.kl.estimator))
 
 
 @dataclass
@@ -277,10 +270,8 @@ def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: Update
                 m_adv = whiten(m_adv, m_mask)
             need_entropy = s.ent_coef > 0 or last_epoch
             logp, entropy, values = learner.forward(batch.inputs, idx, need_entropy)
-            pl, metrics = s.policy_loss(logp, m_old, m_adv, m_mask, clip_eps=s.clip_eps,
-                                        clip_eps_high=s.clip_eps_high, with_metrics=last_epoch, seq_id=seq,
-                                        delta=s.delta, clip_ratio_c=s.clip_ratio_c, tau_pos=s.tau_pos,
-                                        tau_neg=s.tau_neg, **agg)
+            pl, metrics = s.policy_loss(PolicyInputs(logp, m_old, m_adv, m_mask, seq_id=seq, with_metrics=last_epoch,
+                                                     **agg), s.loss_settings)
             loss = pl
             if need_entropy:
                 ent_l, ent_m = entropy_bonus(entropy, m_mask, seq_id=seq, **agg)
