@@ -60,8 +60,8 @@ REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "harness" / "conf"
 TESTS_DIR = REPO / "tests"
 
-__all__ = ["BLOCK_HEAD", "BadExperimentFile", "CLAIMS_FILE", "CLAIM_EXPERIMENTS", "CLAIM_IDS", "EXACT_CLAIMS", "EXPERIMENTS",
-           "Experiment", "NotComposed", "Point",
+__all__ = ["BLOCK_HEAD", "BadExperimentFile", "CLAIMS_FILE", "CLAIM_EXPERIMENTS", "CLAIM_IDS", "EXACT_CLAIMS",
+           "EXPERIMENTS", "Experiment", "NotComposed", "Point",
            "claims_of", "compose_points", "experiments", "experiments_for", "left_out_of_run", "lm_unavailable",
            "load_experiments", "point_done", "read_experiment", "run_command", "sweep_overrides", "sweep_params"]
 
@@ -185,7 +185,7 @@ def experiments() -> dict[str, Experiment]:
     report it (:class:`BadExperimentFile`)."""
     global _EXPERIMENTS
     if _EXPERIMENTS is None:
-        _EXPERIMENTS = load_experiments()
+        _EXPERIMENTS = load_experiments(CONF_DIR)
     return _EXPERIMENTS
 
 

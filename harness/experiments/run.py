@@ -31,8 +31,8 @@ from ..app import describe, run
 from ..config import member_configs
 from ..io import RunDir, atomic_write_json
 from . import (
-    CLAIM_IDS, EXACT_CLAIMS, REPO, BadExperimentFile, Point, compose_points, experiments, experiments_for, left_out_of_run,
-    lm_unavailable, point_done,
+    CLAIM_IDS, EXACT_CLAIMS, REPO, BadExperimentFile, Point, compose_points, experiments, experiments_for,
+    left_out_of_run, lm_unavailable, point_done,
 )
 
 __all__ = ["WorkerDied", "describe", "main", "run_claims", "run_exact_tests", "run_isolated", "run_points"]
