@@ -425,3 +425,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)
         return 130
+    except Exception as exc:  # a malformed claim experiment file (read when the claims are): one line, exit 2
+        from harness.experiments import BadExperimentFile
+
+        if not isinstance(exc, BadExperimentFile):
+            raise
+        print(f"python -m analysis: error: {exc}", file=sys.stderr)
+        return 2

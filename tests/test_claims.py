@@ -516,6 +516,7 @@ def test_every_claim_experiment_composes_and_validates(tmp_path, quick):
         for p in X.compose_points(name, tmp_path, quick):
             try:
                 assert p.error is None, p.error
+                assert p.cfg.task.family == X.EXPERIMENTS[name].family  # its block's family is its task's
                 validate(p.cfg)
             except Exception as exc:  # collect all, report together
                 bad.append(f"{name} {' '.join(p.overrides[3:])}: {exc}")

@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from harness.experiments import CLAIMS_FILE, CONF_DIR, EXPERIMENTS
+from harness.experiments import BLOCK_HEAD, CLAIMS_FILE, CONF_DIR, EXPERIMENTS
 
 from .kinds import KINDS
 from .protocol import Protocol
@@ -179,7 +179,8 @@ def _claim(cid: str, c: dict) -> Claim:
         raise ValueError(f"harness/conf/claims.yaml {cid}: needs experiments or exact: true")
     for name in exps:
         if name not in EXPERIMENTS:
-            raise ValueError(f"harness/conf/claims.yaml {cid}: unknown experiment {name!r} (harness.experiments.EXPERIMENTS)")
+            raise ValueError(f"harness/conf/claims.yaml {cid}: unknown experiment {name!r} (no harness/conf/experiment/"
+                             f"{name}.yaml with a '{BLOCK_HEAD}' block)")
     if not isinstance(c.get("primary"), dict):
         raise ValueError(f"harness/conf/claims.yaml {cid}: a statistical claim needs one primary test (a mapping)")
     for key in ("registered", "version", "rule_hash"):

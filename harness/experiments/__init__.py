@@ -20,18 +20,32 @@ beside the full ones (other config hashes) and ``python -m analysis claims DIR -
 on them.
 
 The claims themselves are data, ``harness/conf/claims.yaml`` (:data:`CLAIMS_FILE`): the ids, each claim's
-experiments and which claims are exact; :data:`EXPERIMENTS` says how each experiment runs (its
-family and --quick variant). :mod:`analysis.claims` reads both to find the evidence.
+experiments and which claims are exact. How each experiment runs (its task family, its --quick
+variant, whether --quick skips it, whether each point needs its own process, whether a plain
+``--run`` leaves it out, its sequential looks) is a comment block in its own file, read into
+:data:`EXPERIMENTS` (:func:`load_experiments`)::
+
+    # claim experiment:
+    #   family: toy                      # toy | control | lm
+    #   quick: {population: "3", budget.env_steps: "1920"}   # sweep params replaced/added by --quick
+    #   looks: [20, 40]                  # seeds per arm at each look (training experiments)
+
+(also ``quick_skip: "why"``, ``isolate: true``, ``opt_in: "why"``: :class:`Experiment`). A comment,
+so Hydra never composes it: ``python -m harness -m experiment=<name>`` runs the file as before and
+no run config or run hash holds it. Adding a claim is its entry in claims.yaml and its experiment
+file, nothing else. :mod:`analysis.claims` reads both to find the evidence.
 """
 from __future__ import annotations
 
 import copy
 import importlib.util
+import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
@@ -39,7 +53,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from .. import losses as _losses  # noqa: F401  (registers the losses: their knobs are in the schema)
-from ..config import member_configs, register_configs
+from ..config import bad_field, member_configs, register_configs
 from ..io import run_dir_for, run_status
 from ..io.rundir import FINISHED
 
@@ -47,10 +61,13 @@ REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "harness" / "conf"
 TESTS_DIR = REPO / "tests"
 
-__all__ = ["CLAIMS_FILE", "CLAIM_EXPERIMENTS", "CLAIM_IDS", "EXACT_CLAIMS", "EXPERIMENTS", "Experiment", "NotComposed",
-           "Point",
-           "claims_of", "compose_points", "experiments_for", "left_out_of_run", "lm_unavailable", "point_done",
-           "run_command", "sweep_overrides", "sweep_params"]
+__all__ = ["BLOCK_HEAD", "BadExperimentFile", "CLAIMS_FILE", "CLAIM_EXPERIMENTS", "CLAIM_IDS", "EXACT_CLAIMS",
+           "EXPERIMENTS", "Experiment", "NotComposed", "Point",
+           "claims_of", "compose_points", "experiments", "experiments_for", "left_out_of_run", "lm_unavailable",
+           "load_experiments", "point_done", "read_experiment", "run_command", "sweep_overrides", "sweep_params"]
+
+
+FAMILY_ORDER = {"toy": 0, "control": 1, "lm": 2}  # Experiment.family, in the order they run
 
 
 class NotComposed(Exception):
@@ -61,6 +78,8 @@ class NotComposed(Exception):
 
 @dataclass(frozen=True)
 class Experiment:
+    """How a claim experiment runs, from the ``# claim experiment:`` block of its file (:func:`read_experiment`)."""
+
     name: str
     family: str  # toy | control | lm
     quick: dict[str, str] = field(default_factory=dict)  # sweep params replaced/added under --quick
@@ -77,55 +96,111 @@ class Experiment:
     looks: tuple[int, ...] = ()
 
 
-# --quick: every experiment in seconds (under 2 minutes in all on 2 cores): fewer batches, seeds and steps
-_TOY_QUICK = {"++probe.batches": "1000", "++probe.reps": "500"}
-_NEW_QUICK = {"++probe.batches": "200", "++probe.reps": "200"}  # C23-C27: seconds in all
-_REPORTED_ONLY = "--quick skips experiments whose parts are only reported, not judged"
-_CONTROL_QUICK = {"population": "2", "budget.env_steps": "4000", "eval_every_steps": "2000", "eval_episodes": "3"}
-EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
-    Experiment("claim_c3", "toy", _TOY_QUICK),
-    Experiment("claim_c3_control", "control", {"++probe.batches": "20"}),
-    Experiment("claim_c4", "toy", _TOY_QUICK),
-    Experiment("claim_c5", "toy", {**_TOY_QUICK, "gae_lambda": "0.0,1.0", "++probe.critic_noise": "0.3"}),
-    Experiment("claim_c13", "toy", _TOY_QUICK),
-    Experiment("claim_c14", "toy", {"++probe.batches": "200"}),
-    Experiment("claim_c17", "toy", _TOY_QUICK),
-    Experiment("claim_c18", "toy", {"population": "4", "loss_agg": "seq_mean_token_mean,seq_mean_token_sum_norm"},
-               looks=(20, 40)),
-    Experiment("claim_c20", "toy", {"++probe.batches": "500", "group_size": "2,8"}),
-    Experiment("claim_c20_train", "toy", {"population": "3", "group_size": "2,8"}, looks=(20, 40)),
-    Experiment("claim_c22", "toy", _TOY_QUICK),
-    Experiment("claim_c23", "toy", _NEW_QUICK),
-    Experiment("claim_c24", "toy", {**_NEW_QUICK, "task.episodes_per_iter": "16,256"}),
-    Experiment("claim_c25", "toy", {**_NEW_QUICK, "group_size": "4,64"}),
-    Experiment("claim_c27", "toy", _NEW_QUICK),
-    Experiment("claim_c26", "toy", {"population": "3", "budget.env_steps": "1280"}, looks=(120, 240)),
-    Experiment("claim_c26_noclip", "toy", quick_skip=_REPORTED_ONLY),
-    Experiment("claim_c28", "toy", {"population": "3", "budget.env_steps": "1920"}, looks=(20, 40)),
-    Experiment("claim_c29", "toy", {"population": "3", "budget.env_steps": "1920"}, looks=(40, 80)),
-    Experiment("claim_c30", "toy", {"population": "3", "budget.env_steps": "1920"}, looks=(20, 40)),
-    Experiment("claim_c31", "toy", _TOY_QUICK),
-    Experiment("claim_c8", "control", _CONTROL_QUICK, looks=(40, 80)),
-    Experiment("claim_c8_grid", "control", quick_skip=_REPORTED_ONLY),
-    Experiment("claim_c9", "control", _CONTROL_QUICK, looks=(10, 20)),
-    Experiment("claim_c11", "control", {**_CONTROL_QUICK, "ent_coef": "0.0,0.05"}, looks=(10, 20)),
-    Experiment("claim_c34", "control", quick_skip="--quick skips the MuJoCo claims (minutes even at their smallest)",
-               opt_in="the MuJoCo claims' experiment takes about 65 minutes in one process (10 seeds x 7 arms "
-                      "x 50k Hopper steps on 2 cores)"),
-    Experiment("claim_c10", "lm", quick_skip="--quick skips the LM task (its SFT/reward-model pipeline alone "
-                                             "takes minutes on CPU)"),
-    Experiment("claim_c10_loss", "lm", quick_skip="--quick skips the LM task"),
-    Experiment("claim_c15", "lm", quick_skip="--quick skips the LM task", isolate=True),  # peak memory
-    Experiment("claim_c19", "lm", quick_skip="--quick skips the LM task", looks=(10, 20)),
-    Experiment("claim_c18_arith", "lm", quick_skip="--quick skips the LM task"),
-]}
+class BadExperimentFile(Exception):
+    """A claim experiment block that cannot be read: its message is one line naming the file and
+    the field (``python -m harness.experiments`` and ``python -m analysis claims`` print it and exit
+    2). Not a ValueError, so that argparse (``--only``'s check imports the claims) does not swallow it."""
+
+
+#: The line that opens an experiment file's claim experiment block: the YAML mapping on the
+#: comment lines under it (each ``#`` and two or more spaces), read by :func:`read_experiment`.
+#: A comment, so Hydra never composes it: no run config holds it and no run hash depends on it.
+BLOCK_HEAD = "# claim experiment:"
+BLOCK_FIELDS = ("family", "quick", "quick_skip", "isolate", "opt_in", "looks")
+
+
+def _block_text(text: str) -> str | None:
+    """The YAML under :data:`BLOCK_HEAD` in ``text`` (the comment marks stripped), or None."""
+    lines = text.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.rstrip() == BLOCK_HEAD]
+    if not heads:
+        return None
+    if len(heads) > 1:
+        bad_field(BLOCK_HEAD.strip("# :"), "one block per file", f"{len(heads)} blocks")
+    body = []
+    for line in lines[heads[0] + 1:]:
+        if not line.startswith("#  "):
+            break
+        body.append(line[1:])
+    return textwrap.dedent("\n".join(body))
+
+
+def _check_block(raw: Any) -> dict:
+    """The block's fields, checked (``ValueError`` naming the first field out of range)."""
+    if not isinstance(raw, dict):
+        bad_field("the claim experiment block", f"a mapping of {list(BLOCK_FIELDS)}", raw)
+    unknown = sorted(set(raw) - set(BLOCK_FIELDS))
+    if unknown:
+        bad_field(str(unknown[0]), f"a field among {list(BLOCK_FIELDS)}", raw[unknown[0]])
+    if raw.get("family") not in FAMILY_ORDER:
+        bad_field("family", f"one of {list(FAMILY_ORDER)}", raw.get("family"))
+    quick = raw.get("quick") or {}
+    if not isinstance(quick, dict):
+        bad_field("quick", "a mapping of sweep parameters to Hydra sweep values, each a quoted string", quick)
+    for key, value in quick.items():
+        if not isinstance(value, str) or not isinstance(key, str):
+            bad_field(f"quick.{key}", 'a string (a Hydra sweep value, quoted: "4000", "0.0,1.0")', value)
+    for key in ("quick_skip", "opt_in"):
+        if raw.get(key) is not None and not (isinstance(raw[key], str) and raw[key].strip()):
+            bad_field(key, "a sentence saying why (or absent)", raw[key])
+    if not isinstance(raw.get("isolate", False), bool):
+        bad_field("isolate", "true or false", raw["isolate"])
+    looks = raw.get("looks") or []
+    if not (isinstance(looks, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in looks)
+            and all(a < b for a, b in zip(looks, looks[1:]))):
+        bad_field("looks", "a list of increasing seed counts per arm, e.g. [20, 40] (or absent)", looks)
+    return {**raw, "quick": dict(quick), "looks": tuple(looks)}
+
+
+def read_experiment(path: Path) -> Experiment | None:
+    """The claim experiment that ``path`` (``<conf>/experiment/<name>.yaml``) describes in its
+    :data:`BLOCK_HEAD` comment block, or None when it has none (a plain named sweep). Raises
+    :class:`BadExperimentFile` naming the file and the field when the block is malformed."""
+    try:
+        block = _block_text(path.read_text())
+        if block is None:
+            return None
+        try:
+            raw = yaml.safe_load(block)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"the claim experiment block must be YAML: {' '.join(str(exc).split())}") from None
+        return Experiment(path.stem, **_check_block(raw))
+    except ValueError as exc:
+        where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        raise BadExperimentFile(f"{where}: {exc}") from None
+
+
+def load_experiments(conf_dir: Path = CONF_DIR) -> dict[str, Experiment]:
+    """Every claim experiment of ``conf_dir/experiment/``: the files with a claim experiment block,
+    by name. A new claim's experiment is its file; nothing else lists it."""
+    found = (read_experiment(f) for f in sorted((Path(conf_dir) / "experiment").glob("*.yaml")))
+    return {e.name: e for e in found if e is not None}
+
+
+_EXPERIMENTS: dict[str, Experiment] | None = None
+
+
+def experiments() -> dict[str, Experiment]:
+    """:data:`EXPERIMENTS`: read from the experiment files on first use (:func:`load_experiments`),
+    so that importing this package never fails on a malformed file; the commands that read them
+    report it (:class:`BadExperimentFile`)."""
+    global _EXPERIMENTS
+    if _EXPERIMENTS is None:
+        _EXPERIMENTS = load_experiments(CONF_DIR)
+    return _EXPERIMENTS
+
+
+def __getattr__(name: str):
+    """``EXPERIMENTS`` (experiment name -> :class:`Experiment`) is :func:`experiments`, read on first use."""
+    if name == "EXPERIMENTS":
+        return experiments()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 CLAIMS_FILE = CONF_DIR / "claims.yaml"  # the claims as data; analysis.claims judges them
 
 
 def _claim_table() -> dict[str, dict]:
-    import yaml
-
     return yaml.safe_load(CLAIMS_FILE.read_text())["claims"]
 
 
@@ -137,7 +212,6 @@ CLAIM_EXPERIMENTS: dict[str, tuple[str, ...]] = {c: tuple(e.get("experiments") o
                                                  if e.get("experiments")}
 #: Exact claims: judged by the unit tests marked ``@pytest.mark.claim("<id>")``.
 EXACT_CLAIMS: list[str] = [c for c, e in _TABLE.items() if e.get("exact")]
-FAMILY_ORDER = {"toy": 0, "control": 1, "lm": 2}
 
 
 def experiments_for(claims: Iterable[str]) -> list[str]:
@@ -147,7 +221,7 @@ def experiments_for(claims: Iterable[str]) -> list[str]:
         for x in CLAIM_EXPERIMENTS.get(c, ()):
             if x not in names:
                 names.append(x)
-    return sorted(names, key=lambda x: FAMILY_ORDER[EXPERIMENTS[x].family])
+    return sorted(names, key=lambda x: FAMILY_ORDER[experiments()[x].family])
 
 
 def claims_of(name: str) -> list[str]:
@@ -158,7 +232,7 @@ def claims_of(name: str) -> list[str]:
 def run_command(name: str) -> str:
     """The command that runs experiment ``name`` into DIR: ``--run``, with ``--only`` and its
     claims for an opt-in experiment (which a plain ``--run`` leaves out)."""
-    ex = EXPERIMENTS.get(name)
+    ex = experiments().get(name)
     only = f" --only {','.join(claims_of(name))}" if ex is not None and ex.opt_in else ""
     return f"python -m analysis claims DIR --run{only}"
 
@@ -167,7 +241,7 @@ def left_out_of_run(name: str, only: Iterable[str] | None) -> str | None:
     """Why ``--run`` (with ``--only`` ``only``, None for all claims) leaves experiment ``name``
     out, or None when it runs it: an opt-in experiment runs only when ``only`` names one of its
     claims, so a plain ``--run`` keeps to its time budget."""
-    ex = EXPERIMENTS.get(name)
+    ex = experiments().get(name)
     if ex is None or not ex.opt_in or (only is not None and set(only) & set(claims_of(name))):
         return None
     return f"{ex.opt_in}: {run_command(name)}"
@@ -210,7 +284,7 @@ def sweep_params(name: str, quick: bool) -> dict[str, str]:
     params = OmegaConf.select(node, "hydra.sweeper.params") or {}
     params = {str(k): str(v) for k, v in OmegaConf.to_container(params).items()} if params else {}
     if quick:
-        params.update(EXPERIMENTS[name].quick)
+        params.update(experiments()[name].quick)
     return params
 
 
@@ -256,7 +330,7 @@ def compose_points(name: str, root: Path, quick: bool, seed_offset: int = 0,
     extend = extend or {}
     points = []
     base = [f"experiment={name}", f"results_dir={root / name}", "progress=false"]
-    if EXPERIMENTS[name].family == "lm":
+    if experiments()[name].family == "lm":
         base.append(f"lm.cache_dir={root / '.cache' / 'lm'}")  # one SFT/RM pipeline for every LM experiment
     combos = sweep_overrides(sweep_params(name, quick))
     GlobalHydra.instance().clear()

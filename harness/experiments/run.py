@@ -31,8 +31,8 @@ from ..app import describe, run
 from ..config import member_configs
 from ..io import RunDir, atomic_write_json
 from . import (
-    CLAIM_IDS, EXACT_CLAIMS, EXPERIMENTS, REPO, Point, compose_points, experiments_for, left_out_of_run, lm_unavailable,
-    point_done,
+    CLAIM_IDS, EXACT_CLAIMS, REPO, BadExperimentFile, Point, compose_points, experiments, experiments_for,
+    left_out_of_run, lm_unavailable, point_done,
 )
 
 __all__ = ["WorkerDied", "describe", "main", "run_claims", "run_exact_tests", "run_isolated", "run_points"]
@@ -167,7 +167,7 @@ def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None =
     if extensions is not None:
         names = [n for n in names if n in extensions]
     for name in names:
-        ex = EXPERIMENTS[name]
+        ex = experiments()[name]
         if quick and ex.quick_skip:
             progress(f"[claims] experiment {name}: skipped ({ex.quick_skip})")
             continue
@@ -227,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         only = parse_only(args.only)
-    except ValueError as exc:
+        experiments()  # a malformed claim experiment file: one line naming it, before anything runs
+    except (ValueError, BadExperimentFile) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     t0 = time.time()
