@@ -164,7 +164,9 @@ def test_unknown_estimator_colour_is_stable_and_free():
     if len(estimator_names()) < len(figs.ESTIMATOR_COLORS):
         assert c not in taken
     assert figs.estimator_color(f"{name}[update=gspo]") == c
-    code = f"from analysis.figures import estimator_color; print(estimator_color({name!r}))"
+    names = [name] + [f"plugin_{i}" for i in range(8)]
+    here = [figs.estimator_color(n) for n in names]
+    code = f"from analysis.figures import estimator_color; print([estimator_color(n) for n in {names!r}])"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout.strip()
-    assert out == c
+    assert out == repr(here)
