@@ -536,7 +536,8 @@ def plot_failure_counts(counts: pd.DataFrame, path: Path, palette: Mapping[str, 
         ax.set_xlabel("estimator")
         ax.set_ylabel("runs (count, all tasks)")
         ax.set_title(what, fontsize="medium")
-        ax.tick_params(axis="x", rotation=30)
+        for lab in ax.get_xticklabels():  # long labels (name[update=...]) end under their bar
+            lab.set(rotation=30, ha="right", rotation_mode="anchor")
     fig.suptitle(f"{title} per estimator (labels: count / runs)")
     _legend(fig, palette, ests, marker="s", lw=0, styles=styles)
     _variant_legend(fig, styles, ests, "hatch")
