@@ -170,3 +170,36 @@ def test_unknown_estimator_colour_is_stable_and_free():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout.strip()
     assert out == repr(here)
+
+
+def _claim_data(arms: dict[str, str]) -> tuple[object, dict]:
+    """A training claim whose arms (tag -> estimator) run 3 seeds x 3 evaluations of column v."""
+    import types
+
+    from analysis.claims.evidence import ExpData
+    rows, sweep = [], []
+    for tag, est in arms.items():
+        for seed in range(3):
+            rd = f"x/{tag}/seed{seed}"
+            sweep.append({"run_dir": rd, "arm": tag})
+            rows += [{"run_dir": rd, "seed": seed, "iteration": it, "estimator": est, "env_steps": 100 * it,
+                      "v": it + seed} for it in (1, 2, 3)]
+    e = ExpData("x", pd.DataFrame({"run_dir": [s["run_dir"] for s in sweep], "status": "completed"}),
+                pd.DataFrame(), pd.DataFrame(), pd.DataFrame(rows), pd.DataFrame(sweep))
+    ps = types.SimpleNamespace(stat="run_metric", experiment="x",
+                               args={"metric": {"column": "v"}, **{t: {"arm": t} for t in arms}})
+    return types.SimpleNamespace(primary=ps), {"x": e}
+
+
+@pytest.mark.parametrize("arms", [{"a": "ppo_gae", "b": "ppo_gae"}, {"a": "grpo", "b": "reinforce"}])
+def test_claim_curves_take_the_estimator_colour_and_tell_the_arms_apart(arms):
+    """A claim's arms are drawn in their estimator's colour, as in the report, apart by line style."""
+    from matplotlib.figure import Figure
+
+    from analysis.claims.figures import _curve_panel
+    claim, data = _claim_data(arms)
+    ax = Figure().subplots()
+    assert _curve_panel(ax, claim, data)
+    lines = {line.get_label().split(":")[0]: line for line in ax.lines}
+    assert {t: to_hex(lines[t].get_color()) for t in arms} == {t: _tab10(e) for t, e in arms.items()}
+    assert lines["a"].get_linestyle() != lines["b"].get_linestyle()
