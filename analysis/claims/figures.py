@@ -97,8 +97,9 @@ def _seed_panel(ax, verdict, claim, colors: dict[str, str] | None = None) -> boo
         a, b = np.asarray(vals["a"], float), np.asarray(vals["b"], float)
         for ya, yb in zip(a, b):
             ax.plot([0, 1], [yb, ya], color="tab:grey", lw=0.5, alpha=0.6)
-        ax.plot(np.zeros_like(b), b, _ARM_STYLE["b"][0], ms=3, color=colors["b"], label=f"{_arm(claim, 'b')} (n={b.size})")
-        ax.plot(np.ones_like(a), a, _ARM_STYLE["a"][0], ms=3, color=colors["a"], label=f"{_arm(claim, 'a')} (n={a.size})")
+        for x, k, y in ((0, "b", b), (1, "a", a)):
+            ax.plot(np.full_like(y, x), y, _ARM_STYLE[k][0], ms=3, color=colors[k],
+                    label=f"{_arm(claim, k)} (n={y.size})")
         ax.set_xticks([0, 1], ["b", "a"], fontsize=7)
     elif "a" in vals and "b" in vals:
         for i, k in enumerate(("b", "a")):
