@@ -2,17 +2,28 @@
 
 Every figure is drawn on a ``matplotlib.figure.Figure`` created directly (no pyplot state,
 so nothing leaks between figures and it renders with the Agg canvas whatever the
-interactive backend is), carries its own title, axis labels with units and legend, and
-uses :func:`estimator_palette` so an estimator has the same colour in every figure.
+interactive backend is), carries its own title, axis labels with units and legend.
 Plot functions take the tables :mod:`analysis.report` computes, so a figure and the
 table printed next to it come from the same numbers.
+
+Encodings, the same in every figure and every report:
+
+* colour = the estimator (its registered name, :func:`estimator_color`), so ``grpo``,
+  ``grpo[update=clip]`` and ``grpo[update=gspo]`` share grpo's colour whatever the sweep;
+* marker, line style and hatch = the setting that splits an estimator's runs (``update``, the
+  policy loss, or ``loss_agg``: the ``[...]`` of its label, :func:`analysis.load.label_variants`),
+  :func:`variant_styles`, with a legend naming the setting;
+* comparison figures (final scores) list estimators by the score they show, best first.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
+import zlib
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +31,19 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from . import stats
+from .load import split_label
 
 __all__ = [
-    "KNOWN_ESTIMATOR_COLORS",
+    "ESTIMATOR_COLORS",
+    "VariantStyle",
+    "estimator_color",
     "estimator_palette",
+    "variant_styles",
+    "score_order",
     "x_label",
     "human_count",
     "plot_learning_curves",
@@ -38,24 +55,15 @@ __all__ = [
     "plot_failure_counts",
 ]
 
-# tab10, fixed per known estimator (critic-free group methods in purples/olive, REINFORCE
-# family in blues) so a colour means the same estimator in every report.
-KNOWN_ESTIMATOR_COLORS: dict[str, str] = {
-    "reinforce": "#1f77b4",
-    "baseline": "#ff7f0e",
-    "a2c": "#2ca02c",
-    "ppo_gae": "#d62728",
-    "grpo": "#9467bd",
-    "rloo": "#8c564b",
-    "remax": "#e377c2",
-    "dr_grpo": "#bcbd22",
-    "reinforce_pp": "#17becf",
-}
-# Names outside the list above take these, in sorted order (none repeats a known colour).
-_EXTRA_COLORS = [
-    "#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d",
-    "#31a354", "#756bb1", "#636363", "#9c9ede", "#cedb9c", "#e7cb94", "#e7969c", "#de9ed6",
-]
+#: The colours estimators take, all readable on white: seaborn's ``tab10``, then the darkest
+#: shade of each hue of ``tab20b`` and of ``tab20c``.
+ESTIMATOR_COLORS: tuple[str, ...] = tuple(sns.color_palette("tab10").as_hex()
+                                          + sns.color_palette("tab20b").as_hex()[0::4]
+                                          + sns.color_palette("tab20c").as_hex()[0::4])
+#: Second encoding, in order: the first for labels without settings, then one per setting.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
+HATCHES = ("", "///", "...", "xxx", "\\\\\\", "+++", "ooo", "---")
 
 STABILITY_METRICS = {
     "approx_kl": "approx. KL(old ‖ new) (nats)",
@@ -77,14 +85,105 @@ _X_LABELS = {
 _DPI = 130
 
 
+@functools.cache
+def _registered() -> tuple[str, ...]:
+    # imported here: the registry brings torch, which only drawing a figure needs
+    from harness.estimators.registry import estimator_names
+    return tuple(estimator_names())
+
+
+def estimator_color(name: str) -> str:
+    """The colour of the estimator ``name`` (a label ``name[...]`` counts as its ``name``) in every
+    figure: the i-th estimator of :func:`harness.estimators.registry.estimator_names` (registration
+    order) takes the i-th of :data:`ESTIMATOR_COLORS` (cycling); any other name (a plugin's
+    estimator, one renamed since the results were written) the colour its CRC-32 picks among those
+    the registry leaves free (among all when none is free), so it too is the same in every process."""
+    name = split_label(name)[0]
+    known = _registered()
+    if name in known:
+        return ESTIMATOR_COLORS[known.index(name) % len(ESTIMATOR_COLORS)]
+    free = ESTIMATOR_COLORS[len(known):] or ESTIMATOR_COLORS
+    return free[zlib.crc32(name.encode()) % len(free)]
+
+
 def estimator_palette(estimators: Iterable[str]) -> dict[str, str]:
-    """Colour per estimator: fixed for known names, the rest in sorted order."""
-    names = sorted(set(estimators))
-    palette = {n: KNOWN_ESTIMATOR_COLORS[n] for n in names if n in KNOWN_ESTIMATOR_COLORS}
-    unknown = [n for n in names if n not in KNOWN_ESTIMATOR_COLORS]
-    for i, n in enumerate(unknown):
-        palette[n] = _EXTRA_COLORS[i % len(_EXTRA_COLORS)]
-    return palette
+    """Label -> colour (:func:`estimator_color`) for each of ``estimators``."""
+    return {n: estimator_color(n) for n in sorted(set(estimators))}
+
+
+@dataclass(frozen=True)
+class VariantStyle:
+    """The second encoding of one label: its setting (``''`` when none differs) drawn as a
+    marker (points), a line style (curves) and a hatch (bars)."""
+    setting: str
+    marker: str
+    linestyle: str | tuple
+    hatch: str
+
+
+def variant_styles(labels: Iterable[str]) -> dict[str, VariantStyle]:
+    """Label -> :class:`VariantStyle`: labels without settings take the first marker, line style
+    and hatch, the distinct settings (``update=clip``, ...) the next ones in sorted order. Built
+    once per report from all its labels, so a setting has the same style in each of its figures."""
+    labels = sorted(set(map(str, labels)))
+    settings = sorted({split_label(x)[1] for x in labels} - {""})
+    first = 1 if any(split_label(x)[1] == "" for x in labels) else 0
+    index = {"": 0} | {v: first + i for i, v in enumerate(settings)}
+
+    def style(setting: str) -> VariantStyle:
+        i = index[setting]
+        return VariantStyle(setting, MARKERS[i % len(MARKERS)], LINESTYLES[i % len(LINESTYLES)],
+                            HATCHES[i % len(HATCHES)])
+    return {x: style(split_label(x)[1]) for x in labels}
+
+
+def score_order(table: pd.DataFrame, col: str = "iqm") -> list[str]:
+    """The estimators of ``table`` by ``col``, highest first (ties and NaN scores: by label, NaN
+    last): the row order of a comparison figure."""
+    t = table[["estimator", col]].drop_duplicates("estimator")
+    t = t.assign(_nan=t[col].isna()).sort_values(["_nan", col, "estimator"],
+                                                  ascending=[True, False, True], kind="mergesort")
+    return t["estimator"].tolist()
+
+
+def _variant_keys(styles: Mapping[str, VariantStyle]) -> list[str]:
+    keys: list[str] = []
+    for st in styles.values():
+        for kv in filter(None, st.setting.split(", ")):
+            k = kv.split("=", 1)[0]
+            if k not in keys:
+                keys.append(k)
+    return keys
+
+
+_KEY_NAMES = {"update": "update (policy loss)", "loss_agg": "loss_agg (loss aggregation)"}
+
+
+def _styles_for(names: Iterable[str], styles: Mapping[str, VariantStyle] | None) -> dict[str, VariantStyle]:
+    names = sorted(set(map(str, names)))
+    styles = styles or variant_styles(names)
+    return {n: styles.get(n) or variant_styles([n])[n] for n in names}
+
+
+def _variant_legend(fig: Figure, styles: Mapping[str, VariantStyle], names: Iterable[str], what: str,
+                    loc: str = "outside right lower") -> None:
+    """A legend of the second encoding (``what``: marker, line or hatch) when ``names`` differ in
+    it, titled by the setting it stands for."""
+    used = {styles[n].setting: styles[n] for n in names if n in styles}
+    if len(used) < 2:
+        return
+    keys = _variant_keys(styles)
+    handles, texts = [], []
+    for setting, st in sorted(used.items()):
+        if what == "hatch":
+            handles.append(Patch(facecolor="white", edgecolor="0.25", hatch=st.hatch))
+        else:
+            handles.append(Line2D([], [], color="0.25", lw=1.8 if what == "line" else 0,
+                                  ls=st.linestyle, marker=st.marker if what == "marker" else None, ms=7))
+        text = setting if len(keys) != 1 else setting.split("=", 1)[-1]
+        texts.append(text or "one setting only")
+    title = " / ".join(_KEY_NAMES.get(k, k) for k in keys)
+    fig.legend(handles, texts, title=f"{what}: {title}", loc=loc, frameon=False)
 
 
 def x_label(x: str) -> str:
@@ -120,10 +219,17 @@ def _figure(nrows: int, ncols: int, w: float = 4.2, h: float = 3.2, **kw):
 
 
 def _legend(fig: Figure, palette: Mapping[str, str], names: Iterable[str], title="estimator",
-            marker=None, lw: float = 2.2) -> None:
+            marker=None, lw: float = 2.2, styles: Mapping[str, VariantStyle] | None = None) -> None:
+    """One entry per label in its colour (and, when the labels differ in a setting, its line
+    style and marker, the title saying which setting)."""
     names = [n for n in sorted(set(names)) if n in palette]
-    handles = [Line2D([], [], color=palette[n], lw=lw, marker=marker, ms=8 if not lw else 6)
+    styles = _styles_for(names, styles)
+    split = len({styles[n].setting for n in names}) > 1
+    handles = [Line2D([], [], color=palette[n], lw=lw, marker=styles[n].marker if split and marker and lw else marker,
+                      ls=styles[n].linestyle if split else "-", ms=8 if not lw else 6)
                for n in names]
+    if split and lw:
+        title += "\nline style: " + " / ".join(_KEY_NAMES.get(k, k) for k in _variant_keys(styles))
     if handles:
         fig.legend(handles, names, title=title, loc="outside right center", frameon=False)
 
@@ -156,12 +262,14 @@ def _format_x(ax, x: str) -> None:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: "0" if v == 0 else human_count(v)))
 
 
-def _draw_bands(ax, bands: pd.DataFrame, palette: Mapping[str, str]) -> None:
+def _draw_bands(ax, bands: pd.DataFrame, palette: Mapping[str, str],
+                styles: Mapping[str, VariantStyle]) -> None:
     for est, b in bands.groupby("estimator", sort=True):
         color = palette.get(est, "black")
+        st = styles[est]
         sparse = len(b) < 4  # too few grid points for a line to be visible on its own
-        sns.lineplot(x=b["x"].to_numpy(), y=b["mean"].to_numpy(), ax=ax, color=color,
-                     lw=1.8, errorbar=None, legend=False, marker="o" if sparse else None)
+        sns.lineplot(x=b["x"].to_numpy(), y=b["mean"].to_numpy(), ax=ax, color=color, ls=st.linestyle,
+                     lw=1.8, errorbar=None, legend=False, marker=st.marker if sparse else None)
         if sparse:
             ax.errorbar(b["x"], b["mean"], yerr=[b["mean"] - b["low"], b["high"] - b["mean"]],
                         fmt="none", ecolor=color, capsize=3)
@@ -176,6 +284,7 @@ def _task_x(df: pd.DataFrame, x: str) -> str:
 
 
 def plot_learning_curves(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
+                         styles: Mapping[str, VariantStyle] | None = None,
                          x: str = "env_steps", budgets: Mapping[str, tuple[str, float]] | None = None,
                          reps: int = 1000, seed: int = 0) -> Path:
     """Rows: eval_return and training episode_return (when logged); columns: tasks.
@@ -185,6 +294,7 @@ def plot_learning_curves(df: pd.DataFrame, path: Path, palette: Mapping[str, str
     title = "Learning curves"
     if not metrics or not tasks:
         return _empty(path, title, "no eval_return or episode_return logged")
+    styles = _styles_for(df["estimator"].unique(), styles)
     fig, axes = _figure(len(metrics), len(tasks))
     for j, task in enumerate(tasks):
         tdf = df[df["task"] == task]
@@ -192,7 +302,7 @@ def plot_learning_curves(df: pd.DataFrame, path: Path, palette: Mapping[str, str
         for i, metric in enumerate(metrics):
             ax = axes[i, j]
             bands = stats.curve_bands(tdf, metric, tx, reps=reps, seed=seed)
-            _draw_bands(ax, bands, palette)
+            _draw_bands(ax, bands, palette, styles)
             ax.set_xlabel(x_label(tx))
             _format_x(ax, tx)
             ax.set_ylabel(CURVE_METRICS[metric])
@@ -205,11 +315,12 @@ def plot_learning_curves(df: pd.DataFrame, path: Path, palette: Mapping[str, str
     n_txt = (f"{n_runs.min()}" if n_runs.min() == n_runs.max() else f"{n_runs.min()}–{n_runs.max()}")
     fig.suptitle(f"{title} vs {x_label(x)}\nmean over runs with 95% bootstrap band "
                  f"({n_txt} runs per estimator and task)")
-    _legend(fig, palette, df["estimator"].unique())
+    _legend(fig, palette, df["estimator"].unique(), styles=styles)
     return _save(fig, path)
 
 
 def plot_stability(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
+                   styles: Mapping[str, VariantStyle] | None = None,
                    x: str = "env_steps", budgets: Mapping[str, tuple[str, float]] | None = None,
                    reps: int = 500, seed: int = 0) -> Path:
     """One row per logged diagnostic (approx_kl, clip_frac, entropy, grad_norm,
@@ -219,6 +330,7 @@ def plot_stability(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
     title = "Training stability diagnostics"
     if not metrics or not tasks:
         return _empty(path, title, "none of " + ", ".join(STABILITY_METRICS) + " was logged")
+    styles = _styles_for(df["estimator"].unique(), styles)
     fig, axes = _figure(len(metrics), len(tasks), h=2.6)
     for j, task in enumerate(tasks):
         tdf = df[df["task"] == task]
@@ -226,7 +338,7 @@ def plot_stability(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
         for i, metric in enumerate(metrics):
             ax = axes[i, j]
             bands = stats.curve_bands(tdf, metric, tx, reps=reps, seed=seed)
-            _draw_bands(ax, bands, palette)
+            _draw_bands(ax, bands, palette, styles)
             ax.set_ylabel(STABILITY_METRICS[metric])
             ax.set_xlabel(x_label(tx) if i == len(metrics) - 1 else "")
             _format_x(ax, tx)
@@ -236,7 +348,7 @@ def plot_stability(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
                 ax.text(0.5, 0.5, f"{metric} not logged", ha="center", va="center",
                         transform=ax.transAxes, color="0.4")
     fig.suptitle(f"{title} vs {x_label(x)}\nmean over runs with 95% bootstrap band")
-    _legend(fig, palette, df["estimator"].unique())
+    _legend(fig, palette, df["estimator"].unique(), styles=styles)
     return _save(fig, path)
 
 
@@ -245,9 +357,12 @@ def plot_stability(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
 def plot_final_scores(table: pd.DataFrame, runs: pd.DataFrame, path: Path,
                       palette: Mapping[str, str], *, last_n: int = 5,
                       aggregate: pd.DataFrame | None = None,
-                      budgets: Mapping[str, tuple[str, float]] | None = None) -> Path:
+                      budgets: Mapping[str, tuple[str, float]] | None = None,
+                      styles: Mapping[str, VariantStyle] | None = None) -> Path:
     """IQM of final scores with 95% stratified-bootstrap intervals, one panel per task
-    (dots: individual runs), plus min-max-normalised scores over all tasks."""
+    (dots: individual runs), plus min-max-normalised scores over all tasks. Each panel lists
+    its estimators by the IQM it shows, best on top (:func:`score_order`); the marker tells
+    apart the settings an estimator was run with (:func:`variant_styles`)."""
     tasks = sorted(table["task"].unique())
     panels = [(t, table[table["task"] == t]) for t in tasks]
     if aggregate is not None and not aggregate.empty and len(tasks) > 1:
@@ -255,13 +370,15 @@ def plot_final_scores(table: pd.DataFrame, runs: pd.DataFrame, path: Path,
     title = f"Final score: IQM of the last {last_n} evaluations per run, 95% CI"
     if not panels:
         return _empty(path, title, "no run has a final score")
-    estimators = sorted(table["estimator"].unique())
+    styles = _styles_for(table["estimator"].unique(), styles)
+    n_rows = max(t["estimator"].nunique() for _, t in panels)
     nrows, ncols = _grid_shape(len(panels))
-    fig, axes = _figure(nrows, ncols, h=0.45 * len(estimators) + 1.6)
+    fig, axes = _figure(nrows, ncols, h=0.45 * n_rows + 1.6)
     rng = np.random.default_rng(0)
     for k, (name, t) in enumerate(panels):
         ax = axes.flat[k]
-        for pos, est in enumerate(estimators):
+        order = score_order(t)
+        for pos, est in enumerate(order):
             row = t[t["estimator"] == est]
             if row.empty or not np.isfinite(row["iqm"].iloc[0]):
                 continue
@@ -273,27 +390,32 @@ def plot_final_scores(table: pd.DataFrame, runs: pd.DataFrame, path: Path,
                            alpha=0.45, lw=0, zorder=2)
             ax.errorbar(row["iqm"], pos, xerr=[[row["iqm"] - row["iqm_low"]],
                                                [row["iqm_high"] - row["iqm"]]],
-                        fmt="o", color=c, capsize=4, lw=2, ms=6, zorder=3)
-        ax.set_yticks(range(len(estimators)), estimators)
+                        fmt=styles[est].marker, color=c, capsize=4, lw=2, ms=6, zorder=3)
+        ax.set_yticks(range(len(order)), order)
         for label in ax.get_yticklabels():
             label.set_color(palette.get(label.get_text(), "black"))
-        ax.set_ylim(len(estimators) - 0.5, -0.5)
+        ax.set_ylim(len(order) - 0.5, -0.5)
         ax.set_title(_budget_title(name, budgets), fontsize="medium")
         ax.set_xlabel("normalised score (0 = worst run, 1 = best)" if name not in tasks
                       else "final return (IQM, 95% CI; dots = runs)")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle(title)  # no legend: the y axis names each estimator, in its colour
+    # the y axis names each estimator, in its colour, best first; a legend for the marker only
+    fig.suptitle(title + "\nrows by IQM, best first; colour = estimator")
+    _variant_legend(fig, styles, table["estimator"].unique(), "marker", loc="outside right center")
     return _save(fig, path)
 
 
 def plot_probability_of_improvement(poi: pd.DataFrame, path: Path,
                                     palette: Mapping[str, str], *, n_tasks: int) -> Path:
-    """Matrix of P(row estimator > column estimator), averaged over tasks."""
+    """Matrix of P(row estimator > column estimator), averaged over tasks; rows and columns
+    by the row's mean P(X > Y) over the others, highest first."""
     title = "Probability of improvement"
     if poi.empty:
         return _empty(path, title, "needs at least two estimators sharing a task")
-    order = sorted(set(poi["x"]) | set(poi["y"]))
+    mean_p = poi.groupby("x", as_index=False)["p"].mean().rename(columns={"x": "estimator"})
+    order = score_order(mean_p, "p")
+    order += sorted((set(poi["x"]) | set(poi["y"])) - set(order))
     mat = poi.pivot(index="x", columns="y", values="p").reindex(index=order, columns=order)
     n = len(order)
     with sns.axes_style("white"), sns.plotting_context("paper", font_scale=1.05):
@@ -312,19 +434,21 @@ def plot_probability_of_improvement(poi: pd.DataFrame, path: Path,
     for lab in list(ax.get_xticklabels()) + list(ax.get_yticklabels()):
         lab.set_color(palette.get(lab.get_text(), "black"))
     ax.set_title(f"{title} of X over Y on final score,\naveraged over {n_tasks} task(s) "
-                 "(95% CIs in report.md)", fontsize="medium")
+                 "(95% CIs in report.md); rows by mean, best first", fontsize="medium")
     return _save(fig, path)
 
 
 def plot_performance_profiles(profiles: pd.DataFrame, path: Path,
                               palette: Mapping[str, str], *,
-                              budgets: Mapping[str, tuple[str, float]] | None = None) -> Path:
+                              budgets: Mapping[str, tuple[str, float]] | None = None,
+                              styles: Mapping[str, VariantStyle] | None = None) -> Path:
     """Score distributions: fraction of runs with final score > tau, 95% CI bands.
     ``profiles`` has columns panel, estimator, tau, fraction, low, high."""
     title = "Performance profiles (score distributions)"
     if profiles.empty:
         return _empty(path, title, "no final scores")
     panels = list(dict.fromkeys(profiles["panel"]))
+    styles = _styles_for(profiles["estimator"].unique(), styles)
     nrows, ncols = _grid_shape(len(panels))
     fig, axes = _figure(nrows, ncols)
     for k, name in enumerate(panels):
@@ -332,7 +456,7 @@ def plot_performance_profiles(profiles: pd.DataFrame, path: Path,
         p = profiles[profiles["panel"] == name]
         for est, e in p.groupby("estimator", sort=True):
             c = palette.get(est, "black")
-            ax.step(e["tau"], e["fraction"], where="post", color=c, lw=1.8)
+            ax.step(e["tau"], e["fraction"], where="post", color=c, lw=1.8, ls=styles[est].linestyle)
             ax.fill_between(e["tau"], e["low"], e["high"], step="post", color=c, alpha=0.15, lw=0)
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(_budget_title(name, budgets), fontsize="medium")
@@ -342,13 +466,14 @@ def plot_performance_profiles(profiles: pd.DataFrame, path: Path,
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.suptitle(f"{title}, 95% stratified-bootstrap bands")
-    _legend(fig, palette, profiles["estimator"].unique())
+    _legend(fig, palette, profiles["estimator"].unique(), styles=styles)
     return _save(fig, path)
 
 
 def plot_sensitivity(sens: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
                      last_n: int = 5,
-                     budgets: Mapping[str, tuple[str, float]] | None = None) -> Path:
+                     budgets: Mapping[str, tuple[str, float]] | None = None,
+                     styles: Mapping[str, VariantStyle] | None = None) -> Path:
     """Final score (IQM, 95% CI) against each swept hyperparameter, per task.
     ``sens`` has columns task, estimator, hyperparameter, value, n, iqm, iqm_low, iqm_high."""
     title = "Hyperparameter sensitivity"
@@ -356,6 +481,7 @@ def plot_sensitivity(sens: pd.DataFrame, path: Path, palette: Mapping[str, str],
         return _empty(path, title, "no hyperparameter among " + ", ".join(stats.HYPERPARAMETERS)
                       + " varies within any estimator × task")
     panels = list(sens.groupby(["hyperparameter", "task"], sort=True).groups)
+    styles = _styles_for(sens["estimator"].unique(), styles)
     nrows, ncols = _grid_shape(len(panels))
     fig, axes = _figure(nrows, ncols)
     for k, (hp, task) in enumerate(panels):
@@ -365,7 +491,7 @@ def plot_sensitivity(sens: pd.DataFrame, path: Path, palette: Mapping[str, str],
             e = e.sort_values("value")
             c = palette.get(est, "black")
             ax.errorbar(e["value"], e["iqm"], yerr=[e["iqm"] - e["iqm_low"], e["iqm_high"] - e["iqm"]],
-                        color=c, marker="o", capsize=3, lw=1.6, ms=5)
+                        color=c, marker=styles[est].marker, ls=styles[est].linestyle, capsize=3, lw=1.6, ms=5)
             for v, y, n in zip(e["value"], e["iqm"], e["n"]):
                 ax.annotate(f"n={n}", (v, y), textcoords="offset points", xytext=(5, 4),
                             fontsize="x-small", color=c)
@@ -379,30 +505,40 @@ def plot_sensitivity(sens: pd.DataFrame, path: Path, palette: Mapping[str, str],
         ax.axis("off")
     fig.suptitle(f"{title}: final score vs swept value, IQM with 95% bootstrap CI "
                  "(n = runs per value)")
-    _legend(fig, palette, sens["estimator"].unique(), marker="o")
+    _legend(fig, palette, sens["estimator"].unique(), marker="o", styles=styles)
     return _save(fig, path)
 
 
-def plot_failure_counts(counts: pd.DataFrame, path: Path, palette: Mapping[str, str]) -> Path:
-    """Bars: diverged and collapsed runs per estimator, summed over tasks, labelled k/n.
+def plot_failure_counts(counts: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
+                        styles: Mapping[str, VariantStyle] | None = None) -> Path:
+    """Bars: diverged and collapsed runs per estimator, summed over tasks, labelled k/n; the
+    hatch tells apart the settings an estimator was run with.
     ``counts`` has columns estimator, n_runs, diverged, collapsed."""
     title = "Diverged and collapsed runs"
     if counts.empty:
         return _empty(path, title, "no runs")
     counts = counts.sort_values("estimator")
     ests = counts["estimator"].tolist()
+    styles = _styles_for(ests, styles)
     fig, axes = _figure(1, 2, w=max(3.2, 0.55 * len(ests) + 1.5), h=3.2)
     for ax, col, what in ((axes[0, 0], "diverged", "diverged (NaN/inf; status = diverged)"),
                           (axes[0, 1], "collapsed", "collapsed (fell below ½ of its best)")):
         sns.barplot(x=counts["estimator"], y=counts[col], hue=counts["estimator"], ax=ax,
-                    palette=dict(palette), legend=False, order=ests, hue_order=ests)
+                    palette=dict(palette), legend=False, order=ests, hue_order=ests,
+                    saturation=1)  # the palette's colour itself, as in every other figure
+        for bar in ax.patches:  # bar i stands at x = i
+            est = ests[round(bar.get_x() + bar.get_width() / 2)]
+            bar.set_hatch(styles[est].hatch)
+            bar.set_edgecolor("0.25")
         for pos, (k, n) in enumerate(zip(counts[col], counts["n_runs"])):
             ax.text(pos, k, f"{int(k)}/{int(n)}", ha="center", va="bottom", fontsize="small")
         ax.set_ylim(0, max(1, counts["n_runs"].max()) * 1.12)
         ax.set_xlabel("estimator")
         ax.set_ylabel("runs (count, all tasks)")
         ax.set_title(what, fontsize="medium")
-        ax.tick_params(axis="x", rotation=30)
+        for lab in ax.get_xticklabels():  # long labels (name[update=...]) end under their bar
+            lab.set(rotation=30, ha="right", rotation_mode="anchor")
     fig.suptitle(f"{title} per estimator (labels: count / runs)")
-    _legend(fig, palette, ests, marker="s", lw=0)
+    _legend(fig, palette, ests, marker="s", lw=0, styles=styles)
+    _variant_legend(fig, styles, ests, "hatch")
     return _save(fig, path)

@@ -796,6 +796,22 @@ def _objects(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None, int]:
     return s.where(s.notna(), None).to_numpy(), None, 0
 
 
+def variant_label(name: str, settings: list[str]) -> str:
+    """An estimator label of :func:`label_variants`: ``name[update=clip, loss_agg=token]``
+    (``settings``: the ``key=value`` that differ), the plain name when none differs."""
+    return f"{name}[{', '.join(settings)}]" if settings else name
+
+
+def split_label(label: str) -> tuple[str, str]:
+    """The inverse of :func:`variant_label`: ``'grpo[update=clip]'`` -> ``('grpo', 'update=clip')``,
+    ``'grpo'`` -> ``('grpo', '')``."""
+    label = str(label)
+    if label.endswith("]") and "[" in label:
+        name, _, settings = label[:-1].partition("[")
+        return name, settings
+    return label, ""
+
+
 def label_variants(df: pd.DataFrame) -> pd.DataFrame:
     """Give runs of one estimator that differ in a :data:`VARIANT_KEYS` setting their own
     ``estimator`` label, ``name[key=value, ...]`` (only the keys that differ for that name,
@@ -838,5 +854,5 @@ def _label_variants_in_place(df: pd.DataFrame, known: dict | None = None) -> Non
     labels = []
     for j, rec in enumerate(combos.to_dict("records")):
         differ = [f"{k}={rec[k]}" for k in keys if differs[k][j]]
-        labels.append(f"{rec['name']}[{', '.join(differ)}]" if differ else rec["name"])
+        labels.append(variant_label(rec["name"], differ))
     df["estimator"] = _object_series(np.asarray(labels, dtype=object)[codes], df.index)

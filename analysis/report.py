@@ -387,20 +387,23 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
     t = compute_tables(df, last_n=last_n, reps=reps, seed=seed, diverged=diverged)
     df = t.metrics  # with the estimator labels the tables use
     palette = figs.estimator_palette(t.runs["estimator"])
+    styles = figs.variant_styles(t.runs["estimator"])  # one second encoding for every figure
     files = {k: name for k, (name, _) in FIGURES.items()}
     draw = {
         "learning_curves": lambda p: figs.plot_learning_curves(df, p, palette, x=x, budgets=t.budgets,
-                                                               seed=seed),
+                                                               seed=seed, styles=styles),
         "final_scores": lambda p: figs.plot_final_scores(t.scores, t.runs, p, palette, last_n=last_n,
-                                                         aggregate=t.aggregate, budgets=t.budgets),
+                                                         aggregate=t.aggregate, budgets=t.budgets,
+                                                         styles=styles),
         "probability_of_improvement": lambda p: figs.plot_probability_of_improvement(
             t.poi, p, palette, n_tasks=t.runs["task"].nunique()),
         "performance_profiles": lambda p: figs.plot_performance_profiles(t.profiles, p, palette,
-                                                                         budgets=t.budgets),
-        "stability": lambda p: figs.plot_stability(df, p, palette, x=x, budgets=t.budgets, seed=seed),
+                                                                         budgets=t.budgets, styles=styles),
+        "stability": lambda p: figs.plot_stability(df, p, palette, x=x, budgets=t.budgets, seed=seed,
+                                                   styles=styles),
         "sensitivity": lambda p: figs.plot_sensitivity(t.sensitivity, p, palette, last_n=last_n,
-                                                       budgets=t.budgets),
-        "failures": lambda p: figs.plot_failure_counts(t.failures, p, palette),
+                                                       budgets=t.budgets, styles=styles),
+        "failures": lambda p: figs.plot_failure_counts(t.failures, p, palette, styles=styles),
     }
     for key, fn in draw.items():
         path = fn(out / files[key])

@@ -5,7 +5,9 @@ Reads a results folder of LM runs that differ in ``kl.beta`` (for example the ``
 kl.beta=0,0.05,0.2 seed=0,1 budget.tokens=800000 eval_every=25 results_dir=results/c10_long``) and
 draws three panels against sampled tokens: the optimized proxy reward (training batches, rolling
 mean), the gold score of the policy (``eval_return``: held-out prompts, sampled responses) and the
-KL to the reference (nats per response, rolling mean); one line per seed. Prints the first and
+KL to the reference (nats per response, rolling mean); one line per seed, in the estimator's colour
+(:func:`analysis.figures.estimator_color`, as in every figure), the betas told apart by line style and by
+shades of that colour (seaborn's ``dark_palette``: darker = larger beta). Prints the first and
 last values per beta; ``--docs`` also writes that table into docs/lm.md (block ``lm-c10-kl``).
 
     python benchmarks/lm_kl_curves.py results/gpu/c10 --out docs/figures/lm_c10_kl.png
@@ -22,10 +24,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from analysis.figures import LINESTYLES, estimator_color  # noqa: E402
 from analysis.load import load  # noqa: E402
 from benchmarks._docs import write_block  # noqa: E402
 
@@ -52,16 +56,24 @@ def main() -> None:
     run = df.run_dir + "/" + df.seed.astype(str)
     df["run"] = run
     betas = sorted(df.beta.unique(), key=float)
-    palette = dict(zip(betas, sns.color_palette("viridis_r", len(betas))))
+    style = {b: LINESTYLES[i % len(LINESTYLES)] for i, b in enumerate(betas)}
+    ests = sorted(df.estimator.unique())
+    # (estimator, beta) -> colour: the estimator's colour for beta 0, darker shades of it for larger ones
+    shade = {(e, b): c for e in ests
+             for b, c in zip(betas, sns.dark_palette(estimator_color(e), len(betas) + 1, reverse=True))}
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), constrained_layout=True)
     for ax, col in zip(axes, ["proxy reward", "gold score (eval)", "KL to reference (nats)"]):
-        data = df.dropna(subset=[col])
-        sns.lineplot(data=data, x="sampled tokens (k)", y=col, hue="beta", hue_order=betas, palette=palette,
-                     units="run", estimator=None, lw=1.3, ax=ax, legend=ax is axes[0])
-        ax.set_title(col)
+        for (e, beta, _), x in df.dropna(subset=[col]).groupby(["estimator", "beta", "run"], sort=True):
+            ax.plot(x["sampled tokens (k)"], x[col], color=shade[(e, beta)], ls=style[beta], lw=1.3)
+        ax.set(title=col, xlabel="sampled tokens (k)", ylabel=col)
         ax.grid(alpha=0.3)
-    axes[0].legend(title="kl.beta")
-    est = ", ".join(sorted(df.estimator.unique()))
+    line = (lambda b: shade[(ests[0], b)]) if len(ests) == 1 else (lambda b: "0.25")
+    axes[0].legend([Line2D([], [], color=line(b), ls=style[b], lw=1.5) for b in betas], betas,
+                   title="kl.beta (line style, shade)", handlelength=3)
+    if len(ests) > 1:
+        fig.legend([Line2D([], [], color=estimator_color(e), lw=2) for e in ests], ests, title="estimator",
+                   loc="outside right center", frameon=False)
+    est = ", ".join(ests)
     fig.suptitle(f"LM task, {est} on the learned proxy reward: KL penalty strength (C10); one line per seed")
     out = Path(args.out) if args.out else Path(args.folder) / "kl_curves.png"
     out.parent.mkdir(parents=True, exist_ok=True)

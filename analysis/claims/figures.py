@@ -5,7 +5,9 @@ Left: the primary test's estimate and interval at the level it was judged at, ag
 Right, for a claim on training runs: the per-seed values of the compared arms (dots, each seed's
 pair joined) and, below, the mean curve of the primary's metric column per arm with a 95% t band
 over seeds and the number of seeds; for a claim on probe batches: the per-batch values of the
-compared configs as box plots.
+compared configs as box plots. An arm is drawn in the colour of the estimator its runs share
+(:func:`analysis.figures.estimator_color`, as in every report; grey when they share none), the
+two arms told apart by marker and line style.
 """
 from __future__ import annotations
 
@@ -56,13 +58,37 @@ def _interval_axis(ax, p) -> None:
     ax.set_title(textwrap.shorten(role + p.name, max(95 - len(tail), 20)) + tail, fontsize=6.5, loc="left")
 
 
+#: arm -> (marker, line style, colour when its runs share no estimator)
+_ARM_STYLE = {"a": ("o", "-", "0.15"), "b": ("s", "--", "0.55")}
+
+
+def _arm_colors(claim, data: dict[str, ExpData]) -> dict[str, str]:
+    """Arm tag -> the colour of the one estimator its runs share, else its grey."""
+    from ..figures import estimator_color  # (seaborn) only when a figure is drawn
+
+    ps = claim.primary
+    e = data.get(ps.experiment) if ps is not None else None
+    out = {}
+    for tag, (_, _, grey) in _ARM_STYLE.items():
+        names = []
+        where = ps.args.get(tag) if ps is not None else None
+        if e is not None and where is not None and "estimator" in e.metrics:
+            try:
+                names = e.select(e.metrics, where, "metrics")["estimator"].dropna().unique()
+            except NotRun:
+                pass
+        out[tag] = estimator_color(str(names[0])) if len(names) == 1 else grey
+    return out
+
+
 def _arm(claim, tag: str) -> str:
     where = (claim.primary.args.get(tag) or {}) if claim.primary else {}
     return ", ".join(f"{k}={v}" for k, v in where.items()) or tag
 
 
-def _seed_panel(ax, verdict, claim) -> bool:
+def _seed_panel(ax, verdict, claim, colors: dict[str, str] | None = None) -> bool:
     """Per-seed values of the primary's arms (training claims): dots, pairs joined by seed."""
+    colors = colors or {tag: grey for tag, (_, _, grey) in _ARM_STYLE.items()}
     est = verdict.estimate
     vals = getattr(est, "values", None) or {}
     if est is None or est.unit != "seeds" or not vals:
@@ -71,20 +97,21 @@ def _seed_panel(ax, verdict, claim) -> bool:
         a, b = np.asarray(vals["a"], float), np.asarray(vals["b"], float)
         for ya, yb in zip(a, b):
             ax.plot([0, 1], [yb, ya], color="tab:grey", lw=0.5, alpha=0.6)
-        ax.plot(np.zeros_like(b), b, "o", ms=3, color="tab:orange", label=f"{_arm(claim, 'b')} (n={b.size})")
-        ax.plot(np.ones_like(a), a, "o", ms=3, color="tab:blue", label=f"{_arm(claim, 'a')} (n={a.size})")
+        for x, k, y in ((0, "b", b), (1, "a", a)):
+            ax.plot(np.full_like(y, x), y, _ARM_STYLE[k][0], ms=3, color=colors[k],
+                    label=f"{_arm(claim, k)} (n={y.size})")
         ax.set_xticks([0, 1], ["b", "a"], fontsize=7)
     elif "a" in vals and "b" in vals:
-        for i, (k, color) in enumerate((("b", "tab:orange"), ("a", "tab:blue"))):
+        for i, k in enumerate(("b", "a")):
             y = np.asarray(vals[k], float)
             jitter = np.random.default_rng(0).uniform(-0.08, 0.08, y.size)
-            ax.plot(i + jitter, y, "o", ms=3, alpha=0.6, color=color,
+            ax.plot(i + jitter, y, _ARM_STYLE[k][0], ms=3, alpha=0.6, color=colors[k],
                     label=f"{_arm(claim, k)} (n={y.size}, mean {y.mean():.2f})")
         ax.set_xticks([0, 1], ["b", "a"], fontsize=7)
     else:
         (k, y), = list(vals.items())[:1]
         y = np.asarray(y, float)
-        ax.plot(np.random.default_rng(0).uniform(-0.1, 0.1, y.size), y, "o", ms=3, color="tab:blue",
+        ax.plot(np.random.default_rng(0).uniform(-0.1, 0.1, y.size), y, "o", ms=3, color=colors["a"],
                 label=f"{_arm(claim, 'a') if k == 'a' else k} (n={y.size})")
         ax.set_xticks([])
     ax.set_ylabel("per-seed value", fontsize=7)
@@ -94,17 +121,18 @@ def _seed_panel(ax, verdict, claim) -> bool:
     return True
 
 
-def _curve_panel(ax, claim, data: dict[str, ExpData]) -> bool:
+def _curve_panel(ax, claim, data: dict[str, ExpData], colors: dict[str, str] | None = None) -> bool:
     ps = claim.primary
     if ps is None or ps.stat != "run_metric" or ps.experiment not in data:
         return False
+    colors = colors or _arm_colors(claim, data)
     e = data[ps.experiment]
     col = ps.args["metric"]["column"]
     if e.metrics.empty or col not in e.metrics:
         return False
     x = "env_steps" if "env_steps" in e.metrics and e.metrics.env_steps.notna().any() else "iteration"
     drawn = False
-    for tag, color in (("a", "tab:blue"), ("b", "tab:orange")):
+    for tag, color in colors.items():
         where = ps.args.get(tag)
         if where is None:
             continue
@@ -123,7 +151,7 @@ def _curve_panel(ax, claim, data: dict[str, ExpData]) -> bool:
         q = scipy.stats.t.ppf(0.975, np.maximum(n - 1, 1))
         half = (q * sd / np.sqrt(n)).fillna(0.0)
         label = f"{tag}: " + ", ".join(f"{k}={v}" for k, v in where.items()) + f" (n={int(n.max())} seeds)"
-        ax.plot(xs.values, mean.values, color=color, label=label, lw=1)
+        ax.plot(xs.values, mean.values, color=color, ls=_ARM_STYLE[tag][1], label=label, lw=1)
         ax.fill_between(xs.values, (mean - half).values, (mean + half).values, color=color, alpha=0.2, lw=0)
         drawn = True
     ax.set_xlabel(x, fontsize=7)
@@ -174,12 +202,13 @@ def claim_figure(verdict, claim, data: dict[str, ExpData], out: Path) -> str | N
         for i, p in enumerate(panels):  # the intervals take the whole width when there is no side panel
             _interval_axis(fig.add_subplot(grid[i, 0] if side_kind else grid[i, :]), p)
         if training:
+            colors = _arm_colors(claim, data)
             half = rows // 2
             top = fig.add_subplot(grid[:half, 1])
-            if not _seed_panel(top, verdict, claim):
+            if not _seed_panel(top, verdict, claim, colors):
                 top.axis("off")
             bottom = fig.add_subplot(grid[half:, 1])
-            if not _curve_panel(bottom, claim, data):
+            if not _curve_panel(bottom, claim, data, colors):
                 bottom.axis("off")
         elif side_kind:
             side = fig.add_subplot(grid[:, 1])
