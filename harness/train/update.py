@@ -101,7 +101,8 @@ class Learner(Protocol):
         (``None``: all columns)."""
 
     def clip_grads(self, max_norm: float | None, per_network: bool) -> torch.Tensor:
-        """Clip per member; return the pre-clip norms ``[k, P]`` (row 0: policy, row 1: critic)."""
+        """Clip per member (:func:`clip_grad_norms`); return the pre-clip norms ``[k, P]`` (row 0:
+        policy, row 1: critic)."""
 
 
 def _select(x: torch.Tensor | None, idx: torch.Tensor | None) -> torch.Tensor | None:
@@ -193,23 +194,55 @@ class MemberOptimizer:
 
 
 @torch.no_grad()
-def clip_grad_groups(groups: list[list[torch.Tensor]], max_norm: float | None, per_network: bool) -> torch.Tensor:
-    """Gradient clipping of a lone run (``P = 1``) whose parameters form ``groups`` (policy, then
-    critic): the norm of each group ``[k, 1]`` before clipping; ``per_network=False`` clips all
-    groups by their joint norm (``torch.nn.utils.clip_grad_norm_``'s rule: scale
-    ``min(1, max_norm / (norm + 1e-6))``), ``True`` each group by its own."""
-    grads = [[p.grad for p in g if p.grad is not None] for g in groups]
-    grads = [g for g in grads if g]
-    norms = [torch.linalg.vector_norm(torch.stack(torch._foreach_norm(g))) for g in grads]
+def clip_grad_norms(groups: list[list[torch.Tensor]], max_norm: float | None, per_network: bool,
+                    population: int = 1) -> torch.Tensor:
+    """The one gradient-norm clipping of every learner (control populations, LM, toy): scales the
+    gradient tensors in ``groups`` in place and returns their norms before clipping ``[k, P]``
+    (row 0: the policy, row 1: the critic).
+
+    ``groups[k]``: the gradients of network ``k`` (0: policy, 1: critic; empty groups are left
+    out). The rule is ``torch.nn.utils.clip_grad_norm_``'s: the global 2-norm of the gradients,
+    scaled by ``min(1, max_norm / (norm + 1e-6))``; ``per_network=False`` takes one norm over every
+    network (SB3, CleanRL), ``True`` clips each network by its own, so a large value-loss
+    gradient cannot shrink the policy's step; ``max_norm=None`` measures and clips nothing.
+
+    Members are clipped apart. ``population == 1``: tensors of any shape, the norm of each network
+    from fused per-tensor norms (``torch._foreach_norm``, as torch does) and the joint norm the
+    norm of the networks' norms. ``population > 1``: each tensor's leading dimension is the member
+    (a block of a :func:`~harness.models.mlp.member_view`), the norms of all members at once from
+    per-member sums of squares (one pass per tensor, not one per member); equal to the lone run's
+    to float rounding.
+    """
+    groups = [g for g in groups if g]
+    if population == 1:
+        norms = [torch.linalg.vector_norm(torch.stack(torch._foreach_norm(g))) for g in groups]
+        if max_norm is not None:
+            if per_network or len(norms) == 1:
+                totals = norms
+            else:
+                totals = [torch.linalg.vector_norm(torch.stack(norms))] * len(norms)
+            for g, n in zip(groups, totals):
+                torch._foreach_mul_(g, (max_norm / (n + 1e-6)).clamp(max=1.0))
+        return torch.stack(norms).view(-1, 1)
+    P = population
+    sq = torch.zeros(len(groups), P, dtype=groups[0][0].dtype, device=groups[0][0].device)
+    for k, g in enumerate(groups):
+        for t in g:
+            sq[k] += t.pow(2).reshape(P, -1).sum(dim=-1)
+    norms = sq.sqrt()
     if max_norm is not None:
-        if per_network or len(norms) == 1:
-            totals = norms
-        else:
-            joint = torch.linalg.vector_norm(torch.stack(torch._foreach_norm([x for g in grads for x in g])))
-            totals = [joint] * len(norms)
-        for g, n in zip(grads, totals):
-            torch._foreach_mul_(g, (max_norm / (n + 1e-6)).clamp(max=1.0))
-    return torch.stack(norms).view(-1, 1)
+        total = norms if per_network else sq.sum(dim=0, keepdim=True).sqrt().expand(len(groups), P)
+        scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for k, g in enumerate(groups):
+            for t in g:
+                t.mul_(scale[k].view(P, *([1] * (t.dim() - 1))))
+    return norms
+
+
+def clip_grad_groups(groups: list[list[torch.Tensor]], max_norm: float | None, per_network: bool) -> torch.Tensor:
+    """:func:`clip_grad_norms` of a lone run (``P = 1``) whose parameters form ``groups`` (policy,
+    then critic); parameters without a gradient are left out."""
+    return clip_grad_norms([[p.grad for p in g if p.grad is not None] for g in groups], max_norm, per_network)
 
 
 def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: UpdateSettings,
