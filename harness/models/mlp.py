@@ -3,8 +3,7 @@
 Weights are ``[P, in, out]``; member ``p`` is initialised from its own generator, so member
 ``p`` of a population and a lone run with the same seed start from identical weights. Adam is
 elementwise, so a single optimizer over these tensors keeps per-member optimizer state;
-gradient-norm clipping is done per member by :func:`harness.train.update.clip_grad_norms` (over
-:func:`member_blocks`).
+gradient-norm clipping is done per member by :func:`harness.train.update.clip_grad_norms`.
 """
 from __future__ import annotations
 
@@ -65,12 +64,3 @@ def member_view(t: torch.Tensor, population: int) -> torch.Tensor:
     """View a tensor whose leading dim stacks ``k`` blocks of ``population`` rows (e.g. actor
     rows then critic rows) as ``[k, P, ...]``, so index ``[:, p]`` is everything of member p."""
     return t.view(t.shape[0] // population, population, *t.shape[1:])
-
-
-def member_blocks(tensors: list[torch.Tensor], population: int) -> list[list[torch.Tensor]]:
-    """Tensors that stack ``k`` blocks of ``population`` rows (:func:`member_view`; block 0: the
-    actor, block 1: the critic) regrouped by block: ``[[block 0 of each], [block 1 of those that
-    have one], ...]``, each a view ``[P, ...]``: the networks of
-    :func:`harness.train.update.clip_grad_norms`."""
-    rows = [member_view(t, population).unbind(0) for t in tensors]  # unbind: one op per tensor
-    return [[r[k] for r in rows if len(r) > k] for k in range(max(len(r) for r in rows))]

@@ -34,7 +34,7 @@ from ..estimators import AdvantageBatch, get_estimator
 from ..io import RunDir
 from ..io import checkpoint as ckpt
 from ..models.control import ControlAgent, agent_options
-from ..models.mlp import member_blocks, member_view
+from ..models.mlp import member_view
 from ..tasks.control import (EpisodeCollector, MemberEnvs, Normalization, StepCollector, advantage_batch, env_info,
                              evaluate, time_limit)
 from .loop import Source, train_population
@@ -66,8 +66,9 @@ class ControlLearner:
         return logp.unsqueeze(1), entropy, None if v is None else v.unsqueeze(1)
 
     def clip_grads(self, max_norm, per_network):
-        grads = [p.grad for p in self.params if p.grad is not None]
-        return clip_grad_norms(member_blocks(grads, self.population), max_norm, per_network, self.population)
+        P = self.population
+        return clip_grad_norms([member_view(p.grad, P) for p in self.params if p.grad is not None], max_norm,
+                               per_network, P)
 
     @torch.no_grad()
     def finite_members(self) -> torch.Tensor:

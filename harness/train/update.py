@@ -194,55 +194,61 @@ class MemberOptimizer:
 
 
 @torch.no_grad()
-def clip_grad_norms(groups: list[list[torch.Tensor]], max_norm: float | None, per_network: bool,
-                    population: int = 1) -> torch.Tensor:
+def clip_grad_norms(grads: list[torch.Tensor], max_norm: float | None, per_network: bool, population: int = 1,
+                    first_net: list[int] | None = None) -> torch.Tensor:
     """The one gradient-norm clipping of every learner (control populations, LM, toy): scales the
-    gradient tensors in ``groups`` in place and returns their norms before clipping ``[k, P]``
-    (row 0: the policy, row 1: the critic).
+    gradients in place and returns their norms before clipping ``[k, P]`` (row 0: the policy,
+    row 1: the critic).
 
-    ``groups[k]``: the gradients of network ``k`` (0: policy, 1: critic; empty groups are left
-    out). The rule is ``torch.nn.utils.clip_grad_norm_``'s: the global 2-norm of the gradients,
-    scaled by ``min(1, max_norm / (norm + 1e-6))``; ``per_network=False`` takes one norm over every
-    network (SB3, CleanRL), ``True`` clips each network by its own, so a large value-loss
-    gradient cannot shrink the policy's step; ``max_norm=None`` measures and clips nothing.
+    ``grads``: gradient tensors in :func:`~harness.models.mlp.member_view`'s layout ``[kv, P, ...]``:
+    block ``j`` of ``grads[i]`` is of network ``first_net[i] + j`` (0: policy, 1: critic; every
+    network up to the last has a block). ``first_net=None``: every tensor starts at network 0, the
+    control agent's stacked actor and critic rows.
 
-    Members are clipped apart. ``population == 1``: tensors of any shape, the norm of each network
-    from fused per-tensor norms (``torch._foreach_norm``, as torch does) and the joint norm the
-    norm of the networks' norms. ``population > 1``: each tensor's leading dimension is the member
-    (a block of a :func:`~harness.models.mlp.member_view`), the norms of all members at once from
-    per-member sums of squares (one pass per tensor, not one per member); equal to the lone run's
-    to float rounding.
+    The rule is ``torch.nn.utils.clip_grad_norm_``'s: the global 2-norm of the gradients, scaled by
+    ``min(1, max_norm / (norm + 1e-6))``. ``per_network=False`` takes one norm over every network
+    (SB3, CleanRL), ``True`` clips each network by its own, so a large value-loss gradient cannot
+    shrink the policy's step; ``max_norm=None`` measures only. Members are clipped apart.
+    ``population == 1``: the norm of a network from fused per-tensor norms (``torch._foreach_norm``,
+    as torch does), the joint norm the norm of the networks' norms. ``population > 1``: all members'
+    norms at once from per-member sums of squares, one pass per tensor; equal to the lone run's to
+    float rounding.
     """
-    groups = [g for g in groups if g]
-    if population == 1:
-        norms = [torch.linalg.vector_norm(torch.stack(torch._foreach_norm(g))) for g in groups]
+    first = first_net or [0] * len(grads)
+    k = max(f + g.shape[0] for f, g in zip(first, grads))
+    P = population
+    if P == 1:  # a network's tensors are the rows of its blocks (unbind: one op per tensor)
+        blocks: list[list[torch.Tensor]] = [[] for _ in range(k)]
+        for f, g in zip(first, grads):
+            for j, row in enumerate(g.unbind(0)):
+                blocks[f + j].append(row)
+        norms = [torch.linalg.vector_norm(torch.stack(torch._foreach_norm(b))) for b in blocks]
         if max_norm is not None:
-            if per_network or len(norms) == 1:
+            if per_network or k == 1:
                 totals = norms
             else:
-                totals = [torch.linalg.vector_norm(torch.stack(norms))] * len(norms)
-            for g, n in zip(groups, totals):
-                torch._foreach_mul_(g, (max_norm / (n + 1e-6)).clamp(max=1.0))
-        return torch.stack(norms).view(-1, 1)
-    P = population
-    sq = torch.zeros(len(groups), P, dtype=groups[0][0].dtype, device=groups[0][0].device)
-    for k, g in enumerate(groups):
-        for t in g:
-            sq[k] += t.pow(2).reshape(P, -1).sum(dim=-1)
+                totals = [torch.linalg.vector_norm(torch.stack(norms))] * k
+            for b, n in zip(blocks, totals):
+                torch._foreach_mul_(b, (max_norm / (n + 1e-6)).clamp(max=1.0))
+        return torch.stack(norms).view(k, 1)
+    sq = torch.zeros(k, P, dtype=grads[0].dtype, device=grads[0].device)
+    for f, v in zip(first, grads):
+        sq[f:f + v.shape[0]] += v.pow(2).reshape(v.shape[0], P, -1).sum(dim=-1)
     norms = sq.sqrt()
     if max_norm is not None:
-        total = norms if per_network else sq.sum(dim=0, keepdim=True).sqrt().expand(len(groups), P)
+        total = norms if per_network else sq.sum(dim=0, keepdim=True).sqrt().expand(k, P)
         scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        for k, g in enumerate(groups):
-            for t in g:
-                t.mul_(scale[k].view(P, *([1] * (t.dim() - 1))))
+        for f, v in zip(first, grads):
+            v.mul_(scale[f:f + v.shape[0]].view(v.shape[0], P, *([1] * (v.dim() - 2))))
     return norms
 
 
 def clip_grad_groups(groups: list[list[torch.Tensor]], max_norm: float | None, per_network: bool) -> torch.Tensor:
     """:func:`clip_grad_norms` of a lone run (``P = 1``) whose parameters form ``groups`` (policy,
-    then critic); parameters without a gradient are left out."""
-    return clip_grad_norms([[p.grad for p in g if p.grad is not None] for g in groups], max_norm, per_network)
+    then critic); parameters without a gradient, and groups with none, are left out."""
+    grads = [gs for gs in ([p.grad for p in g if p.grad is not None] for g in groups) if gs]
+    return clip_grad_norms([x[None, None] for gs in grads for x in gs], max_norm, per_network,
+                           first_net=[k for k, gs in enumerate(grads) for _ in gs])
 
 
 def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: UpdateSettings,
