@@ -66,9 +66,8 @@ class ControlLearner:
         return logp.unsqueeze(1), entropy, None if v is None else v.unsqueeze(1)
 
     def clip_grads(self, max_norm, per_network):
-        P = self.population
-        return clip_grad_norms([member_view(p.grad, P) for p in self.params if p.grad is not None], max_norm,
-                               per_network, P)
+        return clip_grad_norms([p.grad for p in self.params if p.grad is not None], max_norm, per_network,
+                               self.population)
 
     @torch.no_grad()
     def finite_members(self) -> torch.Tensor:

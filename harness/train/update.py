@@ -200,8 +200,8 @@ def clip_grad_norms(grads: list[torch.Tensor], max_norm: float | None, per_netwo
     gradients in place and returns their norms before clipping ``[k, P]`` (row 0: the policy,
     row 1: the critic).
 
-    ``grads``: gradient tensors in :func:`~harness.models.mlp.member_view`'s layout ``[kv, P, ...]``:
-    block ``j`` of ``grads[i]`` is of network ``first_net[i] + j`` (0: policy, 1: critic; every
+    ``grads[i]`` stacks ``kv`` blocks of ``population`` rows (:func:`~harness.models.mlp.member_view`:
+    ``[kv * P, ...]``); block ``j`` is of network ``first_net[i] + j`` (0: policy, 1: critic; every
     network up to the last has a block). ``first_net=None``: every tensor starts at network 0, the
     control agent's stacked actor and critic rows.
 
@@ -214,31 +214,32 @@ def clip_grad_norms(grads: list[torch.Tensor], max_norm: float | None, per_netwo
     norms at once from per-member sums of squares, one pass per tensor; equal to the lone run's to
     float rounding.
     """
-    first = first_net or [0] * len(grads)
-    k = max(f + g.shape[0] for f, g in zip(first, grads))
     P = population
+    first = first_net or [0] * len(grads)
+    k = max(f + g.shape[0] // P for f, g in zip(first, grads))
     if P == 1:  # a network's tensors are the rows of its blocks (unbind: one op per tensor)
         blocks: list[list[torch.Tensor]] = [[] for _ in range(k)]
         for f, g in zip(first, grads):
             for j, row in enumerate(g.unbind(0)):
                 blocks[f + j].append(row)
-        norms = [torch.linalg.vector_norm(torch.stack(torch._foreach_norm(b))) for b in blocks]
+        norms = torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm(b))) for b in blocks])
         if max_norm is not None:
             if per_network or k == 1:
-                totals = norms
-            else:
-                totals = [torch.linalg.vector_norm(torch.stack(norms))] * k
-            for b, n in zip(blocks, totals):
+                scaled = zip(blocks, norms.unbind(0))
+            else:  # one joint norm: one scale for every block
+                scaled = [([x for b in blocks for x in b], torch.linalg.vector_norm(norms))]
+            for b, n in scaled:
                 torch._foreach_mul_(b, (max_norm / (n + 1e-6)).clamp(max=1.0))
-        return torch.stack(norms).view(k, 1)
-    sq = torch.zeros(k, P, dtype=grads[0].dtype, device=grads[0].device)
-    for f, v in zip(first, grads):
+        return norms.view(k, 1)
+    views = [member_view(g, P) for g in grads]
+    sq = torch.zeros(k, P, dtype=views[0].dtype, device=views[0].device)
+    for f, v in zip(first, views):
         sq[f:f + v.shape[0]] += v.pow(2).reshape(v.shape[0], P, -1).sum(dim=-1)
     norms = sq.sqrt()
     if max_norm is not None:
         total = norms if per_network else sq.sum(dim=0, keepdim=True).sqrt().expand(k, P)
         scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        for f, v in zip(first, grads):
+        for f, v in zip(first, views):
             v.mul_(scale[f:f + v.shape[0]].view(v.shape[0], P, *([1] * (v.dim() - 2))))
     return norms
 
@@ -247,7 +248,7 @@ def clip_grad_groups(groups: list[list[torch.Tensor]], max_norm: float | None, p
     """:func:`clip_grad_norms` of a lone run (``P = 1``) whose parameters form ``groups`` (policy,
     then critic); parameters without a gradient, and groups with none, are left out."""
     grads = [gs for gs in ([p.grad for p in g if p.grad is not None] for g in groups) if gs]
-    return clip_grad_norms([x[None, None] for gs in grads for x in gs], max_norm, per_network,
+    return clip_grad_norms([x[None] for gs in grads for x in gs], max_norm, per_network,
                            first_net=[k for k, gs in enumerate(grads) for _ in gs])
 
 
