@@ -229,23 +229,31 @@ def test_population_writes_the_same_run_directories_as_lone_runs(tmp_path):
     assert run(make_cfg(common + ["seed=1"])) == {"skipped": 1}
 
 
+def clip_per_member(params, max_norm, population, per_network):
+    """The control learner's clipping (:meth:`harness.train.control.ControlLearner.clip_grads`) of
+    ``params`` stacking actor and critic blocks of ``population`` rows."""
+    from types import SimpleNamespace
+
+    from harness.train.control import ControlLearner
+
+    return ControlLearner.clip_grads(SimpleNamespace(params=params, population=population), max_norm, per_network)
+
 def test_grad_clipping_is_per_member_and_per_network():
     """Hand-set gradients: member 0 actor norm 5 (clipped to 1), critic norm 0.6 (kept);
     member 1 actor norm 0.5 (kept), critic norm 10 (clipped to 1)."""
-    from harness.models.mlp import clip_grad_norm_per_member
 
     w = torch.zeros(4, 2, requires_grad=True)  # rows: actor p0, actor p1, critic p0, critic p1
     log_std = torch.zeros(2, 1, requires_grad=True)  # actor-only parameter, one row per member
     w.grad = torch.tensor([[3.0, 0.0], [0.3, 0.0], [0.6, 0.0], [6.0, 0.0]])
     log_std.grad = torch.tensor([[4.0], [0.4]])
-    norms = clip_grad_norm_per_member([w, log_std], 1.0, population=2, per_network=True)
+    norms = clip_per_member([w, log_std], 1.0, 2, True)
     assert norms.flatten().tolist() == pytest.approx([5.0, 0.5, 0.6, 6.0])
     assert w.grad[:, 0].tolist() == pytest.approx([0.6, 0.3, 0.6, 1.0], abs=1e-5)
     assert log_std.grad.flatten().tolist() == pytest.approx([0.8, 0.4], abs=1e-5)
     # population of one takes the fused path: same rule
     w1 = torch.zeros(2, 2, requires_grad=True)
     w1.grad = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
-    norms = clip_grad_norm_per_member([w1], 1.0, population=1, per_network=True)
+    norms = clip_per_member([w1], 1.0, 1, True)
     assert norms.flatten().tolist() == pytest.approx([5.0, 0.5])
     assert w1.grad.flatten().tolist() == pytest.approx([0.6, 0.8, 0.3, 0.4], abs=1e-5)
 
@@ -253,12 +261,11 @@ def test_grad_clipping_is_per_member_and_per_network():
 @pytest.mark.parametrize("population", [1, 2])
 def test_joint_grad_clipping_uses_one_norm_per_member(population):
     """Joint: actor (3, 4) and critic (0, 12) of a member share the norm 13 -> all scaled by 1/13."""
-    from harness.models.mlp import clip_grad_norm_per_member
 
     rows = [[3.0, 4.0]] * population + [[0.0, 12.0]] * population
     w = torch.zeros(2 * population, 2, requires_grad=True)
     w.grad = torch.tensor(rows)
-    norms = clip_grad_norm_per_member([w], 1.0, population=population, per_network=False)
+    norms = clip_per_member([w], 1.0, population, False)
     assert norms[:, 0].tolist() == pytest.approx([5.0, 12.0])  # reported per block
     assert w.grad[0].tolist() == pytest.approx([3 / 13, 4 / 13], abs=1e-5)
     assert w.grad[population].tolist() == pytest.approx([0.0, 12 / 13], abs=1e-5)
@@ -375,11 +382,57 @@ def test_same_config_and_seed_give_identical_metrics(estimator, tmp_path):
     pd.testing.assert_frame_equal(a, b, check_exact=True)
 
 
+@pytest.mark.parametrize("population", [1, 3])
+@pytest.mark.parametrize("per_network", [False, True])
+def test_grad_clipping_of_each_member_is_torch_clip_grad_norm(population, per_network):
+    """Random gradients of a population (actor and critic blocks, an actor-only parameter): member
+    p's clipped gradients and pre-clip norms are those of ``torch.nn.utils.clip_grad_norm_`` on
+    member p's own gradients, over actor and critic together (joint) or over each network
+    (per_network); bit for bit where the op order is torch's (a lone run, per network). The LM and
+    toy learners' entry (:func:`clip_grad_groups`, parameter groups) gives the same."""
+    from harness.models.mlp import member_view
+    from harness.train.update import clip_grad_groups
+
+    P, max_norm = population, 0.7
+    g = torch.Generator().manual_seed(11)
+    shapes = [(2 * P, 4, 8), (2 * P, 1, 8), (2 * P, 8, 1), (P, 1, 3)]  # last: actor only (log-std)
+    grads = [torch.randn(s, generator=g) * torch.rand(1, generator=g) for s in shapes]
+    params = [torch.zeros(s, requires_grad=True) for s in shapes]
+    for prm, gr in zip(params, grads):
+        prm.grad = gr.clone()
+    norms = clip_per_member(params, max_norm, P, per_network)
+    assert norms.shape == (2, P)
+
+    def leaves(p):  # member p's actor and critic gradients on leaf tensors of their own
+        nets = [[], []]
+        for gr in grads:
+            for k, block in enumerate(member_view(gr, P)[:, p]):
+                leaf = torch.zeros_like(block, requires_grad=True)
+                leaf.grad = block.clone()
+                nets[k].append(leaf)
+        return nets
+
+    exact = P == 1 and per_network
+    same = (lambda a, b: torch.equal(a, b)) if exact else (lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-7))
+    for p in range(P):
+        nets = leaves(p)
+        want_norms = [torch.nn.utils.clip_grad_norm_(net, float("inf")) for net in nets]  # measures only
+        for net in (nets if per_network else [nets[0] + nets[1]]):
+            torch.nn.utils.clip_grad_norm_(net, max_norm)
+        for k, net in enumerate(nets):
+            assert same(norms[k, p], want_norms[k])
+            blocks = [member_view(prm.grad, P)[k, p] for prm in params if prm.shape[0] > k * P]
+            assert len(blocks) == len(net) and all(same(got, leaf.grad) for got, leaf in zip(blocks, net))
+        if P == 1:  # the parameter-group entry of the LM and toy learners: the same numbers
+            groups = leaves(p)
+            assert torch.equal(clip_grad_groups(groups, max_norm, per_network), norms)
+            for group, net in zip(groups, nets):
+                assert all(same(a.grad, b.grad) for a, b in zip(group, net))
+
 @pytest.mark.parametrize("per_network", [False, True])
 def test_lone_grad_clipping_gives_the_bits_of_blockwise_clipping(per_network):
     """The population-of-one path against the rule written out block by block (views of each
     gradient's actor and critic rows, norms of norms, one scale per block)."""
-    from harness.models.mlp import clip_grad_norm_per_member
 
     g = torch.Generator().manual_seed(3)
     shapes = [(2, 4, 8), (2, 1, 8), (2, 8, 2), (1, 1, 2)]  # last: an actor-only parameter (log-std)
@@ -393,7 +446,7 @@ def test_lone_grad_clipping_gives_the_bits_of_blockwise_clipping(per_network):
     for b, n in zip(blocks, totals):
         for x in b:
             x.mul_((0.5 / (n + 1e-6)).clamp(max=1.0))
-    norms = clip_grad_norm_per_member(params, 0.5, population=1, per_network=per_network)
+    norms = clip_per_member(params, 0.5, 1, per_network)
     assert torch.equal(norms, want.view(2, 1))
     for p, gr in zip(params, grads):
         assert torch.equal(p.grad, gr)

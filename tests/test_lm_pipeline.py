@@ -133,3 +133,39 @@ def test_parallel_workers_build_a_cache_stage_once(tmp_path):
     assert sorted(r for _, _, r in out) == [False, True, True, True]
     assert len(list(tmp_path.glob("built-by-*"))) == 1
     assert not [p for p in cache.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_supervised_training_steps_once_per_batch_and_reports_the_last_twenty_losses():
+    """The pipeline's one training loop (SFT and reward model): one step per batch, read lazily;
+    the reported loss is the mean of the last 20 steps' losses (here the batches' own values,
+    16..40 -> mean of 21..40 = 30.5), the model left in eval mode; no batch: nan, 0 steps. One
+    step moves the weight by AdamW's first step, lr x the warmup factor 1/4 against the gradient's
+    sign (Adam's first step is lr * g / |g|)."""
+    import math
+
+    import torch
+
+    from harness.tasks.lm.pipeline import supervised_training
+
+    model = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    read = []
+
+    def batches(values):
+        for b in values:
+            read.append(b)
+            yield float(b)
+
+    def loss_of(b: float) -> torch.Tensor:
+        assert read[-1] == b  # lazily: batch b is drawn right before its step
+        return 5.0 * model.weight.sum() + b
+
+    final, steps = supervised_training(model, batches([7]), loss_of, lr=0.1, steps=25, warmup=4)
+    assert (final, steps) == (7.0, 1) and not model.training
+    assert model.weight.item() == pytest.approx(-0.1 / 4, rel=1e-4)
+    with torch.no_grad():
+        model.weight.zero_()
+    final, steps = supervised_training(model, batches(range(16, 41)), loss_of, lr=0.0, steps=25, warmup=4)
+    assert (final, steps) == (30.5, 25) and not model.training
+    final, steps = supervised_training(model, iter([]), loss_of, lr=0.1, steps=1, warmup=1)
+    assert math.isnan(final) and steps == 0

@@ -34,11 +34,11 @@ from ..estimators import AdvantageBatch, get_estimator
 from ..io import RunDir
 from ..io import checkpoint as ckpt
 from ..models.control import ControlAgent, agent_options
-from ..models.mlp import clip_grad_norm_per_member, member_view
+from ..models.mlp import member_view
 from ..tasks.control import (EpisodeCollector, MemberEnvs, Normalization, StepCollector, advantage_batch, env_info,
                              evaluate, time_limit)
 from .loop import Source, train_population
-from .update import UpdateBatch
+from .update import UpdateBatch, clip_grad_norms
 
 
 class ControlLearner:
@@ -66,7 +66,8 @@ class ControlLearner:
         return logp.unsqueeze(1), entropy, None if v is None else v.unsqueeze(1)
 
     def clip_grads(self, max_norm, per_network):
-        return clip_grad_norm_per_member(self.params, max_norm, self.population, per_network)
+        return clip_grad_norms([p.grad for p in self.params if p.grad is not None], max_norm, per_network,
+                               self.population)
 
     @torch.no_grad()
     def finite_members(self) -> torch.Tensor:

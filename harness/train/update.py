@@ -94,7 +94,8 @@ class Learner(Protocol):
         (``None``: all columns)."""
 
     def clip_grads(self, max_norm: float | None, per_network: bool) -> torch.Tensor:
-        """Clip per member; return the pre-clip norms ``[k, P]`` (row 0: policy, row 1: critic)."""
+        """Clip per member (:func:`clip_grad_norms`); return the pre-clip norms ``[k, P]`` (row 0:
+        policy, row 1: critic)."""
 
 
 def _select(x: torch.Tensor | None, idx: torch.Tensor | None) -> torch.Tensor | None:
@@ -186,23 +187,62 @@ class MemberOptimizer:
 
 
 @torch.no_grad()
-def clip_grad_groups(groups: list[list[torch.Tensor]], max_norm: float | None, per_network: bool) -> torch.Tensor:
-    """Gradient clipping of a lone run (``P = 1``) whose parameters form ``groups`` (policy, then
-    critic): the norm of each group ``[k, 1]`` before clipping; ``per_network=False`` clips all
-    groups by their joint norm (``torch.nn.utils.clip_grad_norm_``'s rule: scale
-    ``min(1, max_norm / (norm + 1e-6))``), ``True`` each group by its own."""
-    grads = [[p.grad for p in g if p.grad is not None] for g in groups]
-    grads = [g for g in grads if g]
-    norms = [torch.linalg.vector_norm(torch.stack(torch._foreach_norm(g))) for g in grads]
+def clip_grad_norms(grads: list[torch.Tensor], max_norm: float | None, per_network: bool, population: int = 1,
+                    first_net: list[int] | None = None) -> torch.Tensor:
+    """The one gradient-norm clipping of every learner (control populations, LM, toy): scales the
+    gradients in place and returns their norms before clipping ``[k, P]`` (row 0: the policy,
+    row 1: the critic).
+
+    ``grads[i]`` stacks ``kv`` blocks of ``population`` rows (:func:`~harness.models.mlp.member_view`:
+    ``[kv * P, ...]``); block ``j`` is of network ``first_net[i] + j`` (0: policy, 1: critic; every
+    network up to the last has a block). ``first_net=None``: every tensor starts at network 0, the
+    control agent's stacked actor and critic rows.
+
+    The rule is ``torch.nn.utils.clip_grad_norm_``'s: the global 2-norm of the gradients, scaled by
+    ``min(1, max_norm / (norm + 1e-6))``. ``per_network=False`` takes one norm over every network
+    (SB3, CleanRL), ``True`` clips each network by its own, so a large value-loss gradient cannot
+    shrink the policy's step; ``max_norm=None`` measures only. Members are clipped apart.
+    ``population == 1``: the norm of a network from fused per-tensor norms (``torch._foreach_norm``,
+    as torch does), the joint norm the norm of the networks' norms. ``population > 1``: all members'
+    norms at once from per-member sums of squares, one pass per tensor; equal to the lone run's to
+    float rounding.
+    """
+    P = population
+    first = first_net or [0] * len(grads)
+    k = max(f + g.shape[0] // P for f, g in zip(first, grads))
+    if P == 1:  # a network's tensors are the rows of its blocks (unbind: one op per tensor)
+        blocks: list[list[torch.Tensor]] = [[] for _ in range(k)]
+        for f, g in zip(first, grads):
+            for j, row in enumerate(g.unbind(0)):
+                blocks[f + j].append(row)
+        norms = torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm(b))) for b in blocks])
+        if max_norm is not None:
+            if per_network or k == 1:
+                scaled = zip(blocks, norms.unbind(0))
+            else:  # one joint norm: one scale for every block
+                scaled = [([x for b in blocks for x in b], torch.linalg.vector_norm(norms))]
+            for b, n in scaled:
+                torch._foreach_mul_(b, (max_norm / (n + 1e-6)).clamp(max=1.0))
+        return norms.view(k, 1)
+    views = [member_view(g, P) for g in grads]
+    sq = torch.zeros(k, P, dtype=views[0].dtype, device=views[0].device)
+    for f, v in zip(first, views):
+        sq[f:f + v.shape[0]] += v.pow(2).reshape(v.shape[0], P, -1).sum(dim=-1)
+    norms = sq.sqrt()
     if max_norm is not None:
-        if per_network or len(norms) == 1:
-            totals = norms
-        else:
-            joint = torch.linalg.vector_norm(torch.stack(torch._foreach_norm([x for g in grads for x in g])))
-            totals = [joint] * len(norms)
-        for g, n in zip(grads, totals):
-            torch._foreach_mul_(g, (max_norm / (n + 1e-6)).clamp(max=1.0))
-    return torch.stack(norms).view(-1, 1)
+        total = norms if per_network else sq.sum(dim=0, keepdim=True).sqrt().expand(k, P)
+        scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for f, v in zip(first, views):
+            v.mul_(scale[f:f + v.shape[0]].view(v.shape[0], P, *([1] * (v.dim() - 2))))
+    return norms
+
+
+def clip_grad_groups(groups: list[list[torch.Tensor]], max_norm: float | None, per_network: bool) -> torch.Tensor:
+    """:func:`clip_grad_norms` of a lone run (``P = 1``) whose parameters form ``groups`` (policy,
+    then critic); parameters without a gradient, and groups with none, are left out."""
+    grads = [gs for gs in ([p.grad for p in g if p.grad is not None] for g in groups) if gs]
+    return clip_grad_norms([x[None] for gs in grads for x in gs], max_norm, per_network,
+                           first_net=[k for k, gs in enumerate(grads) for _ in gs])
 
 
 def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: UpdateSettings,

@@ -37,7 +37,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -378,23 +378,20 @@ def _lr_at(step: int, steps: int, warmup: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
 
 
-def train_sft(model, tokenizer, train: EncodedSplit, sft: Any, max_response_len: int, seed: int,
-              device: torch.device, dtype: str = "auto") -> dict:
-    """Response-only token cross-entropy, AdamW with warmup + cosine decay."""
-    responses = [encode_response(tokenizer, e.reference, max_response_len) for e in train.examples]
-    opt = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, sft.steps, sft.warmup))
-    rng = random.Random(seed)
+def supervised_training(model, batches: Iterable[Any], loss_of: Callable[[Any], torch.Tensor], lr: float,
+                        steps: int, warmup: int) -> tuple[float, int]:
+    """The one supervised-training loop of the pipeline's stages (SFT, reward model): one step per
+    item of ``batches`` (drawn lazily, so a stage's RNG is read in its own order), minimising
+    ``loss_of(batch)`` with AdamW (no weight decay) at ``lr`` times :func:`_lr_at` (linear warmup
+    over ``warmup`` steps, then cosine decay over ``steps``) and the gradient norm clipped to 1
+    (``torch.nn.utils.clip_grad_norm_``), the model in train mode and back in eval mode after.
+    Returns ``(mean loss of the last 20 steps (nan without steps), steps taken)``."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, steps, warmup))
     model.train()
-    disable_dropout(model)
     losses = []
-    for _step in range(sft.steps):
-        idx = [rng.randrange(len(train)) for _ in range(sft.batch_size)]
-        p_ids, p_mask = left_pad([train.prompt_ids[i] for i in idx], tokenizer.pad_token_id, device)
-        r_ids, r_mask = right_pad([responses[i] for i in idx], tokenizer.pad_token_id, device)
-        with autocast(device, dtype):
-            out = response_forward(model, p_ids, p_mask, r_ids, r_mask)
-        loss = -(out.logp * r_mask).sum() / r_mask.sum().clamp(min=1)
+    for batch in batches:
+        loss = loss_of(batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -403,7 +400,30 @@ def train_sft(model, tokenizer, train: EncodedSplit, sft: Any, max_response_len:
         losses.append(float(loss.detach()))
     model.eval()
     tail = losses[-20:] or [float("nan")]
-    return {"sft_final_loss": sum(tail) / len(tail)}
+    return sum(tail) / len(tail), len(losses)
+
+
+def train_sft(model, tokenizer, train: EncodedSplit, sft: Any, max_response_len: int, seed: int,
+              device: torch.device, dtype: str = "auto") -> dict:
+    """Response-only token cross-entropy on ``sft.steps`` batches of ``sft.batch_size`` examples
+    drawn with replacement (:func:`supervised_training`)."""
+    responses = [encode_response(tokenizer, e.reference, max_response_len) for e in train.examples]
+    rng = random.Random(seed)
+    disable_dropout(model)
+
+    def batches():
+        for _step in range(sft.steps):
+            yield [rng.randrange(len(train)) for _ in range(sft.batch_size)]
+
+    def loss_of(idx: list[int]) -> torch.Tensor:
+        p_ids, p_mask = left_pad([train.prompt_ids[i] for i in idx], tokenizer.pad_token_id, device)
+        r_ids, r_mask = right_pad([responses[i] for i in idx], tokenizer.pad_token_id, device)
+        with autocast(device, dtype):
+            out = response_forward(model, p_ids, p_mask, r_ids, r_mask)
+        return -(out.logp * r_mask).sum() / r_mask.sum().clamp(min=1)
+
+    final, _ = supervised_training(model, batches(), loss_of, sft.lr, sft.steps, sft.warmup)
+    return {"sft_final_loss": final}
 
 
 def train_reward_model(rm_source: Path, tokenizer, policy, train: EncodedSplit, held_out: EncodedSplit,
@@ -446,29 +466,23 @@ def train_reward_model(rm_source: Path, tokenizer, policy, train: EncodedSplit, 
     disable_dropout(model)
     model.to(device)
     scorer = RewardModel(model, tokenizer, device, lm.max_prompt_len, lm.max_response_len, dtype=dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=rm_cfg.lr, weight_decay=0.0)
     steps = max(1, rm_cfg.epochs * math.ceil(len(tr_pairs) / rm_cfg.batch_size))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, steps, max(1, steps // 10)))
     tr_prompts = [train.examples[i].prompt for i in tr_rows]
-    model.train()
-    losses, step = [], 0
-    for _epoch in range(rm_cfg.epochs):
-        order = list(range(len(tr_pairs)))
-        rng.shuffle(order)
-        for s in range(0, len(order), rm_cfg.batch_size):
-            batch = [tr_pairs[j] for j in order[s:s + rm_cfg.batch_size]]
-            w = [a for a, _ in batch]
-            lo = [b for _, b in batch]
-            r = scorer.raw([tr_prompts[i] for i in w + lo], [tr_texts[i] for i in w + lo], [tr_fin[i] for i in w + lo])
-            loss = -torch.nn.functional.logsigmoid(r[:len(w)] - r[len(w):]).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
-            step += 1
-    model.eval()
+
+    def batches():  # every pair once an epoch, shuffled
+        for _epoch in range(rm_cfg.epochs):
+            order = list(range(len(tr_pairs)))
+            rng.shuffle(order)
+            for s in range(0, len(order), rm_cfg.batch_size):
+                yield [tr_pairs[j] for j in order[s:s + rm_cfg.batch_size]]
+
+    def loss_of(batch: list[tuple[int, int]]) -> torch.Tensor:  # Bradley-Terry: -log sigmoid(r_win - r_lose)
+        w = [a for a, _ in batch]
+        lo = [b for _, b in batch]
+        r = scorer.raw([tr_prompts[i] for i in w + lo], [tr_texts[i] for i in w + lo], [tr_fin[i] for i in w + lo])
+        return -torch.nn.functional.logsigmoid(r[:len(w)] - r[len(w):]).mean()
+
+    final_loss, step = supervised_training(model, batches(), loss_of, rm_cfg.lr, steps, max(1, steps // 10))
     with torch.no_grad():
         ev_prompts = [held_out.examples[i].prompt for i in ev_rows]
         r = torch.cat([scorer.raw(ev_prompts[i:i + 256], ev_texts[i:i + 256], ev_fin[i:i + 256])
@@ -493,9 +507,8 @@ def train_reward_model(rm_source: Path, tokenizer, policy, train: EncodedSplit, 
                     var_g, cov)
     model.save(out_dir)
     tokenizer.save_pretrained(out_dir)
-    tail = losses[-20:] or [float("nan")]
     return {"rm_train_pairs": len(tr_pairs), "rm_eval_pairs": len(ev_pairs), "rm_steps": step,
-            "rm_final_loss": sum(tail) / len(tail), "rm_eval_accuracy": acc, "rm_gold_corr": corr,
+            "rm_final_loss": final_loss, "rm_eval_accuracy": acc, "rm_gold_corr": corr,
             "rm_scale": scale, "rm_shift": shift, "rm_calibration": calibration, "sft_sample_gold": sum(tr_gold) / len(tr_gold)}
 
 
