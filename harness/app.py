@@ -127,7 +127,7 @@ def run(cfg: DictConfig) -> dict[str, int]:
     A run that raises is recorded as ``failed`` (with the traceback's last line as reason) and
     the sweep goes on; a non-finite loss or parameter is recorded as ``diverged`` by the trainer.
     Each run is claimed (``.lock``) while this process works on it; a run another sweep holds
-    counts as ``held``. Control and LM runs resume from their checkpoint (``checkpoint_every``).
+    counts as ``held``. Training runs resume from their checkpoint (``checkpoint_every``).
     A run whose folder cannot be used (a crafted entry: :meth:`RunDir.blocker`, or an OS error
     making or locking it) counts as ``failed`` with one log line naming the path; the others run.
     """
@@ -141,7 +141,7 @@ def run(cfg: DictConfig) -> dict[str, int]:
     previous = set_determinism(bool(cfg.get("deterministic", False)))
     try:
         worker = get_worker(cfg)
-        resumable = cfg.task.family in ("control", "lm") and cfg.mode == "train"
+        resumable = cfg.mode == "train"
         started = []
         for r in todo:
             try:

@@ -74,7 +74,7 @@ class Config:
     device: str = "cpu"  # auto | cpu | cuda
     threads: Optional[int] = None  # torch intra-op threads; None: the trainer's default (control: the cores each population worker has)
     population_workers: Optional[int] = None  # control: processes a population's members are split across; None: one per core
-    checkpoint_every: int = 0  # iterations between checkpoints (control and LM trainers; resume continues from the last); 0: off
+    checkpoint_every: int = 0  # iterations between checkpoints (every trainer; resume continues from the last); 0: off
     deterministic: bool = False  # torch deterministic algorithms + cuDNN/cuBLAS settings (GPU bitwise repeatability)
     logger: str = "none"  # none | tensorboard | wandb | mlflow: also send each metric row to that tracker (harness.io.trackers); not hashed
     plugins: list[str] = field(default_factory=list)  # modules imported before validation (harness.plugins); not hashed
@@ -610,9 +610,6 @@ def check_fields(cfg: DictConfig) -> None:
     ck = cfg.get("checkpoint_every", 0)
     if not isinstance(ck, int) or isinstance(ck, bool) or ck < 0:
         bad("checkpoint_every", "an integer >= 0 (iterations; 0 disables checkpoints)", ck)
-    if ck and cfg.task.family not in ("control", "lm") and cfg.mode == "train":
-        bad("checkpoint_every", f"0 for task.family={cfg.task.family} (only the control and LM trainers "
-            "checkpoint)", ck)
     if not isinstance(cfg.get("deterministic", False), bool):
         bad("deterministic", "true or false", cfg.get("deterministic"))
     check_logger(cfg.get("logger", "none"))
