@@ -37,7 +37,7 @@ from ..models.control import ControlAgent, agent_options
 from ..models.mlp import clip_grad_norm_per_member, member_view
 from ..tasks.control import (EpisodeCollector, MemberEnvs, Normalization, StepCollector, advantage_batch, env_info,
                              evaluate, time_limit)
-from .loop import Source, train_population
+from .loop import Source, train_members
 from .update import UpdateBatch
 
 
@@ -276,4 +276,4 @@ def train(cfg: DictConfig, runs: list[RunDir]) -> None:
     resuming from the newest valid checkpoint if there is one, else from zero."""
     workers, threads = layout(cfg, int(cfg.population))
     torch.set_num_threads(threads)
-    train_population(cfg, runs, ControlSource, "control", workers=workers)
+    train_members(cfg, runs, ControlSource, "control", workers=workers)

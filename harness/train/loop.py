@@ -37,7 +37,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from ..config import member_configs
+from ..config import member_configs, task_kind
 from ..estimators import AdvantageBatch, EstimatorParams, get_estimator
 from ..io import RunDir, atomic_write_bytes, config_hash
 from ..io import checkpoint as ckpt
@@ -563,6 +563,16 @@ def population_runs(cfg: DictConfig, runs: list[RunDir]) -> list[RunDir]:
     if not set(mine) <= {int(m.seed) for m in members}:  # not this config's members: as given
         return list(runs)
     return [mine.get(int(m.seed)) or ShadowRun(m) for m in members]
+
+
+def train_members(cfg: DictConfig, runs: list[RunDir], make_source, family: str, workers: int = 1) -> None:
+    """Train ``runs`` the way task kind ``family`` trains (its :class:`harness.config.TaskKind`
+    entry): as one batched population (:func:`train_population`, over ``workers`` processes) or one
+    after another (:func:`train_one_by_one`). ``make_source(cfg, runs)``: the kind's rollout source."""
+    if task_kind(family).population:
+        train_population(cfg, runs, make_source, family, workers=workers)
+    else:
+        train_one_by_one(cfg, runs, make_source, family)
 
 
 def train_population(cfg: DictConfig, runs: list[RunDir], make_source, family: str, workers: int = 1) -> None:
