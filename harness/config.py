@@ -280,8 +280,8 @@ class TaskKind:
     schema imports nothing from the harness."""
 
     name: str
-    # True: the members train as one batched population (harness.train.loop.train_population, split
-    # over population_workers processes); False: one after another (train_one_by_one)
+    # True: the members train as one batched population (harness.train.workers.train_population,
+    # split over population_workers processes); False: one after another (train_one_by_one)
     population: bool
     resumes: bool  # checkpoint_every honoured: the loop's checkpoints, resumed by harness.app.run
     trainer: str  # (cfg, runs) -> None: builds the task and hands its rollout source to the loop (harness.app)

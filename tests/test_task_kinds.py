@@ -11,7 +11,7 @@ import pytest
 from harness import app
 from harness.config import TASK_KINDS, TaskKind, entry_point, task_kind
 from harness.io import checkpoint as ckpt
-from harness.train import loop as train_loop
+from harness.train import workers as train_workers
 from harness.validation import validate
 from tests.control_helpers import make_cfg
 
@@ -49,12 +49,12 @@ def test_an_unknown_kind_is_one_line_naming_the_field_and_the_kinds():
 @pytest.mark.parametrize("name, how", [("control", "population"), ("lm", "one_by_one"), ("toy", "one_by_one")])
 def test_the_loop_trains_each_kind_the_way_its_entry_says(name, how, monkeypatch):
     calls = []
-    monkeypatch.setattr(train_loop, "train_population", lambda *a, **k: calls.append("population"))
-    monkeypatch.setattr(train_loop, "train_one_by_one", lambda *a, **k: calls.append("one_by_one"))
-    train_loop.train_members(None, [], None, name)
+    monkeypatch.setattr(train_workers, "train_population", lambda *a, **k: calls.append("population"))
+    monkeypatch.setattr(train_workers, "train_one_by_one", lambda *a, **k: calls.append("one_by_one"))
+    train_workers.train_members(None, [], None, name)
     assert calls == [how]
     monkeypatch.setitem(TASK_KINDS, name, dataclasses.replace(TASK_KINDS[name], population=how != "population"))
-    train_loop.train_members(None, [], None, name)
+    train_workers.train_members(None, [], None, name)
     assert calls == [how, "one_by_one" if how == "population" else "population"]
 
 

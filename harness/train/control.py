@@ -37,7 +37,8 @@ from ..models.control import ControlAgent, agent_options
 from ..models.mlp import clip_grad_norm_per_member, member_view
 from ..tasks.control import (EpisodeCollector, MemberEnvs, Normalization, StepCollector, advantage_batch, env_info,
                              evaluate, time_limit)
-from .loop import Source, train_members
+from .loop import Source
+from .workers import train_members
 from .update import UpdateBatch
 
 
@@ -252,7 +253,7 @@ def cores_available() -> int:
 
 def layout(cfg: DictConfig, population: int) -> tuple[int, int]:
     """``(workers, threads)``: how many processes train the population's members (contiguous
-    slices of them, :func:`harness.train.loop.train_population`) and torch's intra-op threads in
+    slices of them, :func:`harness.train.workers.train_population`) and torch's intra-op threads in
     each. ``population_workers`` and ``threads`` where set; by default one worker per available
     core, each with the cores left over (one thread when every core has a worker), and a lone run
     one worker with one thread. A small MLP's update is a few thousand short kernels per

@@ -39,7 +39,8 @@ from ..io.schema import prompt_column
 from ..io import checkpoint as ckpt
 from ..losses import get_policy_loss
 from ..tasks.toy import DTYPE, ToyTask, advantage_batch, build_task, random_rewards, validate_toy
-from .loop import Source, train_members
+from .loop import Source
+from .workers import train_members
 from .sampling import cat_rows, dynamic_sample, overlong_penalty, take_groups
 from .update import UpdateBatch, clip_grad_groups
 
