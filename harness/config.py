@@ -6,7 +6,9 @@ with the field's name and what is allowed, before a run directory is created.
 
 This module imports nothing from the harness (stdlib, omegaconf and hydra only). Checks that
 need a registry (estimators, policy losses) or a task family live above it; the one entry
-point that runs them all is :func:`harness.validation.validate`.
+point that runs them all is :func:`harness.validation.validate`. The task kinds' table
+(:data:`TASK_KINDS`: what differs between ``task.family`` values) lives here, the lowest layer,
+so that every user can look it up; it names its entry points, importing none.
 """
 from __future__ import annotations
 
