@@ -14,13 +14,10 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .config import error_line, member_configs
+from .config import entry_point, error_line, member_configs, task_kind
 from .io import RunDir
 from .plugins import load_plugins
 from .probes import run_probe
-from .train.control import train as train_control
-from .train.lm import train as train_lm
-from .train.toy import train as train_toy
 from .validation import validate
 
 __all__ = ["run", "main_entry", "describe"]
@@ -29,10 +26,8 @@ log = logging.getLogger("harness")
 
 
 def get_trainer(family: str):
-    trainers = {"control": train_control, "lm": train_lm, "toy": train_toy}
-    if family not in trainers:  # validate() has refused it already
-        raise ValueError(f"task.family must be one of ['control', 'lm', 'toy'], got {family!r}")
-    return trainers[family]
+    """The trainer of task kind ``family`` (its :class:`harness.config.TaskKind` entry's ``trainer``)."""
+    return entry_point(task_kind(family).trainer)
 
 
 def get_worker(cfg: DictConfig):
@@ -127,7 +122,8 @@ def run(cfg: DictConfig) -> dict[str, int]:
     A run that raises is recorded as ``failed`` (with the traceback's last line as reason) and
     the sweep goes on; a non-finite loss or parameter is recorded as ``diverged`` by the trainer.
     Each run is claimed (``.lock``) while this process works on it; a run another sweep holds
-    counts as ``held``. Control and LM runs resume from their checkpoint (``checkpoint_every``).
+    counts as ``held``. Training runs of a kind that resumes (every kind: :class:`harness.config.TaskKind`)
+    resume from their checkpoint (``checkpoint_every``).
     A run whose folder cannot be used (a crafted entry: :meth:`RunDir.blocker`, or an OS error
     making or locking it) counts as ``failed`` with one log line naming the path; the others run.
     """
@@ -141,7 +137,7 @@ def run(cfg: DictConfig) -> dict[str, int]:
     previous = set_determinism(bool(cfg.get("deterministic", False)))
     try:
         worker = get_worker(cfg)
-        resumable = cfg.task.family in ("control", "lm") and cfg.mode == "train"
+        resumable = cfg.mode == "train" and task_kind(cfg.task.family).resumes
         started = []
         for r in todo:
             try:

@@ -6,7 +6,9 @@ with the field's name and what is allowed, before a run directory is created.
 
 This module imports nothing from the harness (stdlib, omegaconf and hydra only). Checks that
 need a registry (estimators, policy losses) or a task family live above it; the one entry
-point that runs them all is :func:`harness.validation.validate`.
+point that runs them all is :func:`harness.validation.validate`. The task kinds' table
+(:data:`TASK_KINDS`: what differs between ``task.family`` values) lives here, the lowest layer,
+so that every user can look it up; it names its entry points, importing none.
 """
 from __future__ import annotations
 
@@ -75,7 +77,7 @@ class Config:
     device: str = "cpu"  # auto | cpu | cuda
     threads: Optional[int] = None  # torch intra-op threads; None: the trainer's default (control: the cores each population worker has)
     population_workers: Optional[int] = None  # control: processes a population's members are split across; None: one per core
-    checkpoint_every: int = 0  # iterations between checkpoints (control and LM trainers; resume continues from the last); 0: off
+    checkpoint_every: int = 0  # iterations between checkpoints (every trainer; resume continues from the last); 0: off
     deterministic: bool = False  # torch deterministic algorithms + cuDNN/cuBLAS settings (GPU bitwise repeatability)
     logger: str = "none"  # none | tensorboard | wandb | mlflow: also send each metric row to that tracker (harness.io.trackers); not hashed
     plugins: list[str] = field(default_factory=list)  # modules imported before validation (harness.plugins); not hashed
@@ -265,6 +267,59 @@ def toy_settings_from_config(cfg) -> ToySettings:
     return s
 
 
+# ----------------------------------------------------------------------------- task kinds
+
+@dataclass(frozen=True)
+class TaskKind:
+    """What differs between task kinds (``task.family``), in one entry per kind: how its members
+    train, whether it resumes, its validation, its probe. Code never branches on the kind's name;
+    it looks the entry up (:func:`task_kind`).
+
+    Entry points are ``"module:function"`` strings, imported when used (:func:`entry_point`) by the
+    layer that calls them, each at or below that caller (``tests/test_task_kinds.py`` checks): this
+    schema imports nothing from the harness."""
+
+    name: str
+    # True: the members train as one batched population (harness.train.workers.train_population,
+    # split over population_workers processes); False: one after another (train_one_by_one)
+    population: bool
+    resumes: bool  # checkpoint_every honoured: the loop's checkpoints, resumed by harness.app.run
+    trainer: str  # (cfg, runs) -> None: builds the task and hands its rollout source to the loop (harness.app)
+    validate: str  # (cfg, spec: EstimatorSpec) -> None: the kind's checks (harness.validation.validate)
+    probe: str | None = None  # (cfg, run) -> None for mode=probe (harness.probes.run_probe); None: no probe
+    probe_validate: str | None = None  # (cfg, settings: ProbeSettings) -> None: the probe's own checks
+    node: str | None = None  # its own settings node (lm.*, toy.*), refused on the other kinds
+    budget: str = "env_steps"  # the budget.* field that counts its budget: env_steps | tokens
+    control_keys: bool = False  # reads the task.* keys of CONTROL_ONLY (refused off their defaults elsewhere)
+
+
+TASK_KINDS: dict[str, TaskKind] = {k.name: k for k in (
+    TaskKind("control", population=True, resumes=True, trainer="harness.train.control:train",
+             validate="harness.validation:check_control", probe="harness.probes.control:probe_run",
+             probe_validate="harness.probes.control:validate_control_probe", control_keys=True),
+    TaskKind("lm", population=False, resumes=True, trainer="harness.train.lm:train",
+             validate="harness.validation:check_lm", node="lm", budget="tokens"),
+    TaskKind("toy", population=False, resumes=True, trainer="harness.train.toy:train",
+             validate="harness.validation:check_toy", probe="harness.probes.toy:probe_run",
+             probe_validate="harness.probes.toy:validate_toy_probe", node="toy"),
+)}
+
+
+def task_kind(name: str) -> TaskKind:
+    """The registry entry of ``task.family=name``; ``ValueError`` naming the field and the kinds."""
+    if name not in TASK_KINDS:
+        bad_field("task.family", f"one of {list(TASK_KINDS)}", name)
+    return TASK_KINDS[name]
+
+
+def entry_point(path: str):
+    """The function a ``"module:function"`` string of a :class:`TaskKind` names."""
+    import importlib
+
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def member_configs(cfg: DictConfig) -> list[DictConfig]:
     """Population member i is the lone run with seed ``seed + i`` (same config otherwise)."""
     out = []
@@ -332,7 +387,6 @@ ACTION_BOUNDS = ("clip", "tanh")  # task.action_bound (harness.models.control)
 # these values: harness.io.rundir)
 CONTROL_ONLY = {"log_std": "state_independent", "action_bound": "clip", "ortho_init": True,
                 "normalize_obs": False, "normalize_reward": False, "obs_clip": 10.0}
-FAMILIES = ("control", "lm", "toy")
 MODES = ("train", "probe")
 DEVICES = ("auto", "cpu", "cuda")
 # logger: where metric rows go besides metrics.parquet (harness.io.trackers.TRACKERS has a class for
@@ -556,16 +610,16 @@ def check_fields(cfg: DictConfig) -> None:
     Only checks that need the schema alone; :func:`harness.validation.validate` runs these
     with the registry, task-family and probe checks."""
     bad, finite = bad_field, is_finite
-    if cfg.task.family not in FAMILIES:
-        bad("task.family", f"one of {list(FAMILIES)}", cfg.task.family)
+    kind = task_kind(cfg.task.family)
     if cfg.mode not in MODES:
         bad("mode", f"one of {list(MODES)}", cfg.mode)
-    family = cfg.task.family
-    for node, owner in (("lm", "lm"), ("toy", "toy")):  # task-specific nodes on another family
-        if cfg.get(node) is not None and family != owner:
+    family = kind.name
+    for owner in TASK_KINDS.values():  # task-specific nodes on another family
+        node = owner.node
+        if node is not None and owner is not kind and cfg.get(node) is not None:
             keys = list(cfg[node].keys()) if isinstance(cfg[node], DictConfig) else []
             bad(f"{node}.{keys[0]}" if keys else node,
-                f"unset for task.family={family} (the {node}.* settings belong to task.family={owner})",
+                f"unset for task.family={family} (the {node}.* settings belong to task.family={owner.name})",
                 cfg[node][keys[0]] if keys else cfg[node])
     # probe.* settings with mode=train are allowed and inert: one sweep may cover both modes
     # (harness/conf/experiment/claim_c20.yaml sweeps mode=probe,train with ++probe.batches)
@@ -641,8 +695,9 @@ def check_fields(cfg: DictConfig) -> None:
     ck = cfg.get("checkpoint_every", 0)
     if not isinstance(ck, int) or isinstance(ck, bool) or ck < 0:
         bad("checkpoint_every", "an integer >= 0 (iterations; 0 disables checkpoints)", ck)
-    if ck and cfg.task.family not in ("control", "lm") and cfg.mode == "train":
-        bad("checkpoint_every", f"0 for task.family={cfg.task.family} (only the control and LM trainers "
+    if ck and not kind.resumes and cfg.mode == "train":
+        resuming = [k.name for k in TASK_KINDS.values() if k.resumes]
+        bad("checkpoint_every", f"0 for task.family={family} (only the task families {'|'.join(resuming)} "
             "checkpoint)", ck)
     if not isinstance(cfg.get("deterministic", False), bool):
         bad("deterministic", "true or false", cfg.get("deterministic"))
@@ -660,11 +715,11 @@ def check_fields(cfg: DictConfig) -> None:
         bad("budget.env_steps", ">= 1 or null", b.env_steps)
     if b.tokens is not None and b.tokens < 1:
         bad("budget.tokens", ">= 1 or null", b.tokens)
-    if family != "lm" and b.tokens is not None:  # it would be ignored: the run would use env_steps
+    if kind.budget != "tokens" and b.tokens is not None:  # it would be ignored: the run would use env_steps
         bad("budget.tokens", f"null for task.family={family} (it counts LM response tokens; "
             "set budget.env_steps or budget.iterations)", b.tokens)
-    if family == "lm" and b.env_steps is not None:
-        bad("budget.env_steps", "null for task.family=lm (the LM budget is budget.tokens)", b.env_steps)
+    if kind.budget == "tokens" and b.env_steps is not None:
+        bad("budget.env_steps", f"null for task.family={family} (its budget is budget.tokens)", b.env_steps)
     if cfg.task.max_episode_steps is not None and cfg.task.max_episode_steps < 1:
         bad("task.max_episode_steps", ">= 1 or null (the environment's own limit)", cfg.task.max_episode_steps)
     t = cfg.task
@@ -677,7 +732,7 @@ def check_fields(cfg: DictConfig) -> None:
     if not t.normalize_obs and t.obs_clip != TaskConfig.obs_clip:  # it would be silently ignored
         bad("task.obs_clip", f"{TaskConfig.obs_clip} (the default) unless task.normalize_obs=true (it clips the "
             "normalised observation)", t.obs_clip)
-    if family != "control":
+    if not kind.control_keys:
         for key, default in CONTROL_ONLY.items():
             if t[key] != default:
                 bad(f"task.{key}", f"{default!r} (the default) for task.family={family} (a control-task setting)",

@@ -2,10 +2,10 @@
 
 It sits above the schema, the registries and the task families, and only puts their checks
 together: the schema's per-field checks (:func:`harness.config.check_fields`), the names the
-registries know (estimators, policy losses, loss aggregations, KL estimators), each task
-family's own checks (:func:`harness.tasks.control.validate_control`,
-:func:`harness.tasks.lm.validate_lm`, :func:`harness.tasks.toy.validate_toy`) and, with
-``mode=probe``, the probes' (:func:`harness.probes.validate_probe`). ``harness.app.run`` calls it
+registries know (estimators, policy losses, loss aggregations, KL estimators), the task kind's
+own checks (its :class:`harness.config.TaskKind` entry's ``validate``: :func:`check_control`,
+:func:`check_lm`, :func:`check_toy` here) and, with ``mode=probe``, the probes'
+(:func:`harness.probes.validate_probe`). ``harness.app.run`` calls it
 first; it raises ``ValueError`` naming the first invalid field and what it allows.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from omegaconf import DictConfig, open_dict
 
 from . import config as schema
 from .config import (LOSS_KNOBS, PARAM_BYTES, ProbeSettings, bad_field, check_fields, check_fits, check_known_keys,
-                     length_problem, path_problem, refuse_unknown_keys, results_path)
+                     entry_point, length_problem, path_problem, refuse_unknown_keys, results_path, task_kind)
 from .estimators import ESTIMATORS, KL_ESTIMATORS, EstimatorSpec, get_estimator
 from .io.rundir import CHECKPOINT_NAME, run_dir_for
 from .losses import AGG_MODES, POLICY_LOSSES, loss_settings
@@ -26,7 +26,7 @@ from .tasks.lm import validate_lm
 from .tasks.toy import PRESETS as TOY_PRESETS
 from .tasks.toy import spec_from_config, validate_toy
 
-__all__ = ["validate", "check_registered", "check_results_dir"]
+__all__ = ["validate", "check_registered", "check_results_dir", "check_control", "check_lm", "check_toy"]
 
 ENVS_MAX = 65536  # gymnasium envs one control process holds at once (population x width)
 
@@ -67,47 +67,62 @@ def validate(cfg: DictConfig) -> None:
     check_known_keys(cfg)
     spec = check_registered(cfg)
     check_fields(cfg)
-    family = cfg.task.family
-    if family == "control":
-        validate_control(cfg, needs_groups=spec.needs_groups, full_episodes=spec.full_episodes)
-        check_control_sizes(cfg, spec)
-    elif family == "lm":
-        validate_lm(cfg)
-        check_sequence_minibatches(cfg, int(cfg.lm.prompts_per_iter) * int(cfg.group_size),
-                                   f"{cfg.lm.prompts_per_iter} prompts x group_size {cfg.group_size}")
-    elif family == "toy":
-        validate_toy(cfg)
-        check_sequence_minibatches(cfg, int(cfg.task.episodes_per_iter), "task.episodes_per_iter")
-    check_sampling_options(cfg)
+    entry_point(task_kind(cfg.task.family).validate)(cfg, spec)
     if cfg.mode == "probe":
         refuse_unknown_keys(cfg, "probe", ProbeSettings)  # names the key (probe.<key>) before the probe's checks
         validate_probe(cfg)
-    check_device(cfg)
     check_results_dir(cfg)
+
+
+# ----------------------------------------------------------------------------- each task kind's checks
+# (its TaskKind entry's ``validate``, harness.config.TASK_KINDS)
+
+def check_control(cfg: DictConfig, spec: EstimatorSpec) -> None:
+    """``task.family=control``: the task's checks, sizes, no sampling-side options, the device."""
+    validate_control(cfg, needs_groups=spec.needs_groups, full_episodes=spec.full_episodes)
+    check_control_sizes(cfg, spec)
+    check_sampling_options(cfg, None)
+    check_device(cfg)
+
+
+def check_lm(cfg: DictConfig, spec: EstimatorSpec) -> None:
+    """``task.family=lm``: the ``lm`` node's checks (the device among them), minibatches, sampling options."""
+    validate_lm(cfg)
+    check_sequence_minibatches(cfg, int(cfg.lm.prompts_per_iter) * int(cfg.group_size),
+                               f"{cfg.lm.prompts_per_iter} prompts x group_size {cfg.group_size}")
+    check_sampling_options(cfg, int(cfg.lm.max_response_len))
+
+
+def check_toy(cfg: DictConfig, spec: EstimatorSpec) -> None:
+    """``task.family=toy``: the task's checks, minibatches, sampling options (EOS), the device."""
+    validate_toy(cfg)
+    check_sequence_minibatches(cfg, int(cfg.task.episodes_per_iter), "task.episodes_per_iter")
+    toy = spec_from_config(cfg)
+    eos = sorted(n for n, p in TOY_PRESETS.items() if p.eos)
+    check_sampling_options(cfg, toy.length, None if toy.eos else
+                           f"task.env_id={cfg.task.env_id}: every response has the full length, none is "
+                           f"truncated; presets with EOS: {'|'.join(eos)}")
+    check_device(cfg)
 
 
 SAMPLING_OPTIONS = {"dynamic_sampling": False, "mask_truncated": False, "overlong_cache": None}
 
 
-def check_sampling_options(cfg: DictConfig) -> None:
+def check_sampling_options(cfg: DictConfig, longest: int | None, no_eos: str | None = None) -> None:
     """The sampling-side options (:mod:`harness.train.sampling`) act on groups of responses to a
-    prompt: the toy and LM tasks. Control tasks refuse them by name; so does a toy preset without
-    EOS for the two that need one (every response there has the full length, none is truncated)."""
+    prompt (``longest``: the maximal response length, in tokens); a task without responses
+    (``longest=None``: control) refuses them by name; so does a task without EOS (``no_eos``: why)
+    for the two that need one (every response there has the full length, none is truncated)."""
     for key, off in SAMPLING_OPTIONS.items():
         if cfg[key] == off:
             continue
-        if cfg.task.family == "control":
+        if longest is None:
             bad_field(key, f"{off if off is not None else 'null'} on control tasks (it applies to responses "
                            "sampled in groups: task families toy and lm)", cfg[key])
-        if key == "overlong_cache":
-            longest = int(cfg.lm.max_response_len) if cfg.task.family == "lm" else spec_from_config(cfg).length
-            if cfg[key] > longest:
-                bad_field(key, f"<= the maximal response length ({longest} tokens) or null (off)", cfg[key])
-        if cfg.task.family == "toy" and key != "dynamic_sampling" and not spec_from_config(cfg).eos:
-            eos = sorted(n for n, p in TOY_PRESETS.items() if p.eos)
-            bad_field(key, f"{off if off is not None else 'null'} without EOS (task.env_id={cfg.task.env_id}: every "
-                           f"response has the full length, none is truncated; presets with EOS: {'|'.join(eos)})",
-                      cfg[key])
+        if key == "overlong_cache" and cfg[key] > longest:
+            bad_field(key, f"<= the maximal response length ({longest} tokens) or null (off)", cfg[key])
+        if no_eos is not None and key != "dynamic_sampling":
+            bad_field(key, f"{off if off is not None else 'null'} without EOS ({no_eos})", cfg[key])
 
 
 def check_sequence_minibatches(cfg: DictConfig, sequences: int, what: str) -> None:
@@ -125,7 +140,7 @@ def check_sequence_minibatches(cfg: DictConfig, sequences: int, what: str) -> No
 
 def check_device(cfg: DictConfig) -> None:
     """``device=cuda`` needs CUDA (the LM task checks it itself, with the same message)."""
-    if cfg.device == "cuda" and cfg.task.family != "lm":
+    if cfg.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():

@@ -26,12 +26,13 @@ class Killed(BaseException):
     """Not an Exception: the app records nothing, like a SIGKILL."""
 
 
-def kill_at(monkeypatch, iteration: int) -> None:
-    """Make the control trainer die while building iteration ``iteration``'s metric rows."""
+def kill_at(monkeypatch, iteration: int, seed: int | None = None) -> None:
+    """Make the trainer (of member ``seed``, or any) die while building iteration ``iteration``'s
+    metric rows."""
     original = Loop._row
 
     def row(self, p, it, *args):
-        if it == iteration:
+        if it == iteration and seed in (None, self.source.seeds[p]):
             raise Killed(f"killed at iteration {it}")
         return original(self, p, it, *args)
 
@@ -139,6 +140,76 @@ def test_killed_run_resumes_from_checkpoint_with_identical_metrics(case, tmp_pat
     assert_same_runs(tmp_path / "ref", killed)
     assert not list(killed.rglob(ckpt.CHECKPOINT_FILE))  # finished runs keep no checkpoint
     assert not list(killed.rglob(".*.tmp"))
+
+
+TOY_CASES = {  # overrides, (seed, iteration) at which the run is killed (checkpoints every 3 iterations)
+    # members one by one: seed 0 finishes, seed 1 is killed at 8 and resumes at 6; learning rates
+    # annealed by the sequence budget (16 a iteration: 10 iterations), the token-sum loss
+    "grpo_population_anneal": (["estimator=grpo", "population=2", "budget.iterations=null", "budget.env_steps=160",
+                                "anneal_lr=true", "loss_agg=seq_mean_token_sum_norm"], (1, 8)),
+    # the tabular critic and its Adam state, several epochs of shuffled minibatches (the run's
+    # generator), an adaptive in-reward KL penalty to the reference
+    "ppo_gae_critic_adaptive_kl": (["estimator=ppo_gae", "budget.iterations=10", "epochs=2", "minibatches=2",
+                                    "kl.beta=0.05", "kl.adaptive=true", "kl.in_reward=true", "kl.target=ref"],
+                                   (0, 8)),
+    # greedy rollouts with random rewards (drawn from the run's generator), the CISPO loss
+    "remax_random_cispo": (["estimator=remax", "budget.iterations=10", "policy_loss=cispo",
+                            "++toy.reward=random"], (0, 7)),
+    # DAPO's dynamic sampling (a variable number of draws) and overlong penalty on the EOS preset,
+    # the per-prompt columns; killed right after a checkpoint's iteration
+    "rloo_dynamic_gspo": (["estimator=rloo", "budget.iterations=10", "task.env_id=varlen", "policy_loss=gspo",
+                           "dynamic_sampling=true", "overlong_cache=2", "++toy.log_prompts=true"], (0, 10)),
+}
+
+
+def policies(root) -> dict[str, dict[str, torch.Tensor]]:
+    """Each toy run's final ``policy.safetensors`` tensors, keyed by its path below ``root``."""
+    return {str(p.parent.relative_to(root)): ckpt.load(p)[0] for p in sorted(root.rglob("policy.safetensors"))}
+
+
+@pytest.mark.parametrize("case", sorted(TOY_CASES))
+def test_killed_toy_run_resumes_from_checkpoint_with_identical_metrics_and_policy(case, tmp_path, monkeypatch,
+                                                                                  caplog):
+    """Issue 38: the toy trainer checkpoints through the loop like control and LM: a member killed
+    after a checkpoint and started again ends with the metrics and the final policy (logits,
+    critic) of an uninterrupted run, bit for bit; finished members are skipped."""
+    caplog.set_level(logging.INFO, logger="harness")
+    overrides, (seed, kill) = TOY_CASES[case]
+    every = 3
+    resumed_at = (kill - 1) // every * every
+    args = ["task=toy", *overrides, "task.episodes_per_iter=16", "group_size=4", "lr=0.05", "progress=false",
+            "threads=1", f"checkpoint_every={every}"]
+    run(make_cfg(args + [f"results_dir={tmp_path}/plain", "checkpoint_every=0"]))
+    run(make_cfg(args + [f"results_dir={tmp_path}/ref"]))
+    assert_same_runs(tmp_path / "plain", tmp_path / "ref")  # checkpointing itself changes nothing
+    ref, ref_policies = metrics_by_run(tmp_path / "ref"), policies(tmp_path / "ref")
+    assert sorted(ref_policies) == sorted(ref) and len(ref) == (2 if "population=2" in overrides else 1)
+    lengths = {key: len(df) for key, df in ref.items()}
+    assert all(n >= kill for n in lengths.values())  # the kill falls inside every run
+
+    kill_at(monkeypatch, kill, seed)
+    with pytest.raises(Killed):
+        run(make_cfg(args + [f"results_dir={tmp_path}/killed"]))
+    monkeypatch.undo()
+    killed = tmp_path / "killed"
+    done = set(statuses(killed))
+    assert len(done) == seed  # members before the killed one finished, those after never started
+    (key,) = set(metrics_by_run(killed)) - done
+    df = metrics_by_run(killed)[key]
+    assert resumed_at <= len(df) < kill and df["iteration"].tolist() == list(range(1, len(df) + 1))
+    assert ckpt.load(killed / key / ckpt.CHECKPOINT_FILE)[1]["iteration"] == resumed_at
+
+    updates = count_updates(monkeypatch)
+    assert run(make_cfg(args + [f"results_dir={killed}"])) == {"skipped": len(done), "completed": len(ref) - len(done)}
+    later = sum(n for k, n in lengths.items() if k not in done and k != key)  # members the kill kept from starting
+    assert len(updates) == lengths[key] - resumed_at + later  # the killed member resumed at its checkpoint
+    assert any("resume" in r.message and f"at iteration {resumed_at}" in r.message for r in caplog.records)
+    assert_same_runs(tmp_path / "ref", killed)
+    got = policies(killed)
+    assert sorted(got) == sorted(ref_policies)
+    for k, tensors in ref_policies.items():
+        assert sorted(got[k]) == sorted(tensors) and all(torch.equal(got[k][n], t) for n, t in tensors.items()), k
+    assert not list(killed.rglob(ckpt.CHECKPOINT_FILE)) and not list(killed.rglob(".*.tmp"))
 
 
 def test_checkpoint_is_safetensors_with_weights_optimizer_and_rng(tmp_path, monkeypatch):
@@ -292,10 +363,10 @@ def test_checkpoint_every_must_be_a_non_negative_integer(value):
         validate(cfg)
 
 
-def test_checkpoint_every_is_refused_where_no_trainer_checkpoints():
-    cfg = make_cfg(["task=toy", "estimator=rloo", "checkpoint_every=5"])
-    with pytest.raises(ValueError, match="checkpoint_every must be 0 for task.family=toy"):
-        validate(cfg)
+def test_checkpoint_every_is_accepted_by_every_trainer():
+    """Issue 38: the toy trainer checkpoints too (it refused ``checkpoint_every`` before)."""
+    for task in ("toy", "cartpole", "lm_arith"):
+        validate(make_cfg([f"task={task}", "estimator=rloo", "checkpoint_every=5"]))
 
 
 def test_new_fields_leave_run_directory_hashes_unchanged():
@@ -311,8 +382,6 @@ def test_new_fields_leave_run_directory_hashes_unchanged():
     for overrides, expected in pinned.items():
         assert config_hash(make_cfg(list(overrides))) == expected, overrides
         switched = list(overrides) + ["checkpoint_every=7", "deterministic=true"]
-        if "task=toy" in overrides:
-            switched.remove("checkpoint_every=7")
         assert config_hash(make_cfg(switched)) == expected, overrides
 
 

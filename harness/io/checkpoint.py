@@ -8,8 +8,8 @@ states as byte tensors, whatever else a trainer needs) plus a JSON document of p
 new one, never half of one. Loading goes through ``safetensors`` and ``json`` only, so nothing
 read from a results folder is ever unpickled (issue 7: ``weights_only=True`` or safetensors).
 
-Used by the control and LM trainers (``checkpoint_every``, resume) and by the toy trainer (its
-final ``policy.safetensors``, read by ``mode=probe``).
+Used by the training loop (:mod:`harness.train.loop`: ``checkpoint_every`` and resume, for every
+task family) and by the toy trainer (its final ``policy.safetensors``, read by ``mode=probe``).
 """
 from __future__ import annotations
 

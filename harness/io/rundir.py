@@ -8,7 +8,7 @@ Layout (docs/design.md, "Outputs")::
         tb/                the same rows as TensorBoard events (``logger=tensorboard``; harness.io.trackers)
         wandb/             the same rows as an offline wandb run (``logger=wandb``; ``logger=mlflow``
                            writes <results_dir>/mlflow.db instead)
-        checkpoint.safetensors  the latest checkpoint (``checkpoint_every``; control and LM runs)
+        checkpoint.safetensors  the latest checkpoint (``checkpoint_every``; every training run)
         summary.json       written last: its presence marks the run finished
         .lock              flock'd by the process running the run (pid, host, start time)
 

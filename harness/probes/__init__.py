@@ -10,7 +10,9 @@ To probe a config (validate, skip finished run directories, probe the rest) call
 ``harness.app.run`` with ``mode=probe``: ``python -m harness mode=probe [overrides] [-m]``.
 
 Families: ``toy`` (exact gradient, :mod:`.toy`) and ``control`` (whole-episode estimators against
-a high-sample REINFORCE reference, :mod:`.control`). ``lm`` is refused by :func:`validate_probe`.
+a high-sample REINFORCE reference, :mod:`.control`): the ``probe`` and ``probe_validate`` of their
+:class:`harness.config.TaskKind` entries. A kind without a probe (``lm``) is refused by
+:func:`validate_probe`.
 The settings (``probe.*``) are :class:`harness.config.ProbeSettings`, re-exported here.
 """
 from __future__ import annotations
@@ -21,36 +23,27 @@ import traceback
 
 from omegaconf import DictConfig
 
-from ..config import ProbeSettings, settings_from_config
-from ..tasks.toy import validate_toy
-from . import control as _control
-from . import toy as _toy
-from .control import validate_control_probe
-from .toy import probe_toy, validate_toy_probe
+from ..config import TASK_KINDS, ProbeSettings, entry_point, settings_from_config, task_kind
+from .toy import probe_toy
 
 log = logging.getLogger("harness.probes")
-
-PROBE_FAMILIES = ("toy", "control")
 
 __all__ = ["ProbeSettings", "probe_toy", "run_probe", "settings_from_config", "validate_probe"]
 
 
 def validate_probe(cfg: DictConfig) -> None:
     """Checks for ``mode=probe`` that can fail before any work starts."""
-    if cfg.task.family not in PROBE_FAMILIES:
-        raise ValueError(f"mode=probe supports task.family in {list(PROBE_FAMILIES)}, got {cfg.task.family!r}")
-    s = settings_from_config(cfg)
-    if cfg.task.family == "toy":
-        validate_toy(cfg)
-        validate_toy_probe(cfg, s)
-    else:
-        validate_control_probe(cfg, s)
+    kind = TASK_KINDS.get(cfg.task.family)
+    if kind is None or kind.probe is None:
+        probed = [k.name for k in TASK_KINDS.values() if k.probe is not None]
+        raise ValueError(f"mode=probe supports task.family in {probed}, got {cfg.task.family!r}")
+    entry_point(kind.probe_validate)(cfg, settings_from_config(cfg))
 
 
 def run_probe(cfg: DictConfig, runs) -> None:
     """Probe every run directory of ``runs`` (already started by the caller)."""
     validate_probe(cfg)
-    probe_run = _toy.probe_run if cfg.task.family == "toy" else _control.probe_run
+    probe_run = entry_point(task_kind(cfg.task.family).probe)
     for r in runs:
         t0 = time.time()
         try:

@@ -414,9 +414,10 @@ def check_truth_scale(s: ProbeSettings, kl_beta: float) -> None:
 
 
 def validate_toy_probe(cfg, s: ProbeSettings) -> None:
-    """Toy probe checks that need the task: ``probe.truth_scale`` (:func:`check_truth_scale`);
-    ``probe.arcsin`` needs binary rewards, the ``policy_gradient`` target and no KL term (its
-    ``cos_linear`` is against ``grad J``)."""
+    """Toy probe checks (the toy kind's ``probe_validate``): the task's own (:func:`validate_toy`),
+    ``probe.truth_scale`` (:func:`check_truth_scale`); ``probe.arcsin`` needs binary rewards, the
+    ``policy_gradient`` target and no KL term (its ``cos_linear`` is against ``grad J``)."""
+    validate_toy(cfg)
     check_truth_scale(s, float(cfg.kl.beta))
     if not s.arcsin:
         return

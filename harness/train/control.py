@@ -37,8 +37,9 @@ from ..models.control import ControlAgent, agent_options
 from ..models.mlp import member_view
 from ..tasks.control import (EpisodeCollector, MemberEnvs, Normalization, StepCollector, advantage_batch, env_info,
                              evaluate, time_limit)
-from .loop import Source, train_population
+from .loop import Source
 from .update import UpdateBatch, clip_grad_norms
+from .workers import train_members
 
 
 class ControlLearner:
@@ -253,7 +254,7 @@ def cores_available() -> int:
 
 def layout(cfg: DictConfig, population: int) -> tuple[int, int]:
     """``(workers, threads)``: how many processes train the population's members (contiguous
-    slices of them, :func:`harness.train.loop.train_population`) and torch's intra-op threads in
+    slices of them, :func:`harness.train.workers.train_population`) and torch's intra-op threads in
     each. ``population_workers`` and ``threads`` where set; by default one worker per available
     core, each with the cores left over (one thread when every core has a worker), and a lone run
     one worker with one thread. A small MLP's update is a few thousand short kernels per
@@ -277,4 +278,4 @@ def train(cfg: DictConfig, runs: list[RunDir]) -> None:
     resuming from the newest valid checkpoint if there is one, else from zero."""
     workers, threads = layout(cfg, int(cfg.population))
     torch.set_num_threads(threads)
-    train_population(cfg, runs, ControlSource, "control", workers=workers)
+    train_members(cfg, runs, ControlSource, "control", workers=workers)

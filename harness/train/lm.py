@@ -58,7 +58,8 @@ from ..models.lm import (NonFiniteError, PolicyWithValue, ValueModel, fuse_gelu,
 from ..tasks.lm.data import decode_responses, left_pad
 from ..tasks.lm.metrics import length_by_correctness, mean_pass_at_k, zero_std_fraction
 from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_scores, uses_bf16
-from .loop import Diverged, Source, train_one_by_one
+from .loop import Diverged, Source
+from .workers import train_members
 from .sampling import cat_rows, dynamic_sample, overlong_penalty, take_groups
 from .update import UpdateBatch, clip_grad_groups
 
@@ -575,4 +576,4 @@ def train(cfg: DictConfig, runs: list[RunDir]) -> None:
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     task = build_task(cfg)
-    train_one_by_one(cfg, runs, lambda c, rs: LMSource(c, task), "lm")
+    train_members(cfg, runs, lambda c, rs: LMSource(c, task), "lm")

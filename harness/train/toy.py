@@ -39,7 +39,8 @@ from ..io.schema import prompt_column
 from ..io import checkpoint as ckpt
 from ..losses import PolicyInputs, get_policy_loss, loss_settings
 from ..tasks.toy import DTYPE, ToyTask, advantage_batch, build_task, random_rewards, validate_toy
-from .loop import Source, train_one_by_one
+from .loop import Source
+from .workers import train_members
 from .sampling import cat_rows, dynamic_sample, overlong_penalty, take_groups
 from .update import UpdateBatch, clip_grad_groups
 
@@ -284,4 +285,4 @@ def train(cfg: DictConfig, runs: list[RunDir]) -> None:
     # tiny tensors: intra-op threads only add synchronisation (as for control)
     torch.set_num_threads(int(cfg.threads or 1))
     task = build_task(cfg)
-    train_one_by_one(cfg, runs, lambda c, rs: ToySource(c, task), "toy")
+    train_members(cfg, runs, lambda c, rs: ToySource(c, task), "toy")

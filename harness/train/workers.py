@@ -1,0 +1,171 @@
+"""Members to loops: one batched population (in worker processes or not) or one by one.
+
+:func:`train_members` trains a task kind's members the way its :class:`harness.config.TaskKind`
+entry says: :func:`train_population` (members that are finished or held elsewhere ride along as
+write-nothing :class:`ShadowRun` s, so batch shapes stay those of an uninterrupted run; with
+``population_workers`` the members are split over forked processes) or :func:`train_one_by_one`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from omegaconf import DictConfig
+
+from ..config import member_configs, task_kind
+from ..io import RunDir
+from .checkpointing import start
+from .loop import Loop
+
+log = logging.getLogger("harness")
+
+
+class ShadowRun(RunDir):
+    """A population member trained for its neighbours' sake (already finished, or held by
+    another sweep): rows are kept in memory (for checkpoints), nothing is written."""
+
+    writable = False
+
+    def start(self, keep_checkpoint: bool = False) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def finish(self, status, reason, wall_time_s, extra=None) -> None:
+        pass
+
+    def discard_progress(self) -> None:
+        self.rows = []
+
+    def resume_rows(self, rows: list[dict]) -> None:
+        self.rows = list(rows)
+
+    def remove_checkpoint(self) -> None:
+        pass
+
+
+def population_runs(cfg: DictConfig, runs: list[RunDir]) -> list[RunDir]:
+    """All ``cfg.population`` members in seed order: ``runs`` where given, a :class:`ShadowRun`
+    for each other member (finished already, or held by another sweep)."""
+    members = member_configs(cfg)
+    mine = {int(r.cfg.seed): r for r in runs}
+    if not set(mine) <= {int(m.seed) for m in members}:  # not this config's members: as given
+        return list(runs)
+    return [mine.get(int(m.seed)) or ShadowRun(m) for m in members]
+
+
+def train_members(cfg: DictConfig, runs: list[RunDir], make_source, family: str, workers: int = 1) -> None:
+    """Train ``runs`` the way task kind ``family`` trains (its :class:`harness.config.TaskKind`
+    entry): as one batched population (:func:`train_population`, over ``workers`` processes) or one
+    after another (:func:`train_one_by_one`). ``make_source(cfg, runs)``: the kind's rollout source."""
+    if task_kind(family).population:
+        train_population(cfg, runs, make_source, family, workers=workers)
+    else:
+        train_one_by_one(cfg, runs, make_source, family)
+
+
+def train_population(cfg: DictConfig, runs: list[RunDir], make_source, family: str, workers: int = 1) -> None:
+    """Train every member of ``cfg.population`` as one batched population (members that are
+    already finished or held elsewhere as write-nothing shadows: the batch shapes, which couple
+    members, stay those of an uninterrupted run).
+
+    ``workers > 1``: the members are split into that many contiguous slices
+    (:func:`worker_slices`), each trained as its own batched population by a forked process
+    (:func:`_slice_worker`, with this process's torch thread count); this process waits for them.
+    Members share nothing but batch shapes, so a member's run is the same whatever the split, up
+    to float rounding (as it is its lone run's). Each slice checkpoints and resumes on its own:
+    a resumed run with the same split continues, one with another split restarts the slices
+    whose checkpoint does not fit (named in a log line)."""
+    full = population_runs(cfg, runs)
+    slices = worker_slices(len(full), workers)
+    if len(slices) == 1:
+        train_slice(cfg, full, make_source, family)
+        return
+    import multiprocessing
+
+    threads = torch.get_num_threads()
+    log.info("population of %d: %d worker processes (seeds %s), %d torch thread(s) each", len(full), len(slices),
+             ", ".join(f"{full[i.start].cfg.seed}-{full[i.stop - 1].cfg.seed}" for i in slices), threads)
+    ctx = multiprocessing.get_context("fork")  # the children need nothing re-imported or pickled
+    procs = []
+    try:
+        for idx in slices:
+            part = [full[i] for i in idx]
+            if not any(getattr(r, "writable", True) for r in part):
+                continue  # every member finished or held elsewhere
+            show = cfg.progress and not procs  # one progress bar: the first slice's
+            procs.append((ctx.Process(target=_slice_worker, args=(cfg, part, make_source, family, show, threads),
+                                      name=f"population-worker-{part[0].cfg.seed}", daemon=True), part))
+            procs[-1][0].start()
+        for proc, _ in procs:
+            proc.join()
+    except BaseException:  # e.g. Ctrl-C: stop every worker before going
+        for proc, _ in procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+        raise
+    lost = [f"seeds {part[0].cfg.seed}-{part[-1].cfg.seed} (exit code {proc.exitcode})"
+            for proc, part in procs if proc.exitcode != 0]
+    if lost:
+        raise RuntimeError(f"population worker(s) failed: {', '.join(lost)}")
+
+
+def worker_slices(n: int, workers: int) -> list[range]:
+    """Members ``0..n-1`` as ``min(workers, n)`` contiguous slices, sizes differing by at most one
+    (the larger first)."""
+    k = max(1, min(int(workers), n))
+    q, extra = divmod(n, k)
+    out, lo = [], 0
+    for w in range(k):
+        hi = lo + q + (w < extra)
+        out.append(range(lo, hi))
+        lo = hi
+    return out
+
+
+def train_slice(cfg: DictConfig, runs: list[RunDir], make_source, family: str) -> None:
+    """Train ``runs`` as one batched population, resuming from their newest valid checkpoint."""
+    loop, resume = start(cfg, lambda: Loop(cfg, make_source(cfg, runs), runs, family), runs)
+    loop.run(resume)
+
+
+def _slice_worker(cfg: DictConfig, runs: list[RunDir], make_source, family: str, progress: bool,
+                  threads: int) -> None:
+    """A worker process's :func:`train_slice`, on ``threads`` torch threads, with or without its
+    progress bar. If it raises, its unfinished members are recorded as failed with the exception
+    (the parent sees only an exit code), then the worker exits non-zero."""
+    torch.set_num_threads(threads)
+    if progress != cfg.progress:
+        cfg = cfg.copy()
+        cfg.progress = progress
+    t0 = time.time()
+    try:
+        train_slice(cfg, runs, make_source, family)
+    except Exception as exc:
+        log.exception("%s population worker (seeds %s-%s) failed", family, runs[0].cfg.seed, runs[-1].cfg.seed)
+        for r in runs:  # a shadow's finish writes nothing
+            if r.status() is None:
+                r.finish("failed", f"{type(exc).__name__}: {exc}", time.time() - t0)
+        raise
+
+
+def train_one_by_one(cfg: DictConfig, runs: list[RunDir], make_source, family: str) -> None:
+    """Train the members one after another, each a lone run of its own seed (``P = 1``); a
+    member that raises is recorded as failed and the next one goes on."""
+    for r in runs:
+        t0 = time.time()
+        loop = None  # the previous member's trainer is freed before this one is built (and measured)
+        try:
+            loop, resume = start(r.cfg, lambda: Loop(r.cfg, make_source(r.cfg, [r]), [r], family), [r])
+            loop.run(resume)
+            loop = None
+        except Exception as exc:  # record this member as failed, go on with the next
+            loop = None
+            log.exception("%s run %s failed", family, r.run_id)
+            if r.status() is None:
+                r.finish("failed", f"{type(exc).__name__}: {exc}", time.time() - t0)
+            if len(runs) == 1:
+                raise

@@ -1,0 +1,143 @@
+"""Task kinds as one table (issue 38, item 4): what differs between ``task.family=control|lm|toy``
+(how the members train, whether a run resumes, the validation, the probe) is one
+:class:`harness.config.TaskKind` entry each, looked up by the app, the schema, the validation,
+the probes and the loop; a new kind is one entry (here a test kind that reuses the toy task)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness import app
+from harness.config import TASK_KINDS, TaskKind, entry_point, task_kind
+from harness.io import checkpoint as ckpt
+from harness.train import workers as train_workers
+from harness.validation import validate
+from tests.control_helpers import make_cfg
+
+# the layer each entry point is called from may import it (.importlinter: app > train, probes > tasks)
+ENTRY_LAYERS = {"trainer": ("harness.train.",), "validate": ("harness.validation", "harness.tasks."),
+                "probe": ("harness.probes.",), "probe_validate": ("harness.probes.",)}
+
+
+def test_the_three_kinds_and_what_each_says():
+    """The table as the code used to branch: control trains a batched population, LM and toy
+    one member after another; every kind resumes; control and toy have a probe, LM none."""
+    got = {k.name: (k.population, k.resumes, k.probe is not None, k.node, k.budget) for k in TASK_KINDS.values()}
+    assert got == {"control": (True, True, True, None, "env_steps"),
+                   "lm": (False, True, False, "lm", "tokens"),
+                   "toy": (False, True, True, "toy", "env_steps")}
+
+
+@pytest.mark.parametrize("name", sorted(TASK_KINDS))
+def test_every_entry_point_resolves_to_a_function_in_a_layer_its_caller_may_import(name):
+    kind = TASK_KINDS[name]
+    for field, layers in ENTRY_LAYERS.items():
+        path = getattr(kind, field)
+        if path is None:
+            continue
+        assert path.startswith(layers), (field, path)
+        assert callable(entry_point(path)), (field, path)
+    assert app.get_trainer(name) is entry_point(kind.trainer)
+
+
+def test_an_unknown_kind_is_one_line_naming_the_field_and_the_kinds():
+    with pytest.raises(ValueError, match=r"^task.family must be one of \['control', 'lm', 'toy'\], got 'nope'$"):
+        task_kind("nope")
+
+
+@pytest.mark.parametrize("name, how", [("control", "population"), ("lm", "one_by_one"), ("toy", "one_by_one")])
+def test_the_loop_trains_each_kind_the_way_its_entry_says(name, how, monkeypatch):
+    calls = []
+    monkeypatch.setattr(train_workers, "train_population", lambda *a, **k: calls.append("population"))
+    monkeypatch.setattr(train_workers, "train_one_by_one", lambda *a, **k: calls.append("one_by_one"))
+    train_workers.train_members(None, [], None, name)
+    assert calls == [how]
+    monkeypatch.setitem(TASK_KINDS, name, dataclasses.replace(TASK_KINDS[name], population=how != "population"))
+    train_workers.train_members(None, [], None, name)
+    assert calls == [how, "one_by_one" if how == "population" else "population"]
+
+
+# ----------------------------------------------------------------------------- a new kind: one entry
+
+SEEN: list[str] = []
+
+
+def check_test_kind(cfg, spec) -> None:
+    """The test kind's validation: records the call, refuses group_size=3."""
+    SEEN.append(f"validate {spec.name}")
+    if cfg.group_size == 3:
+        raise ValueError("group_size must be 2 for task.family=test_kind, got 3")
+
+
+def train_test_kind(cfg, runs) -> None:
+    """The test kind's trainer: records which checkpoint files it found, finishes every run."""
+    for r in runs:
+        SEEN.append(f"train seed{r.cfg.seed} checkpoint={(r.path / ckpt.CHECKPOINT_FILE).is_file()}")
+        r.finish("completed", None, 0.0)
+
+
+@pytest.fixture
+def test_kind(monkeypatch):
+    SEEN.clear()
+    kind = TaskKind("test_kind", population=False, resumes=False, trainer=f"{__name__}:train_test_kind",
+                    validate=f"{__name__}:check_test_kind")
+    monkeypatch.setitem(TASK_KINDS, kind.name, kind)
+    return kind
+
+
+def _cfg(tmp_path, *extra):
+    return make_cfg(["task=toy", "task.family=test_kind", "estimator=rloo", "progress=false",
+                     f"results_dir={tmp_path}", *extra])
+
+
+def test_a_new_kind_is_one_entry_its_validation_and_trainer_are_called(test_kind, tmp_path):
+    assert app.run(_cfg(tmp_path, "population=2")) == {"skipped": 0, "completed": 2}
+    assert SEEN == ["validate rloo", "train seed0 checkpoint=False", "train seed1 checkpoint=False"]
+    with pytest.raises(ValueError, match="^group_size must be 2 for task.family=test_kind, got 3$"):
+        validate(_cfg(tmp_path, "group_size=3", "task.episodes_per_iter=3"))
+
+
+def test_a_kind_that_does_not_resume_refuses_checkpoint_every_and_keeps_no_checkpoint(test_kind, tmp_path):
+    with pytest.raises(ValueError, match=r"^checkpoint_every must be 0 for task.family=test_kind \(only the task "
+                                         r"families control\|lm\|toy checkpoint\), got 4$"):
+        validate(_cfg(tmp_path, "checkpoint_every=4"))
+    # a checkpoint left in the run's folder is discarded before its trainer starts ...
+    cfg = _cfg(tmp_path)
+    (run_dir,) = [app.RunDir(m).path for m in app.member_configs(cfg)]
+    run_dir.mkdir(parents=True)
+    (run_dir / ckpt.CHECKPOINT_FILE).write_bytes(b"x")
+    assert app.run(cfg) == {"skipped": 0, "completed": 1}
+    assert SEEN[-1] == "train seed0 checkpoint=False"
+    # ... and kept for one that resumes
+    TASK_KINDS["test_kind"] = dataclasses.replace(test_kind, resumes=True)
+    (run_dir / "summary.json").unlink()
+    (run_dir / ckpt.CHECKPOINT_FILE).write_bytes(b"x")
+    assert app.run(cfg) == {"skipped": 0, "completed": 1}
+    assert SEEN[-1] == "train seed0 checkpoint=True"
+    validate(_cfg(tmp_path, "checkpoint_every=4"))
+
+
+def test_a_kind_without_a_probe_is_refused_in_probe_mode(test_kind, tmp_path):
+    with pytest.raises(ValueError, match=r"^mode=probe supports task.family in \['control', 'toy'\], "
+                                         r"got 'test_kind'$"):
+        validate(_cfg(tmp_path, "mode=probe"))
+    with pytest.raises(ValueError, match=r"^mode=probe supports task.family in \['control', 'toy'\], got 'lm'$"):
+        validate(make_cfg(["task=lm_arith", "estimator=rloo", "mode=probe", f"results_dir={tmp_path}"]))
+
+
+def probe_test_kind(cfg, run) -> None:
+    SEEN.append(f"probe seed{run.cfg.seed}")
+    run.finish("completed", None, 0.0, extra={"mode": "probe"})
+
+
+def validate_test_kind_probe(cfg, settings) -> None:
+    SEEN.append(f"validate probe batches={settings.batches}")
+
+
+def test_a_kind_with_a_probe_is_probed_through_its_entry(test_kind, tmp_path):
+    TASK_KINDS["test_kind"] = dataclasses.replace(test_kind, probe=f"{__name__}:probe_test_kind",
+                                                  probe_validate=f"{__name__}:validate_test_kind_probe")
+    assert app.run(_cfg(tmp_path, "mode=probe", "++probe.batches=6")) == {"skipped": 0, "completed": 1}
+    # validate() checks the probe's settings, run_probe again before it probes
+    assert SEEN == ["validate rloo", "validate probe batches=6", "validate probe batches=6", "probe seed0"]
