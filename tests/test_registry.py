@@ -49,7 +49,7 @@ def test_register_adds_to_the_registry(monkeypatch):
 
 # ------------------------------------------------------------------------- policy losses
 def test_the_design_policy_losses_are_registered():
-    assert {"pg", "clip"} <= set(POLICY_LOSSES)  # docs/design.md: update: pg | clip
+    assert {"pg", "clip"} <= set(POLICY_LOSSES)  # the founding design's two losses (docs/design.md, "The registries")
     assert get_policy_loss("pg").fn is pg_loss
     assert get_policy_loss("clip").fn is losses.clipped_surrogate_loss
 
