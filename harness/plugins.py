@@ -1,7 +1,7 @@
 """Estimators, policy losses, envs (and anything else that registers itself) from a user's own package.
 
 A plugin is a Python module that registers with the harness's own decorators when imported:
-:func:`harness.estimators.register`, :func:`harness.losses.register_policy_loss`, gymnasium's
+:func:`harness.estimators.register_estimator`, :func:`harness.losses.register_policy_loss`, gymnasium's
 ``register`` (or ``task.env_id=mod:EnvId``). The harness imports, before it validates a config:
 
 * every module named by the config key ``plugins`` (``plugins=[mypkg.estimators]`` on the command
