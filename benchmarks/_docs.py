@@ -35,21 +35,32 @@ def this_command(argv: list[str] | None = None) -> str:
     return "python " + " ".join(shlex.quote(a) for a in argv)
 
 
-def write_block(page: str | Path, name: str, markdown: str, command: str | None = None,
-                date: str | None = None) -> Path:
-    """Replace the ``name`` block of the markdown file ``page`` (relative paths: from the repository
-    root) by ``markdown``, stamped ``Written by `command` on date.``; ``command`` defaults to this
-    process's command line, ``date`` to today. Raises ``ValueError`` when the page lacks the markers."""
+def page_path(page: str | Path) -> Path:
+    """``page``, a relative path taken from the repository root."""
     page = Path(page)
-    if not page.is_absolute():
-        page = ROOT / page
+    return page if page.is_absolute() else ROOT / page
+
+
+def with_block(text: str, name: str, markdown: str, stamp: str, where: object = "the page") -> str:
+    """``text`` with what lies between the ``name`` markers replaced by ``stamp``, a blank line and
+    ``markdown``. Raises ``ValueError`` naming ``where`` when the markers are missing."""
     start, end = markers(name)
-    text = page.read_text()
     i, j = text.find(start), text.find(end)
     if i < 0 or j < i:
-        raise ValueError(f"{page}: no {start} ... {end} markers")
-    stamp = f"Written by `{command or this_command()}` on {date or time.strftime('%Y-%m-%d')}."
-    new = f"{text[:i]}{start}\n{stamp}\n\n{markdown.strip()}\n{end}{text[j + len(end):]}"
+        raise ValueError(f"{where}: no {start} ... {end} markers")
+    return f"{text[:i]}{start}\n{stamp}\n\n{markdown.strip()}\n{end}{text[j + len(end):]}"
+
+
+def write_block(page: str | Path, name: str, markdown: str, command: str | None = None,
+                date: str | None = None, stamp: str | None = None) -> Path:
+    """Replace the ``name`` block of the markdown file ``page`` (relative paths: from the repository
+    root) by ``markdown``, stamped ``Written by `command` on date.``; ``command`` defaults to this
+    process's command line, ``date`` to today (``stamp``: that line instead, for a block that must
+    not change from one day to the next). Raises ``ValueError`` when the page lacks the markers."""
+    page = page_path(page)
+    if stamp is None:
+        stamp = f"Written by `{command or this_command()}` on {date or time.strftime('%Y-%m-%d')}."
+    new = with_block(page.read_text(), name, markdown, stamp, where=page)
     fd, tmp = tempfile.mkstemp(dir=page.parent, prefix=f".{page.name}.")
     with os.fdopen(fd, "w") as f:
         f.write(new)

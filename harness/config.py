@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, List, Optional
 
@@ -333,6 +334,15 @@ def member_configs(cfg: DictConfig) -> list[DictConfig]:
     return out
 
 
+def first_sentence(fn: Any) -> str:
+    """The first sentence of ``fn``'s docstring, on one line: what a registry shows in the docs' tables
+    when its entry gives no summary (harness.estimators.register_estimator, harness.losses.register_policy_loss).
+    A sentence ends at a full stop followed by a capital or a backquote, or at a reST directive
+    (``.. math::``), so ``Schulman et al. 2017``, ``eq. 7`` and ``e.g. Adam`` do not end it."""
+    doc = " ".join((getattr(fn, "__doc__", None) or "").split())
+    return re.split(r"(?<=\.)(?<!e\.g\.)(?<!i\.e\.)\s+(?=[A-Z`])|\s\.\.\s", doc, maxsplit=1)[0].rstrip(".:, ") if doc else ""
+
+
 # The knobs a policy loss alone reads (harness.losses: each loss's settings dataclass), name -> (type,
 # default): filled by harness.losses.register_policy_loss, so a new loss's knob needs no edit here.
 # register_configs adds them to the schema as top-level keys (``clip_ratio_c=4``); harness.io.rundir
@@ -381,6 +391,7 @@ def register_configs() -> None:
 
 
 NORMALIZE = ("none", "batch", "minibatch")
+GRAD_CLIPS = ("joint", "per_network")  # grad_clip: one norm over actor+critic (SB3, CleanRL) | each network alone
 LOG_STD_MODES = ("state_independent", "state_dependent")  # task.log_std (harness.models.control)
 ACTION_BOUNDS = ("clip", "tanh")  # task.action_bound (harness.models.control)
 # task.* keys only the control family reads, with their defaults (also left out of the run hash at
@@ -682,8 +693,8 @@ def check_fields(cfg: DictConfig) -> None:
         bad("ent_coef", "a finite number >= 0", cfg.ent_coef)
     if not (finite(cfg.vf_coef) and cfg.vf_coef >= 0):
         bad("vf_coef", "a finite number >= 0", cfg.vf_coef)
-    if cfg.grad_clip not in ("joint", "per_network"):
-        bad("grad_clip", "one of ['joint', 'per_network']", cfg.grad_clip)
+    if cfg.grad_clip not in GRAD_CLIPS:
+        bad("grad_clip", f"one of {list(GRAD_CLIPS)}", cfg.grad_clip)
     if cfg.max_grad_norm is not None and not cfg.max_grad_norm > 0:
         bad("max_grad_norm", "> 0 or null", cfg.max_grad_norm)
     if cfg.device not in DEVICES:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from .config import bad_field, is_finite, register_loss_knobs
+from .config import bad_field, first_sentence, is_finite, register_loss_knobs
 from .estimators.kl import kl_estimate
 
 # The only list of loss aggregations (config key ``loss_agg``); presets named after TRL's
@@ -503,6 +503,7 @@ class PolicyLoss:
     name: str
     fn: PolicyLossFn
     settings: type = NoSettings
+    summary: str = ""  # one line for the tables of README and docs (default: the docstring's first sentence)
 
     def __call__(self, x: PolicyInputs, s: Any = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return self.fn(x, self.settings() if s is None else s)
@@ -512,12 +513,6 @@ class PolicyLoss:
         """The config keys it reads (its settings' fields)."""
         return tuple(f.name for f in dataclasses.fields(self.settings))
 
-    @property
-    def summary(self) -> str:
-        """The first sentence of the function's docstring (the tables of README and docs)."""
-        doc = " ".join((self.fn.__doc__ or "").split())
-        return doc.split(". ")[0].rstrip(".:,") if doc else ""
-
 
 # The only list of policy losses (config key ``update``): name -> :class:`PolicyLoss`. Adding one is
 # one function, its settings dataclass and one :func:`register_policy_loss` call; config schema,
@@ -525,14 +520,16 @@ class PolicyLoss:
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
 
-def register_policy_loss(name: str, fn: PolicyLossFn | None = None, settings: type = NoSettings):
+def register_policy_loss(name: str, fn: PolicyLossFn | None = None, settings: type = NoSettings, *,
+                         summary: str | None = None):
     """Register ``fn(x: PolicyInputs, s: settings) -> (loss, metrics)`` as the policy loss selected by
     ``update: <name>``; ``settings`` is a frozen dataclass whose fields (each with a default) are the
     config keys it reads: the ones the schema lacks become config keys (:data:`harness.config.LOSS_KNOBS`).
 
     Usable as a decorator, ``@register_policy_loss("sapo", settings=SapoSettings)``, or a plain call,
     ``register_policy_loss("clip", clipped_surrogate_loss, ClipSettings)``; either way returns ``fn``.
-    Registering a name twice raises ``ValueError``.
+    ``summary``: its line in the tables of README and docs (default: the first sentence of ``fn``'s
+    docstring). Registering a name twice raises ``ValueError``.
     """
     def _register(f: PolicyLossFn) -> PolicyLossFn:
         if name in POLICY_LOSSES:
@@ -540,7 +537,7 @@ def register_policy_loss(name: str, fn: PolicyLossFn | None = None, settings: ty
         if not (dataclasses.is_dataclass(settings) and isinstance(settings, type)):
             raise ValueError(f"policy loss {name!r}: settings must be a dataclass, got {settings!r}")
         register_loss_knobs(settings, name)
-        POLICY_LOSSES[name] = PolicyLoss(name, f, settings)
+        POLICY_LOSSES[name] = PolicyLoss(name, f, settings, first_sentence(f) if summary is None else summary)
         return f
 
     return _register if fn is None else _register(fn)
@@ -565,13 +562,22 @@ def loss_settings(cfg: Any, name: str | None = None) -> Any:
     return spec.settings(**values)
 
 
-register_policy_loss("pg", pg_loss)
-register_policy_loss("clip", clipped_surrogate_loss, ClipSettings)
-register_policy_loss("dual_clip", dual_clip_loss, DualClipSettings)
-register_policy_loss("gspo", gspo_loss, ClipSettings)
-register_policy_loss("cispo", cispo_loss, ClipRange)
-register_policy_loss("gmpo", gmpo_loss, ClipRange)
-register_policy_loss("sapo", sapo_loss, SapoSettings)
+register_policy_loss("pg", pg_loss, summary="Vanilla policy gradient, log pi_t A_t (Williams 1992)")
+register_policy_loss("clip", clipped_surrogate_loss, ClipSettings,
+                     summary="PPO's clipped surrogate, min(r_t A_t, clip(r_t, 1-eps, 1+eps_high) A_t), optional "
+                             "`delta` cap on r_t (Schulman et al. 2017; DAPO clip-higher; INTELLECT-2)")
+register_policy_loss("dual_clip", dual_clip_loss, DualClipSettings,
+                     summary="Dual-clip PPO: as `clip`, and for A < 0 at least c A_t (Ye et al. 2020)")
+register_policy_loss("gspo", gspo_loss, ClipSettings,
+                     summary="GSPO: `clip` on the sequence ratio exp(mean_t log r_t), per token with "
+                             "stop-gradient (Zheng et al. 2025)")
+register_policy_loss("cispo", cispo_loss, ClipRange,
+                     summary="CISPO: sg(clip(r_t)) A_t log pi_t, the clipped ratio as a fixed weight (MiniMax-M1 2025)")
+register_policy_loss("gmpo", gmpo_loss, ClipRange,
+                     summary="GMPO: mean A_i exp(mean_t of the sign-aware clipped log r_t) per sequence "
+                             "(Zhao et al. 2025)")
+register_policy_loss("sapo", sapo_loss, SapoSettings,
+                     summary="SAPO: sigmoid(tau (r_t - 1)) 4/tau A_t, tau by the sign of A (Gao et al. 2025)")
 
 
 def value_loss(

@@ -1,6 +1,5 @@
-"""The registries are the only lists: estimators (one function + one ``register`` call + one
-YAML file) and policy losses (one function + one ``register_policy_loss`` call)."""
-from pathlib import Path
+"""The registries are the only lists: estimators (a function under ``register_estimator`` + one YAML
+file) and policy losses (a function and its settings under ``register_policy_loss``)."""
 
 import pytest
 import torch
@@ -131,21 +130,7 @@ def _a_loss_with_a_knob(tmp_path):
     assert seen and set(seen) == {2.5}
 
 
-# ---------------------------------------------------------------------- docs follow them
-def test_the_docs_list_exactly_the_registered_names():
-    """docs/running.md names every estimator and policy loss in its option lists; the README's and
-    docs/estimators.md's tables have one row per registered estimator and policy loss."""
-    import re
-
-    root = Path(__file__).resolve().parents[1]
-    running = (root / "docs" / "running.md").read_text()
-    (est,) = re.findall(r"`estimator=([a-z_0-9|]+)`", running)
-    assert est.split("|") == estimator_names()
-    (upd,) = re.findall(r"`update=([a-z_0-9|]+)`", running)
-    assert upd.split("|") == list(POLICY_LOSSES)
-    for page in (root / "README.md", root / "docs" / "estimators.md"):
-        rows = re.findall(r"^\| \[?`([a-z_0-9]+)`", page.read_text(), flags=re.M)
-        assert sorted(rows) == sorted(estimator_names() + list(POLICY_LOSSES)), page
+# docs follow them: their tables and option lists are generated from the registries (tests/test_docs_tables.py)
 
 
 # ------------------------------------------- config validation enumerates the registries (issue 14)

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..config import first_sentence
 from . import group as _group
 from . import returns as _returns
 
@@ -190,11 +191,6 @@ def _broadcast(per_traj: torch.Tensor, batch: AdvantageBatch) -> torch.Tensor:
     return adv * batch.mask if batch.mask is not None else adv.clone()
 
 
-def _first_sentence(fn: Callable) -> str:
-    doc = " ".join((inspect.getdoc(fn) or "").split())
-    return doc.split(". ")[0].rstrip(".:,") if doc else ""
-
-
 def register_estimator(name: str, fn: Callable | None = None, *, full_episodes: bool = False,
                        per_member: bool = False, summary: str | None = None, **fixed: Any):
     """Register the pure function ``fn`` as estimator ``name``; usable as a decorator,
@@ -235,7 +231,7 @@ def register_estimator(name: str, fn: Callable | None = None, *, full_episodes: 
         register(EstimatorSpec(name, call, needs_critic=bool({"values", "next_values"} & set(step)),
                                needs_groups=bool(group), needs_greedy="greedy_scores" in group,
                                full_episodes=bool(group) or full_episodes,
-                               summary=_first_sentence(f) if summary is None else summary))
+                               summary=first_sentence(f) if summary is None else summary))
         return f
 
     return _register if fn is None else _register(fn)
@@ -246,11 +242,14 @@ def register_estimator(name: str, fn: Callable | None = None, *, full_episodes: 
 register_estimator("reinforce", _returns.reward_to_go, full_episodes=True,
                    summary="REINFORCE: A_t = G_t, the reward-to-go (Williams 1992)")
 register_estimator("baseline", _returns.reward_to_go_baseline, full_episodes=True,
-                   summary="REINFORCE with a learned baseline: A_t = G_t - V(s_t), V regressed on G_t")
-register_estimator("a2c", _returns.n_step, summary="n-step TD advantage of A2C (Mnih et al. 2016)")
-register_estimator("ppo_gae", _returns.gae, summary="GAE(gamma, lambda) (Schulman et al. 2016); returns = A + V_old")
+                   summary="REINFORCE with a learned baseline: A_t = G_t - V(s_t), V regressed on G_t (Sutton & Barto)")
+register_estimator("a2c", _returns.n_step,
+                   summary="A2C's n-step TD advantage: sum_{l<n} gamma^l r_{t+l} + gamma^n V(s_{t+n}) - V(s_t) "
+                           "(Mnih et al. 2016)")
+register_estimator("ppo_gae", _returns.gae, summary="GAE(gamma, lambda) (Schulman et al. 2016, 2017); returns = A + V_old")
 register_estimator("grpo", _group.grpo, summary="GRPO: (R_i - group mean) / (group std + eps) (Shao et al. 2024)")
-register_estimator("rloo", _group.rloo, summary="RLOO: R_i - mean of the other group members (Ahmadian et al. 2024)")
+register_estimator("rloo", _group.rloo,
+                   summary="RLOO: R_i - mean of the other k-1 group members (Kool et al. 2019; Ahmadian et al. 2024)")
 register_estimator("remax", _group.remax,
                    summary="ReMax: R_i - R_greedy, the greedy rollout's return from the same start (Li et al. 2023)")
 register_estimator("dr_grpo", _group.grpo, std_normalize=False,
@@ -261,6 +260,8 @@ register_estimator("reinforce_pp_baseline", _group.reinforce_pp_baseline,
                    summary="REINFORCE++-baseline: R_i - group mean, then batch whitening by its YAML (Hu et al. 2025)")
 register_estimator("opo", _group.opo, summary="OPO: R_i - the length-weighted group mean of R (Hao et al. 2025)")
 register_estimator("gpg", _group.gpg, per_member=True,
-                   summary="GPG: alpha (R_i - group mean) [/ group std] (Chu et al. 2025); alpha per member")
+                   summary="GPG: alpha (R_i - group mean) [/ group std], alpha = groups / groups with a non-zero std, "
+                           "per member (Chu et al. 2025)")
 register_estimator("grpo_passk", _group.grpo_passk,
-                   summary="Pass@k GRPO: (R_max - R_second) [/ group std] for the group's best member, 0 elsewhere")
+                   summary="Pass@k GRPO: (R_max - R_second) [/ group std] for the group's best member, 0 elsewhere "
+                           "(Chen et al. 2025)")

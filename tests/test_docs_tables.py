@@ -1,0 +1,122 @@
+"""The docs' estimator and policy-loss tables and docs/running.md's option lists are written from the
+registries by ``python benchmarks/docs_tables.py --write`` (issue 38): the committed text is the
+generated one, and a newly registered estimator or loss shows up with no hand edit."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import docs_tables  # noqa: E402
+from harness import config  # noqa: E402
+from harness.config import first_sentence  # noqa: E402
+from harness.estimators import ESTIMATORS, register_estimator  # noqa: E402
+from harness.losses import POLICY_LOSSES, NoSettings, pg_loss, register_policy_loss  # noqa: E402
+
+
+def test_the_committed_tables_are_the_generated_ones():
+    """README.md, docs/estimators.md and docs/running.md hold exactly what the generator writes (its
+    blocks between their markers); else the message names the page and the command that fixes it."""
+    assert set(docs_tables.BLOCKS) == {"README.md", "docs/estimators.md", "docs/running.md"}
+    for page in docs_tables.BLOCKS:
+        text = (ROOT / page).read_text()
+        for name in docs_tables.BLOCKS[page]:
+            assert text.count(f"<!-- {name}:start -->") == 1 and text.count(f"<!-- {name}:end -->") == 1, (page, name)
+        assert docs_tables.generated(page, text) == text, \
+            f"{page}: its tables differ from the registries; run `python benchmarks/docs_tables.py --write`"
+    assert docs_tables.stale_pages() == []
+
+
+def test_the_tables_show_what_the_registries_and_yamls_say():
+    """Rows worked out by hand from the registrations and harness/conf/estimator/*.yaml."""
+    est = docs_tables.estimator_table(link=True).splitlines()
+    assert est[0] == "| `estimator=` | needs | `update` | `normalize_advantages` | `loss_agg` | what it is |"
+    assert len(est) == 2 + len(ESTIMATORS)
+    row = {line.split(" | ")[0]: line for line in est[2:]}
+    assert row["| [`dr_grpo`](harness/conf/estimator/dr_grpo.yaml)"] == (
+        "| [`dr_grpo`](harness/conf/estimator/dr_grpo.yaml) | groups, whole episodes | `clip` | `none` | "
+        "`seq_mean_token_sum_norm` | Dr. GRPO: R_i - group mean, no std (Liu et al. 2025); its YAML adds the "
+        "token-sum aggregation |")
+    assert " | critic | `pg` | `none` | `token_mean` | " in row["| [`a2c`](harness/conf/estimator/a2c.yaml)"]
+    assert " | groups, greedy rollout, whole episodes | `pg` | `none` | " in \
+        row["| [`remax`](harness/conf/estimator/remax.yaml)"]
+    assert " | critic, whole episodes | `pg` | `batch` | " in row["| [`baseline`](harness/conf/estimator/baseline.yaml)"]
+    assert docs_tables.estimator_table(link=False).splitlines()[2].startswith("| `reinforce` | whole episodes | ")
+    loss = docs_tables.loss_table().splitlines()
+    assert loss[2:4] == ["| `pg` | - | Vanilla policy gradient, log pi_t A_t (Williams 1992) |",
+                         "| `clip` | `clip_eps=0.2`, `clip_eps_high=null`, `delta=null` | PPO's clipped surrogate, "
+                         "min(r_t A_t, clip(r_t, 1-eps, 1+eps_high) A_t), optional `delta` cap on r_t (Schulman et al. "
+                         "2017; DAPO clip-higher; INTELLECT-2) |"]
+    options = docs_tables.options_table()
+    assert ("| `loss_agg=` | `token_mean`, `seq_mean_token_mean`, `seq_mean_token_sum_norm`, `token_sum`, "
+            "`seq_mean_token_sum` |") in options
+    assert "| `grad_clip=` | `joint`, `per_network` |" in options.splitlines()
+    assert "| `logger=` | `none`, `tensorboard`, `wandb`, `mlflow` |" in options.splitlines()
+    assert "lm: `lm_arith`, `lm_summarize`; toy: `toy` (`harness/conf/task/`) |" in options
+
+
+@dataclasses.dataclass(frozen=True)
+class _KnobSettings:
+    knob_test_a: float = 0.5
+    knob_test_b: int | None = None
+
+
+def _median_test(scores: torch.Tensor) -> torch.Tensor:
+    """Median baseline: A_i = R_i - median_j R_j (e.g. Doe et al. 2020). Not in the table."""
+    return scores - scores.median(dim=1, keepdim=True).values
+
+
+def _scaled_test(x, s):
+    """Scaled PG on log pi(a|s) (Doe et al. 2020, eq. 3), negated: .. math:: L = -A. Not in the table."""
+    return pg_loss(x, NoSettings())
+
+
+def test_a_registered_estimator_and_loss_appear_with_no_hand_edit(capsys):
+    """A throwaway estimator (no YAML: the schema's defaults) and a loss with two knobs of its own get
+    their rows and their names in the option lists; ``--check`` then fails naming each page and the
+    command. The registries are restored in place (other modules hold them by name)."""
+    saved = [(reg, dict(reg)) for reg in (ESTIMATORS, POLICY_LOSSES, config.LOSS_KNOBS)]
+    try:
+        register_estimator("median_test", _median_test)
+        register_policy_loss("scaled_test", _scaled_test, _KnobSettings)
+        readme = docs_tables.generated("README.md", (ROOT / "README.md").read_text())
+        assert ("| `median_test` | groups, whole episodes | `clip` | `minibatch` | `token_mean` | Median baseline: "
+                "A_i = R_i - median_j R_j (e.g. Doe et al. 2020) |") in readme.splitlines()
+        assert ("| `scaled_test` | `knob_test_a=0.5`, `knob_test_b=null` | Scaled PG on log pi(a\\|s) (Doe et al. "
+                "2020, eq. 3), negated |") in readme.splitlines()
+        running = docs_tables.generated("docs/running.md", (ROOT / "docs" / "running.md").read_text())
+        assert "`grpo_passk`, `median_test` ([table]" in running
+        assert "`sapo`, `scaled_test` (the policy loss) |" in running
+        assert docs_tables.main(["--check"]) == 1
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"{page}: its generated tables differ from the registries; run "
+                       "`python benchmarks/docs_tables.py --write`" for page in docs_tables.BLOCKS]
+    finally:
+        for reg, before in saved:
+            reg.clear()
+            reg.update(before)
+    assert "median_test" not in ESTIMATORS and "scaled_test" not in POLICY_LOSSES
+    assert "knob_test_a" not in config.LOSS_KNOBS
+    assert docs_tables.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("doc, sentence", [
+    ("PPO's clipped surrogate (Schulman et al. 2017, eq. 7), negated. .. math:: L = x", "PPO's clipped surrogate "
+     "(Schulman et al. 2017, eq. 7), negated"),
+    ("Pass@k: best member only, e.g. Chen et al. 2025. The rest get 0.", "Pass@k: best member only, e.g. Chen et al. 2025"),
+    ("Uses i.e. Adam here. ``x`` is the input.", "Uses i.e. Adam here"),
+    ("A one-liner.", "A one-liner"),
+    ("", ""),
+])
+def test_first_sentence_stops_at_the_sentence_not_at_an_abbreviation(doc, sentence):
+    def f():
+        pass
+
+    f.__doc__ = doc
+    assert first_sentence(f) == sentence
