@@ -310,3 +310,39 @@ def test_truth_scale_is_refused_where_it_does_not_apply():
         validate_probe(make_cfg(["task=cartpole", "estimator=reinforce", "mode=probe",
                                  "++probe.truth_scale=reward_std"]))
     validate_probe(make_cfg([*base, "++probe.truth_scale=reward_std"]))
+
+
+def test_probe_whitens_each_batch_by_the_update_rule():
+    """normalize_advantages=batch: each of the M batches' advantages has masked mean 0 and std 1 on its
+    own (computed here with numpy); minibatch with minibatches=1 is the same whitening (the update's rule);
+    minibatch over several minibatches is refused, in the probe and by validation (one line, the field)."""
+    from harness.probes import validate_probe
+    from harness.probes.toy import draw_batches, estimator_advantages
+
+    task = ToyTask(PRESETS["mixed"])
+    theta = task.init_logits(scale=0.5, seed=1)
+    M, B, k = 3, 16, 4
+    batch = draw_batches(task, theta, M, B // k, k, seed=0)
+    spec, params = get_estimator("reinforce"), EstimatorParams(gamma=1.0)
+
+    def adv(normalize, minibatches=1):
+        return estimator_advantages(task, spec, params, batch, theta, M, k, None, normalize, minibatches=minibatches)
+
+    raw, white = adv("none"), adv("batch")
+    mask = batch.mask.T.numpy()  # [L, M*B]
+    for m in range(M):
+        cols = slice(m * B, (m + 1) * B)
+        keep = mask[:, cols] > 0
+        w, r = white.numpy()[:, cols][keep], raw.numpy()[:, cols][keep]
+        assert r.std() > 0.01  # there was something to whiten
+        assert w.mean() == pytest.approx(0.0, abs=1e-9)
+        assert w.std() == pytest.approx(1.0, rel=1e-6)  # the biased std, + 1e-8
+        assert np.allclose(w, (r - r.mean()) / (r.std() + 1e-8), atol=1e-12)
+    assert torch.equal(adv("minibatch", minibatches=1), white)
+    with pytest.raises(ValueError, match="normalize_advantages must be none or batch in mode=probe with minibatches=2"):
+        adv("minibatch", minibatches=2)
+    base = ["task=toy", "estimator=ppo_gae", "mode=probe"]  # ppo_gae's preset: minibatch whitening, 4 minibatches
+    with pytest.raises(ValueError, match="^normalize_advantages must be none or batch in mode=probe with minibatches=4"):
+        validate_probe(make_cfg(base))
+    validate_probe(make_cfg(base + ["minibatches=1"]))
+    validate_probe(make_cfg(base + ["normalize_advantages=batch"]))
