@@ -170,13 +170,14 @@ def draw_batches(task: ToyTask, theta_sample: torch.Tensor, M: int, n_groups: in
     return task.sample(theta_sample, prompts, uniforms=uniforms)
 
 
-def probe_whitening(normalize: str, minibatches: int, batch_size: int) -> bool:
-    """Whether the probe whitens each batch's advantages (:func:`harness.losses.whiten`), by the
-    update step's own rule (:func:`harness.losses.whitening_plan` over its
-    ``max(1, min(minibatches, batch_size))`` minibatches). A probe estimates the gradient of one
-    batch's loss: whitening in each of several minibatches (``normalize_advantages=minibatch``
-    with ``minibatches > 1``) is not that, and is refused (one line naming the field)."""
-    once, each = whitening_plan(normalize, max(1, min(int(minibatches), int(batch_size))))
+def probe_whitening(normalize: str, minibatches: int) -> bool:
+    """Whether a probe whitens each batch's advantages (:func:`harness.losses.whiten`, per batch), by
+    the update step's own rule (:func:`harness.losses.whitening_plan`; training validates
+    ``minibatches`` to at most the samples of a batch, so the update runs that many). A probe
+    estimates the gradient of one batch's loss: whitening in each of several minibatches
+    (``normalize_advantages=minibatch`` with ``minibatches > 1``) is not that, and is refused (one
+    line naming the field). Used by the toy and the control probes."""
+    once, each = whitening_plan(normalize, int(minibatches))
     if each:
         raise ValueError(f"normalize_advantages must be none or batch in mode=probe with minibatches={minibatches} "
                          "(a probe estimates one batch's gradient; per-minibatch whitening is the batch's only with "
@@ -199,7 +200,7 @@ def estimator_advantages(task: ToyTask, spec: EstimatorSpec, params: EstimatorPa
                          reward_penalty)
     ab.members = M  # M independent batches side by side: batch-wide statistics per batch
     adv = spec(ab, params).advantages * ab.mask
-    if probe_whitening(normalize, minibatches, batch.tokens.shape[0] // M):
+    if probe_whitening(normalize, minibatches):
         adv = _to_tm(whiten(_to_mb(adv, M), _to_mb(ab.mask, M)))
     return adv
 
@@ -441,7 +442,7 @@ def validate_toy_probe(cfg, s: ProbeSettings) -> None:
     ``policy_gradient`` target and no KL term (its ``cos_linear`` is against ``grad J``)."""
     validate_toy(cfg)
     check_truth_scale(s, float(cfg.kl.beta))
-    probe_whitening(str(cfg.normalize_advantages), int(cfg.minibatches), int(cfg.task.episodes_per_iter))
+    probe_whitening(str(cfg.normalize_advantages), int(cfg.minibatches))
     if not s.arcsin:
         return
     if s.target != "policy_gradient":
