@@ -89,6 +89,30 @@ def _claims_folder(text: str) -> Path:
     return path
 
 
+def _npz_file(text: str) -> Path:
+    path = Path(text)
+    if path.suffix != ".npz" or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not allowed; allowed: a file name ending in .npz "
+                                         "(not an existing folder; created or replaced)")
+    return path
+
+
+def _readme_file(text: str) -> Path:
+    from .claims.report import markers_in
+
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a file; allowed: an existing markdown file with the "
+                                         "<!-- claims-table:start/end -->, <!-- claims-summary:start/end --> or "
+                                         "<!-- claims-time:start/end --> markers")
+    if not markers_in(path.read_text(errors="replace")):
+        raise argparse.ArgumentTypeError(f"{text} has no <!-- claims-table:start --> ... <!-- claims-table:end -->, "
+                                         "<!-- claims-summary:start --> ... <!-- claims-summary:end --> nor "
+                                         "<!-- claims-time:start --> ... <!-- claims-time:end --> markers; allowed: "
+                                         "a markdown file with one of these pairs")
+    return path
+
+
 def _claim_ids(text: str) -> set[str]:
     from .claims import CLAIMS_BY_ID
 
@@ -101,27 +125,33 @@ def _claim_ids(text: str) -> set[str]:
     return ids
 
 
-def _add_report(sub) -> None:
-    p = sub.add_parser("report", help="figures and report.md for a results folder",
-                       description="Load every run under RESULTS, compute rliable statistics, "
-                                   "draw figures and write report.md (default RESULTS/report/).")
+def _last_n_argument(p) -> None:
+    """``--last-n``: how many last evaluations a run's final score averages (report, rliable)."""
+    p.add_argument("--last-n", type=_int_at_least(1), default=5, metavar="N",
+                   help="final score = mean of the last N evaluations, N >= 1 (default: 5)")
+
+
+def _diverged_argument(p) -> None:
+    """``--diverged``: how a diverged run is scored (report, rliable, claims: :data:`DIVERGED_RULES`)."""
+    p.add_argument("--diverged", choices=DIVERGED_RULES, default=DEFAULT_DIVERGED,
+                   help="how a diverged run is scored after it diverged: worst = its task's worst return "
+                        "(task.worst_return, else the lowest observed score of its task) for the rest of the "
+                        "budget; last = its last evaluations carried forward (default: "
+                        f"{DEFAULT_DIVERGED})")
+
+
+def _report_arguments(p) -> None:
     p.add_argument("results", metavar="RESULTS", type=_existing_folder, help=EXPECTED)
     p.add_argument("--x", choices=["env_steps", "wall_time_s"], default="env_steps",
                    help="x axis of learning curves and diagnostics (default: env_steps)")
-    p.add_argument("--last-n", type=_int_at_least(1), default=5, metavar="N",
-                   help="final score = mean of the last N evaluations, N >= 1 (default: 5)")
+    _last_n_argument(p)
     p.add_argument("--out", type=_out_folder, default=None, metavar="DIR",
                    help="output folder, not an existing file (default: RESULTS/report)")
     p.add_argument("--reps", type=_int_at_least(1, high=REPS_MAX), default=DEFAULT_REPS,
                    help=f"bootstrap replicates, 1 to {REPS_MAX} (default: {DEFAULT_REPS})")
     p.add_argument("--seed", type=_int_at_least(0), default=DEFAULT_SEED,
                    help=f"bootstrap random seed, >= 0 (default: {DEFAULT_SEED})")
-    p.add_argument("--diverged", choices=DIVERGED_RULES, default=DEFAULT_DIVERGED,
-                   help="how a diverged run is scored after it diverged: worst = its task's worst return "
-                        "(task.worst_return, else the lowest observed score of its task) for the rest of the "
-                        "budget; last = its last evaluations carried forward (default: "
-                        f"{DEFAULT_DIVERGED})")
-    p.set_defaults(func=_run_report)
+    _diverged_argument(p)
 
 
 def _print_left_out(left_out: list, file=None) -> None:
@@ -181,33 +211,17 @@ def _run_report(args) -> int:
     return 0
 
 
-def _npz_file(text: str) -> Path:
-    path = Path(text)
-    if path.suffix != ".npz" or path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is not allowed; allowed: a file name ending in .npz "
-                                         "(not an existing folder; created or replaced)")
-    return path
-
-
-def _add_rliable(sub) -> None:
-    p = sub.add_parser("rliable", help="the final scores as rliable's score matrices (.npz)",
-                       description="Final scores of every run under RESULTS (as in report.md) as rliable's "
-                                   "{estimator: scores[runs x tasks]}, written to an .npz: one array per "
-                                   "estimator, the task (column) names under _tasks (analysis.interop).")
+def _rliable_arguments(p) -> None:
     p.add_argument("results", metavar="RESULTS", type=_existing_folder, help=EXPECTED)
     p.add_argument("--out", type=_npz_file, default=None, metavar="FILE",
                    help="the .npz to write (default: RESULTS/rliable_scores.npz)")
-    p.add_argument("--last-n", type=_int_at_least(1), default=5, metavar="N",
-                   help="final score = mean of the last N evaluations, N >= 1 (default: 5)")
-    p.add_argument("--diverged", choices=DIVERGED_RULES, default=DEFAULT_DIVERGED,
-                   help="how a diverged run is scored, as for report (default: "
-                        f"{DEFAULT_DIVERGED})")
+    _last_n_argument(p)
+    _diverged_argument(p)
     p.add_argument("--normalize", action="store_true",
                    help="min-max normalise each task's scores over all runs (the report's 'all tasks' scores)")
     p.add_argument("--ragged", choices=RAGGED, default="error",
                    help="an estimator with different numbers of scored runs per task: error (default) or "
                         "nan (short columns padded with NaN, which rliable does not skip)")
-    p.set_defaults(func=_run_rliable)
 
 
 def _run_rliable(args) -> int:
@@ -240,28 +254,7 @@ def _run_rliable(args) -> int:
     return 0
 
 
-def _readme_file(text: str) -> Path:
-    from .claims.report import markers_in
-
-    path = Path(text)
-    if not path.is_file():
-        raise argparse.ArgumentTypeError(f"{text} is not a file; allowed: an existing markdown file with the "
-                                         "<!-- claims-table:start/end -->, <!-- claims-summary:start/end --> or "
-                                         "<!-- claims-time:start/end --> markers")
-    if not markers_in(path.read_text(errors="replace")):
-        raise argparse.ArgumentTypeError(f"{text} has no <!-- claims-table:start --> ... <!-- claims-table:end -->, "
-                                         "<!-- claims-summary:start --> ... <!-- claims-summary:end --> nor "
-                                         "<!-- claims-time:start --> ... <!-- claims-time:end --> markers; allowed: "
-                                         "a markdown file with one of these pairs")
-    return path
-
-
-def _add_claims(sub) -> None:
-    p = sub.add_parser("claims", help="verdicts for the claims from the runs in DIR (claims.md)",
-                       description="Verdicts for the claims of harness/conf/claims.yaml (docs/claims_list.md) from runs the "
-                                   "harness produced in DIR: DIR/claims.md, DIR/claims.json and DIR/claims_figures/. "
-                                   "With --run, first runs what is missing (every claim experiment's sweep and "
-                                   "the exact claims' tests).")
+def _claims_arguments(p) -> None:
     p.add_argument("results", metavar="DIR", type=_claims_folder,
                    help="folder holding the claim experiments' runs")
     p.add_argument("--run", action="store_true",
@@ -274,9 +267,7 @@ def _add_claims(sub) -> None:
     p.add_argument("--seed-offset", type=_int_at_least(0, high=SEED_OFFSET_MAX), default=0, metavar="K",
                    help="run/judge every experiment on seeds shifted by K (1000: disjoint from the default seeds); "
                         "each offset keeps its own report and every report shows all offsets side by side")
-    p.add_argument("--diverged", choices=DIVERGED_RULES, default=DEFAULT_DIVERGED,
-                   help="how a diverged run is scored after it diverged: worst = its task's worst return "
-                        "(default), last = its last evaluation carried forward")
+    _diverged_argument(p)
     p.add_argument("--readme", type=_readme_file, action="append", default=None, metavar="FILE",
                    help="also rewrite the claims blocks of the markdown file FILE (README.md, docs/claims.md, any "
                         "page) from the reports of every offset in DIR: the table between its claims-table markers, "
@@ -285,7 +276,6 @@ def _add_claims(sub) -> None:
     p.add_argument("--publish", type=_out_folder, default=None, metavar="FOLDER",
                    help="also copy every offset's whole report and its figures from DIR into FOLDER (e.g. "
                         "docs/claims_reports), each page headed by the command, date and commit")
-    p.set_defaults(func=_run_claims)
 
 
 def _holds_runs(root: Path) -> bool:
@@ -403,10 +393,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m analysis",
                                      description="Analyse benchmark results folders.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    _add_report(sub)
-    _add_rliable(sub)
-    _add_claims(sub)
+    for name, add_arguments, run, text in _COMMANDS:
+        p = sub.add_parser(name, **text)
+        add_arguments(p)
+        p.set_defaults(func=run)
     return parser
+
+
+# the commands: name, its arguments, what runs it, its line in the command list (help) and its --help (description)
+_COMMANDS = (
+    ("report", _report_arguments, _run_report, {
+        "help": "figures and report.md for a results folder",
+        "description": "Load every run under RESULTS, compute rliable statistics, draw figures and write report.md "
+                       "(default RESULTS/report/)."}),
+    ("rliable", _rliable_arguments, _run_rliable, {
+        "help": "the final scores as rliable's score matrices (.npz)",
+        "description": "Final scores of every run under RESULTS (as in report.md) as rliable's "
+                       "{estimator: scores[runs x tasks]}, written to an .npz: one array per estimator, the task "
+                       "(column) names under _tasks (analysis.interop)."}),
+    ("claims", _claims_arguments, _run_claims, {
+        "help": "verdicts for the claims from the runs in DIR (claims.md)",
+        "description": "Verdicts for the claims of harness/conf/claims.yaml (docs/claims_list.md) from runs the "
+                       "harness produced in DIR: DIR/claims.md, DIR/claims.json and DIR/claims_figures/. With --run, "
+                       "first runs what is missing (every claim experiment's sweep and the exact claims' tests)."}),
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -283,6 +283,22 @@ def _task_x(df: pd.DataFrame, x: str) -> str:
     return x
 
 
+def _band_panels(df: pd.DataFrame, tasks: list, metrics: list, axes, x: str, palette: Mapping[str, str],
+                 styles: Mapping[str, VariantStyle], reps: int, seed: int):
+    """The panels of a metrics x tasks grid of mean curves (row ``i``: a metric, column: a task):
+    each one's bands (:func:`stats.curve_bands` over the task's own x axis) drawn and its x axis
+    formatted; yields ``(i, metric, task, ax, x of the task, bands)`` for the caller's labels."""
+    for j, task in enumerate(tasks):
+        tdf = df[df["task"] == task]
+        tx = _task_x(tdf, x)
+        for i, metric in enumerate(metrics):
+            ax = axes[i, j]
+            bands = stats.curve_bands(tdf, metric, tx, reps=reps, seed=seed)
+            _draw_bands(ax, bands, palette, styles)
+            _format_x(ax, tx)
+            yield i, metric, task, ax, tx, bands
+
+
 def plot_learning_curves(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
                          styles: Mapping[str, VariantStyle] | None = None,
                          x: str = "env_steps", budgets: Mapping[str, tuple[str, float]] | None = None,
@@ -296,20 +312,13 @@ def plot_learning_curves(df: pd.DataFrame, path: Path, palette: Mapping[str, str
         return _empty(path, title, "no eval_return or episode_return logged")
     styles = _styles_for(df["estimator"].unique(), styles)
     fig, axes = _figure(len(metrics), len(tasks))
-    for j, task in enumerate(tasks):
-        tdf = df[df["task"] == task]
-        tx = _task_x(tdf, x)
-        for i, metric in enumerate(metrics):
-            ax = axes[i, j]
-            bands = stats.curve_bands(tdf, metric, tx, reps=reps, seed=seed)
-            _draw_bands(ax, bands, palette, styles)
-            ax.set_xlabel(x_label(tx))
-            _format_x(ax, tx)
-            ax.set_ylabel(CURVE_METRICS[metric])
-            ax.set_title(_budget_title(task, budgets) if i == 0 else f"{task}: {metric}",
-                         fontsize="medium")
-            if bands.empty:
-                ax.text(0.5, 0.5, f"no {metric}", ha="center", transform=ax.transAxes)
+    for i, metric, task, ax, tx, bands in _band_panels(df, tasks, metrics, axes, x, palette, styles, reps, seed):
+        ax.set_xlabel(x_label(tx))
+        ax.set_ylabel(CURVE_METRICS[metric])
+        ax.set_title(_budget_title(task, budgets) if i == 0 else f"{task}: {metric}",
+                     fontsize="medium")
+        if bands.empty:
+            ax.text(0.5, 0.5, f"no {metric}", ha="center", transform=ax.transAxes)
     n_runs = df.drop_duplicates(["task", "estimator", "run_dir", "seed"]).groupby(
         ["task", "estimator"]).size()
     n_txt = (f"{n_runs.min()}" if n_runs.min() == n_runs.max() else f"{n_runs.min()}–{n_runs.max()}")
@@ -332,21 +341,14 @@ def plot_stability(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
         return _empty(path, title, "none of " + ", ".join(STABILITY_METRICS) + " was logged")
     styles = _styles_for(df["estimator"].unique(), styles)
     fig, axes = _figure(len(metrics), len(tasks), h=2.6)
-    for j, task in enumerate(tasks):
-        tdf = df[df["task"] == task]
-        tx = _task_x(tdf, x)
-        for i, metric in enumerate(metrics):
-            ax = axes[i, j]
-            bands = stats.curve_bands(tdf, metric, tx, reps=reps, seed=seed)
-            _draw_bands(ax, bands, palette, styles)
-            ax.set_ylabel(STABILITY_METRICS[metric])
-            ax.set_xlabel(x_label(tx) if i == len(metrics) - 1 else "")
-            _format_x(ax, tx)
-            if i == 0:
-                ax.set_title(_budget_title(task, budgets), fontsize="medium")
-            if bands.empty:
-                ax.text(0.5, 0.5, f"{metric} not logged", ha="center", va="center",
-                        transform=ax.transAxes, color="0.4")
+    for i, metric, task, ax, tx, bands in _band_panels(df, tasks, metrics, axes, x, palette, styles, reps, seed):
+        ax.set_ylabel(STABILITY_METRICS[metric])
+        ax.set_xlabel(x_label(tx) if i == len(metrics) - 1 else "")
+        if i == 0:
+            ax.set_title(_budget_title(task, budgets), fontsize="medium")
+        if bands.empty:
+            ax.text(0.5, 0.5, f"{metric} not logged", ha="center", va="center",
+                    transform=ax.transAxes, color="0.4")
     fig.suptitle(f"{title} vs {x_label(x)}\nmean over runs with 95% bootstrap band")
     _legend(fig, palette, df["estimator"].unique(), styles=styles)
     return _save(fig, path)

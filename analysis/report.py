@@ -274,19 +274,22 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
              + ", ".join(f"{task}: {figs.human_count(b)} {figs.x_label(col)}"
                          for task, (col, b) in t.budgets.items()) + ".\n")
 
-    def fig(key):
-        name, caption = FIGURES[key]
-        return f"![{caption}]({figure_files[key]})\n"
+    def section(title: str, *figure_keys: str, text: str | None = None) -> None:
+        """A section with figures: its heading (after a blank line, where the text before ends
+        without one), its FIGURES, then the text that explains them."""
+        L.append(("" if L[-1].endswith("\n") else "\n") + f"## {title}\n")
+        L.extend(f"![{FIGURES[key][1]}]({figure_files[key]})\n" for key in figure_keys)
+        if text is not None:
+            L.append(text)
 
-    L.append("## Final scores\n")
-    L.append(fig("final_scores"))
-    L.append(f"Final score of a run: mean `eval_return` over its last {last_n} evaluations "
-             "(`episode_return` for a run that never evaluated). IQM = interquartile mean over "
-             "runs; AUC = normalised area under the learning curve (mean return over the "
-             "budget, higher = more sample-efficient). Intervals: 95% stratified bootstrap. "
-             "IQM trims floor(n/4) runs at each end, so with fewer than 4 runs it equals the "
-             "mean. Diverged runs are kept; runs left out (above) are not scored. "
-             + diverged_rule_text(t, last_n) + "\n")
+    section("Final scores", "final_scores",
+            text=f"Final score of a run: mean `eval_return` over its last {last_n} evaluations "
+                 "(`episode_return` for a run that never evaluated). IQM = interquartile mean over "
+                 "runs; AUC = normalised area under the learning curve (mean return over the "
+                 "budget, higher = more sample-efficient). Intervals: 95% stratified bootstrap. "
+                 "IQM trims floor(n/4) runs at each end, so with fewer than 4 runs it equals the "
+                 "mean. Diverged runs are kept; runs left out (above) are not scored. "
+                 + diverged_rule_text(t, last_n) + "\n")
     rows = []
     for r in t.scores.itertuples():
         rows.append([r.task, r.estimator, f"{r.n_scored}/{r.n_runs}", fmt(r.iqm),
@@ -312,34 +315,28 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
                  fmt(r.mean), _ci_str(r.mean_low, r.mean_high)] for r in t.aggregate.itertuples()]
         L.append(_md_table(["estimator", "tasks", "runs", "IQM", "IQM 95% CI", "mean",
                             "mean 95% CI"], rows))
-    L.append("\n## Learning curves\n")
-    L.append(fig("learning_curves"))
-    L.append("Mean over runs with a 95% bootstrap band; each run is linearly interpolated onto a "
-             "common grid of 50 points per task, only inside its logged range.\n")
-    L.append("## Probability of improvement\n")
-    L.append(fig("probability_of_improvement"))
-    L.append("P(X > Y) + ½ P(X = Y) over pairs of runs on the final score, per task, averaged over "
-             "the tasks both estimators ran; 95% CI from resampling each estimator's runs "
-             "within each task.\n")
+    section("Learning curves", "learning_curves",
+            text="Mean over runs with a 95% bootstrap band; each run is linearly interpolated onto a "
+                 "common grid of 50 points per task, only inside its logged range.\n")
+    section("Probability of improvement", "probability_of_improvement",
+            text="P(X > Y) + ½ P(X = Y) over pairs of runs on the final score, per task, averaged over "
+                 "the tasks both estimators ran; 95% CI from resampling each estimator's runs "
+                 "within each task.\n")
     rows = [[r.x, r.y, r.n_tasks, f"{r.p:.3f}", f"[{r.low:.3f}, {r.high:.3f}]"]
             for r in t.poi.itertuples()]
     L.append(_md_table(["X", "Y", "tasks", "P(X > Y)", "95% CI"], rows) if rows else "_fewer than two estimators_")
-    L.append("\n## Performance profiles\n")
-    L.append(fig("performance_profiles"))
-    L.append("Fraction of runs whose final score is above τ (averaged over tasks in the "
-             "normalised panel), with 95% stratified-bootstrap bands.\n")
-    L.append("## Stability\n")
-    L.append(fig("stability"))
-    L.append(fig("failures"))
-    L.append("Diverged: the trainer recorded status `diverged` (NaN/inf loss or parameters). "
-             "Collapsed: with s = score − min(0, m) where m is the task's lowest observed "
-             "score (eval_return, else episode_return), let s* be the run's best s, first "
-             "reached at evaluation t*; the run collapsed if s* > 0 and some later evaluation "
-             "has s < s*/2.\n")
+    section("Performance profiles", "performance_profiles",
+            text="Fraction of runs whose final score is above τ (averaged over tasks in the "
+                 "normalised panel), with 95% stratified-bootstrap bands.\n")
+    section("Stability", "stability", "failures",
+            text="Diverged: the trainer recorded status `diverged` (NaN/inf loss or parameters). "
+                 "Collapsed: with s = score − min(0, m) where m is the task's lowest observed "
+                 "score (eval_return, else episode_return), let s* be the run's best s, first "
+                 "reached at evaluation t*; the run collapsed if s* > 0 and some later evaluation "
+                 "has s < s*/2.\n")
     rows = [[r.estimator, r.n_runs, r.diverged, r.collapsed, r.left_out] for r in t.failures.itertuples()]
     L.append(_md_table(["estimator", "runs scored", "diverged", "collapsed", "left out"], rows))
-    L.append("\n## Sensitivity\n")
-    L.append(fig("sensitivity"))
+    section("Sensitivity", "sensitivity")
     if t.sensitivity.empty:
         L.append("No hyperparameter among " + ", ".join(stats.HYPERPARAMETERS)
                  + " varies within an estimator × task.\n")

@@ -208,18 +208,11 @@ def check_probe_settings(s: ProbeSettings) -> None:
         bad("batches", "an even integer >= 4 (or null: the family's default)", s.batches)
     if s.reference_batches < 0:
         bad("reference_batches", ">= 0 (0: twice probe.batches)", s.reference_batches)
-    if s.target not in PROBE_TARGETS:
-        bad("target", f"one of {list(PROBE_TARGETS)}", s.target)
-    if s.critic not in PROBE_CRITICS:
-        bad("critic", f"one of {list(PROBE_CRITICS)}", s.critic)
-    if s.truth_scale not in PROBE_TRUTH_SCALES:
-        bad("truth_scale", f"one of {list(PROBE_TRUTH_SCALES)}", s.truth_scale)
-    if s.critic_noise < 0:
-        bad("critic_noise", ">= 0", s.critic_noise)
-    if s.critic_samples < 1:
-        bad("critic_samples", ">= 1", s.critic_samples)
-    if s.reps < 10:
-        bad("reps", ">= 10", s.reps)
+    for name, choices in (("target", PROBE_TARGETS), ("critic", PROBE_CRITICS), ("truth_scale", PROBE_TRUTH_SCALES)):
+        check_choice(f"probe.{name}", getattr(s, name), choices)
+    for name, lowest in (("critic_noise", 0), ("critic_samples", 1), ("reps", 10)):
+        if getattr(s, name) < lowest:
+            bad(name, f">= {lowest}", getattr(s, name))
     if s.batches is not None and s.batches > COUNT_MAX:
         bad("batches", f"at most {COUNT_MAX} (or null)", s.batches)
     for name in ("critic_samples", "reps", "reference_batches", "critic_episodes", "chunk"):
@@ -263,8 +256,7 @@ def toy_settings_from_config(cfg) -> ToySettings:
     for k, v in given.items():
         check_node_type("toy", ToySettings, k, v)
     s = ToySettings(**given)
-    if s.reward not in TOY_REWARDS:
-        bad_field("toy.reward", f"one of {list(TOY_REWARDS)}", s.reward)
+    check_choice("toy.reward", s.reward, TOY_REWARDS)
     return s
 
 
@@ -611,6 +603,12 @@ def bad_field(field_name: str, allowed: str, value: Any) -> None:
     raise ValueError(f"{field_name} must be {allowed}, got {value!r}")
 
 
+def check_choice(field_name: str, value: Any, choices) -> None:
+    """``value`` must be one of ``choices``: else :func:`bad_field` with ``one of [...]``."""
+    if value not in choices:
+        bad_field(field_name, f"one of {list(choices)}", value)
+
+
 def is_finite(x: Any) -> bool:
     return x is not None and math.isfinite(x)
 
@@ -622,8 +620,7 @@ def check_fields(cfg: DictConfig) -> None:
     with the registry, task-family and probe checks."""
     bad, finite = bad_field, is_finite
     kind = task_kind(cfg.task.family)
-    if cfg.mode not in MODES:
-        bad("mode", f"one of {list(MODES)}", cfg.mode)
+    check_choice("mode", cfg.mode, MODES)
     family = kind.name
     for owner in TASK_KINDS.values():  # task-specific nodes on another family
         node = owner.node
@@ -669,36 +666,25 @@ def check_fields(cfg: DictConfig) -> None:
             cfg.overlong_cache)
     if cfg.vf_clip_eps is not None and not (finite(cfg.vf_clip_eps) and cfg.vf_clip_eps > 0):
         bad("vf_clip_eps", "> 0 or null", cfg.vf_clip_eps)
-    if cfg.n_steps < 1:
-        bad("n_steps", "an integer >= 1", cfg.n_steps)
-    if cfg.group_size < 1:
-        bad("group_size", "an integer >= 1", cfg.group_size)
-    if cfg.population < 1:
-        bad("population", "an integer >= 1", cfg.population)
-    if cfg.epochs < 1:
-        bad("epochs", "an integer >= 1", cfg.epochs)
-    if cfg.minibatches < 1:
-        bad("minibatches", "an integer >= 1", cfg.minibatches)
+    for name in ("n_steps", "group_size", "population", "epochs", "minibatches"):
+        if cfg[name] < 1:
+            bad(name, "an integer >= 1", cfg[name])
     if not (finite(cfg.lr) and cfg.lr > 0):
         bad("lr", "a finite number > 0", cfg.lr)
-    if cfg.normalize_advantages not in NORMALIZE:
-        bad("normalize_advantages", f"one of {list(NORMALIZE)}", cfg.normalize_advantages)
+    check_choice("normalize_advantages", cfg.normalize_advantages, NORMALIZE)
     if not (finite(cfg.kl.beta) and cfg.kl.beta >= 0):
         bad("kl.beta", "a finite number >= 0", cfg.kl.beta)
     if cfg.kl.adaptive and not (finite(cfg.kl.kl_target) and cfg.kl.kl_target > 0):
         bad("kl.kl_target", "> 0 with kl.adaptive", cfg.kl.kl_target)
-    if cfg.kl.target not in ("old", "ref"):
-        bad("kl.target", "one of ['old', 'ref']", cfg.kl.target)
+    check_choice("kl.target", cfg.kl.target, ("old", "ref"))
     if not (finite(cfg.ent_coef) and cfg.ent_coef >= 0):
         bad("ent_coef", "a finite number >= 0", cfg.ent_coef)
     if not (finite(cfg.vf_coef) and cfg.vf_coef >= 0):
         bad("vf_coef", "a finite number >= 0", cfg.vf_coef)
-    if cfg.grad_clip not in GRAD_CLIPS:
-        bad("grad_clip", f"one of {list(GRAD_CLIPS)}", cfg.grad_clip)
+    check_choice("grad_clip", cfg.grad_clip, GRAD_CLIPS)
     if cfg.max_grad_norm is not None and not cfg.max_grad_norm > 0:
         bad("max_grad_norm", "> 0 or null", cfg.max_grad_norm)
-    if cfg.device not in DEVICES:
-        bad("device", f"one of {list(DEVICES)}", cfg.device)
+    check_choice("device", cfg.device, DEVICES)
     if cfg.threads is not None and cfg.threads < 1:
         bad("threads", ">= 1 or null", cfg.threads)
     if cfg.population_workers is not None and cfg.population_workers < 1:
@@ -734,10 +720,8 @@ def check_fields(cfg: DictConfig) -> None:
     if cfg.task.max_episode_steps is not None and cfg.task.max_episode_steps < 1:
         bad("task.max_episode_steps", ">= 1 or null (the environment's own limit)", cfg.task.max_episode_steps)
     t = cfg.task
-    if t.log_std not in LOG_STD_MODES:
-        bad("task.log_std", f"one of {list(LOG_STD_MODES)}", t.log_std)
-    if t.action_bound not in ACTION_BOUNDS:
-        bad("task.action_bound", f"one of {list(ACTION_BOUNDS)}", t.action_bound)
+    check_choice("task.log_std", t.log_std, LOG_STD_MODES)
+    check_choice("task.action_bound", t.action_bound, ACTION_BOUNDS)
     if t.obs_clip is not None and not (finite(t.obs_clip) and t.obs_clip > 0):
         bad("task.obs_clip", "a finite number > 0 or null (no clip)", t.obs_clip)
     if not t.normalize_obs and t.obs_clip != TaskConfig.obs_clip:  # it would be silently ignored

@@ -129,6 +129,16 @@ def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x - mean.view(shape)) / (std.view(shape) + 1e-8) * mask
 
 
+def whitening_plan(normalize: str, minibatches: int) -> tuple[bool, bool]:
+    """Where ``normalize_advantages`` applies :func:`whiten` in an update over ``minibatches``
+    minibatches of a batch: ``(once over the whole batch, in each minibatch)``. ``none``: never;
+    ``batch``: once; ``minibatch``: in each minibatch, except with one minibatch, whose whitening
+    is the batch's (the same every epoch), so once. The update step (:func:`harness.train.update.update`)
+    and the gradient probes both follow it."""
+    each = normalize == "minibatch" and minibatches > 1
+    return normalize == "batch" or (normalize == "minibatch" and not each), each
+
+
 def within_sequence_std(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per member, the mean over columns of the std of the advantage across a column's steps
     (claim C14: 0 when every step of a sequence gets the same advantage). Float64 so that a

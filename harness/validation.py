@@ -15,8 +15,8 @@ import os
 from omegaconf import DictConfig, open_dict
 
 from . import config as schema
-from .config import (LOSS_KNOBS, PARAM_BYTES, ProbeSettings, bad_field, check_fields, check_fits, check_known_keys,
-                     entry_point, length_problem, path_problem, refuse_unknown_keys, results_path, task_kind)
+from .config import (LOSS_KNOBS, PARAM_BYTES, ProbeSettings, bad_field, check_choice, check_fields, check_fits,
+                     check_known_keys, entry_point, length_problem, path_problem, refuse_unknown_keys, results_path, task_kind)
 from .estimators import ESTIMATORS, KL_ESTIMATORS, EstimatorSpec, get_estimator
 from .io.rundir import CHECKPOINT_NAME, run_dir_for
 from .losses import AGG_MODES, POLICY_LOSSES, loss_settings
@@ -42,8 +42,7 @@ def check_registered(cfg: DictConfig) -> EstimatorSpec:
     if cfg["update"] not in POLICY_LOSSES:
         bad("update", f"one of {sorted(POLICY_LOSSES)}", cfg["update"])
     check_loss_knobs(cfg)
-    if cfg.loss_agg not in AGG_MODES:
-        bad("loss_agg", f"one of {list(AGG_MODES)}", cfg.loss_agg)
+    check_choice("loss_agg", cfg.loss_agg, AGG_MODES)
     if cfg.kl.estimator not in KL_ESTIMATORS:
         bad("kl.estimator", f"one of {sorted(KL_ESTIMATORS)}", cfg.kl.estimator)
     return spec

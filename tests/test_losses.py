@@ -4,7 +4,7 @@ import torch
 
 from harness.losses import (
     adaptive_kl_beta, aggregate, clipped_surrogate_loss, entropy_bonus, explained_variance,
-    get_policy_loss, kl_penalty, pg_loss, value_loss,
+    get_policy_loss, kl_penalty, pg_loss, value_loss, whitening_plan,
 )
 
 from .loss_helpers import call_loss
@@ -152,3 +152,23 @@ def test_population_dim_keeps_members_apart():
             assert batched[p].item() == pytest.approx(single.item(), abs=1e-6)
             assert float(m["clip_frac"][p]) == pytest.approx(float(ms["clip_frac"]))
             assert float(m["ratio_max"][p]) == pytest.approx(float(ms["ratio_max"]))
+
+
+@pytest.mark.parametrize("normalize, minibatches, expected", [
+    ("none", 1, (False, False)), ("none", 4, (False, False)),
+    ("batch", 1, (True, False)), ("batch", 4, (True, False)),
+    ("minibatch", 1, (True, False)),  # one minibatch: its whitening is the batch's, done once
+    ("minibatch", 4, (False, True)),
+])
+def test_whitening_plan_by_hand(normalize, minibatches, expected):
+    """(whiten the whole batch once, whiten each minibatch): the rule the update step and the probes share."""
+    assert whitening_plan(normalize, minibatches) == expected
+
+
+def test_check_choice_names_the_field_and_the_choices():
+    from harness.config import check_choice
+
+    check_choice("device", "cpu", ("auto", "cpu", "cuda"))  # allowed: no error
+    with pytest.raises(ValueError) as err:
+        check_choice("device", "tpu", ("auto", "cpu", "cuda"))
+    assert str(err.value) == "device must be one of ['auto', 'cpu', 'cuda'], got 'tpu'"

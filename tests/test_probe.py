@@ -310,3 +310,79 @@ def test_truth_scale_is_refused_where_it_does_not_apply():
         validate_probe(make_cfg(["task=cartpole", "estimator=reinforce", "mode=probe",
                                  "++probe.truth_scale=reward_std"]))
     validate_probe(make_cfg([*base, "++probe.truth_scale=reward_std"]))
+
+
+def test_probe_whitens_each_batch_by_the_update_rule():
+    """normalize_advantages=batch: each of the M batches' advantages has masked mean 0 and std 1 on its
+    own (computed here with numpy); minibatch with minibatches=1 is the same whitening (the update's rule);
+    minibatch over several minibatches is refused, in the probe and by validation (one line, the field)."""
+    from harness.probes import validate_probe
+    from harness.probes.toy import draw_batches, estimator_advantages
+
+    task = ToyTask(PRESETS["mixed"])
+    theta = task.init_logits(scale=0.5, seed=1)
+    M, B, k = 3, 16, 4
+    batch = draw_batches(task, theta, M, B // k, k, seed=0)
+    spec, params = get_estimator("reinforce"), EstimatorParams(gamma=1.0)
+
+    def adv(normalize, minibatches=1):
+        return estimator_advantages(task, spec, params, batch, theta, M, k, None, normalize, minibatches=minibatches)
+
+    raw, white = adv("none"), adv("batch")
+    mask = batch.mask.T.numpy()  # [L, M*B]
+    for m in range(M):
+        cols = slice(m * B, (m + 1) * B)
+        keep = mask[:, cols] > 0
+        w, r = white.numpy()[:, cols][keep], raw.numpy()[:, cols][keep]
+        assert r.std() > 0.01  # there was something to whiten
+        assert w.mean() == pytest.approx(0.0, abs=1e-9)
+        assert w.std() == pytest.approx(1.0, rel=1e-6)  # the biased std, + 1e-8
+        assert np.allclose(w, (r - r.mean()) / (r.std() + 1e-8), atol=1e-12)
+    assert torch.equal(adv("minibatch", minibatches=1), white)
+    with pytest.raises(ValueError, match="normalize_advantages must be none or batch in mode=probe with minibatches=2"):
+        adv("minibatch", minibatches=2)
+    base = ["task=toy", "estimator=ppo_gae", "mode=probe"]  # ppo_gae's preset: minibatch whitening, 4 minibatches
+    with pytest.raises(ValueError, match="^normalize_advantages must be none or batch in mode=probe with minibatches=4"):
+        validate_probe(make_cfg(base))
+    validate_probe(make_cfg(base + ["minibatches=1"]))
+    validate_probe(make_cfg(base + ["normalize_advantages=batch"]))
+
+
+def test_control_probe_whitens_each_batch_as_the_update(tmp_path, monkeypatch):
+    """normalize_advantages=batch on a control probe: the policy loss receives, for every batch
+    (population member), advantages with masked mean 0 and std 1 (checked here with numpy); with
+    none they are the estimator's own (not whitened). minibatch over 4 minibatches is refused."""
+    import harness.probes.control as control
+    from harness.app import run as run_probe
+
+    seen = {}
+    real = control.get_policy_loss
+
+    def spy(name):
+        loss = real(name)
+
+        def record(x, s):
+            seen.setdefault("adv", []).append((x.advantages.detach().numpy().copy(), x.mask.numpy().copy()))
+            return loss(x, s)
+        return record
+
+    monkeypatch.setattr(control, "get_policy_loss", spy)
+    base = ["task=cartpole", "mode=probe", "++probe.batches=4", "++probe.reference_batches=4", "++probe.reps=20",
+            "gamma=1.0", "task.episodes_per_iter=4", "group_size=2", "task.hidden=[16]", "estimator=reinforce",
+            "progress=false", "minibatches=1"]
+    for normalize in ("batch", "none"):
+        seen.clear()
+        assert run_probe(make_cfg(base + [f"normalize_advantages={normalize}",
+                                          f"results_dir={tmp_path / normalize}"])).get("completed") == 1
+        adv, mask = seen["adv"][0]  # the estimator's batches (the reference batches come after)
+        for a, m in zip(adv, mask):  # one member = one batch
+            v = a[m > 0]
+            if normalize == "batch":
+                assert v.mean() == pytest.approx(0.0, abs=1e-5) and v.std() == pytest.approx(1.0, rel=1e-4)
+            else:
+                assert v.mean() > 1.0  # CartPole's reward-to-go: positive, not centred
+        row = pd.read_parquet(next((tmp_path / normalize).glob("cartpole/*/*/probe.parquet"))).iloc[0]
+        assert row["normalize_advantages"] == normalize
+    with pytest.raises(ValueError, match="^normalize_advantages must be none or batch in mode=probe with minibatches=4"):
+        from harness.probes import validate_probe
+        validate_probe(make_cfg(base[:-1] + ["minibatches=4", "normalize_advantages=minibatch"]))

@@ -27,6 +27,16 @@ def _flags(rewards: torch.Tensor, *flags: torch.Tensor) -> list[torch.Tensor]:
     return [f.to(dtype=rewards.dtype) for f in flags]
 
 
+def _bootstrapped_flags(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor,
+                        terminated: torch.Tensor, truncated: torch.Tensor, gamma: float) -> list[torch.Tensor]:
+    """The checks of an estimator that bootstraps from a critic (:func:`gae`, :func:`n_step`): five
+    ``[T, B]`` tensors of one shape, gamma in (0, 1]; returns ``(terminated, truncated)`` as floats."""
+    check_same_shape(rewards=rewards, values=values, next_values=next_values, terminated=terminated,
+                     truncated=truncated)
+    check_gamma(gamma)
+    return _flags(rewards, terminated, truncated)
+
+
 def reward_to_go(
     rewards: torch.Tensor,
     terminated: torch.Tensor,
@@ -61,15 +71,8 @@ def reward_to_go(
     return returns
 
 
-def gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    next_values: torch.Tensor,
-    terminated: torch.Tensor,
-    truncated: torch.Tensor,
-    gamma: float,
-    lam: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminated: torch.Tensor,
+        truncated: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Generalized advantage estimation (Schulman et al. 2016, arXiv:1506.02438, eq. 16).
 
     .. math::
@@ -90,13 +93,8 @@ def gae(
     Returns:
       ``(advantages, returns)``, each ``[T, B]``.
     """
-    check_same_shape(
-        rewards=rewards, values=values, next_values=next_values,
-        terminated=terminated, truncated=truncated,
-    )
-    check_gamma(gamma)
+    term, trunc = _bootstrapped_flags(rewards, values, next_values, terminated, truncated, gamma)
     check_lam(lam)
-    term, trunc = _flags(rewards, terminated, truncated)
     deltas = rewards + gamma * (1.0 - term) * next_values - values
     carry = gamma * lam * (1.0 - term) * (1.0 - trunc)
     T = rewards.shape[0]
@@ -108,15 +106,8 @@ def gae(
     return advantages, advantages + values
 
 
-def n_step(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    next_values: torch.Tensor,
-    terminated: torch.Tensor,
-    truncated: torch.Tensor,
-    gamma: float,
-    n: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def n_step(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminated: torch.Tensor,
+           truncated: torch.Tensor, gamma: float, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     r"""n-step advantage of A2C/A3C (Mnih et al. 2016, arXiv:1602.01783, Algorithm S3).
 
     .. math::
@@ -136,14 +127,9 @@ def n_step(
     Returns:
       ``(advantages, returns)`` with ``returns = G^{(n)}``, each ``[T, B]``.
     """
-    check_same_shape(
-        rewards=rewards, values=values, next_values=next_values,
-        terminated=terminated, truncated=truncated,
-    )
-    check_gamma(gamma)
+    term, trunc = _bootstrapped_flags(rewards, values, next_values, terminated, truncated, gamma)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
-    term, trunc = _flags(rewards, terminated, truncated)
     done = torch.clamp(term + trunc, max=1.0)
     T = rewards.shape[0]
     returns = torch.zeros_like(rewards)

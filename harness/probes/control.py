@@ -11,7 +11,9 @@ columns change the noise layout, so ReMax is not paired). The estimate of a batc
 
 .. math:: \\hat g = \\frac1E \\sum_{i=1}^{E} \\sum_t A_{it} \\nabla_\\theta \\log \\pi(a_{it} \\mid s_{it})
 
-over the actor's parameters (sum over steps, mean over episodes). There is no exact gradient: the
+over the actor's parameters (sum over steps, mean over episodes), the advantages of each batch
+whitened as the update step whitens them (``normalize_advantages``, :func:`.toy.probe_whitening`;
+the reference is never whitened). There is no exact gradient: the
 truth is the mean of ``probe.reference_batches`` independent REINFORCE estimates with
 reward-to-go and gamma = 1 (unbiased for the undiscounted episode return), and the squared bias
 subtracts the reference's own noise. With ``gamma < 1`` an estimator targets a discounted
@@ -34,14 +36,14 @@ import torch
 
 from ..estimators import EstimatorParams, get_estimator, reward_to_go
 from ..io import RunDir, atomic_write_bytes
-from ..losses import (SEQUENCE_SUM, PolicyInputs, explained_variance, get_policy_loss, loss_settings,
+from ..losses import (SEQUENCE_SUM, PolicyInputs, explained_variance, get_policy_loss, loss_settings, whiten,
                       within_sequence_std)
 from ..models.control import ControlAgent, agent_options
 from ..models.mlp import member_view
 from ..tasks.control import EpisodeCollector, advantage_batch, env_info
 from . import stats as pstats
 from ..config import ProbeSettings, settings_from_config
-from .toy import _parquet_bytes
+from .toy import _parquet_bytes, probe_whitening
 
 
 
@@ -64,6 +66,7 @@ def validate_control_probe(cfg, s: ProbeSettings) -> None:
     E, k = int(cfg.task.episodes_per_iter), int(cfg.group_size)
     if spec.needs_groups and E % k:
         raise ValueError(f"task.episodes_per_iter must be a multiple of group_size={k}, got {E}")
+    probe_whitening(str(cfg.normalize_advantages), int(cfg.minibatches))
 
 
 def _make_agent(cfg, info, population: int, seed: int) -> ControlAgent:
@@ -107,9 +110,11 @@ def _batch_seeds(seed: int, start: int, n: int, stream: int) -> list[int]:
     return [(int(seed) * 1_000_003 + stream * 7_919_993 + i) % (2**31 - 1) for i in range(start, start + n)]
 
 
-def _gradients(agent: ControlAgent, ro, spec, params: EstimatorParams, group: int, loss=("pg", None)):
+def _gradients(agent: ControlAgent, ro, spec, params: EstimatorParams, group: int, loss=("pg", None),
+               whitened: bool = False):
     """Per-member policy-gradient estimates of one collected population rollout; ``loss``: the
-    registered policy loss and its settings (None: its defaults), taken at ratio 1."""
+    registered policy loss and its settings (None: its defaults), taken at ratio 1; ``whitened``:
+    each member's (batch's) advantages whitened as the update step does (:func:`probe_whitening`)."""
     T, M, E = ro.rewards.shape
     batch = advantage_batch(agent, ro, spec.needs_critic, group if spec.needs_groups else None)
     batch.members = M  # M independent batches side by side: batch-wide statistics per batch
@@ -120,6 +125,8 @@ def _gradients(agent: ControlAgent, ro, spec, params: EstimatorParams, group: in
     logp = agent.log_prob(agent.dist_params(obs), act).reshape(M, T, E)
     adv_m = adv.permute(1, 0, 2)
     mask_m = ro.mask.permute(1, 0, 2)
+    if whitened:
+        adv_m = whiten(adv_m, mask_m)
     x = PolicyInputs(logp, logp.detach(), adv_m, mask_m, with_metrics=False, **SEQUENCE_SUM)  # at ratio 1
     pl, _ = get_policy_loss(loss[0])(x, loss[1])
     pl.sum().backward()
@@ -179,10 +186,11 @@ def probe_run(cfg, run: RunDir) -> None:
     group = k if E % k == 0 else 1  # one layout for every estimator (common random numbers)
     params = EstimatorParams.from_cfg(cfg)
     ref_params = EstimatorParams(gamma=1.0)
+    normalize = str(cfg.normalize_advantages)
     agent1 = _make_agent(cfg, info, 1, s.init_seed)
     meta = {"target": "policy_gradient", "batches": M, "batch_size": E, "group_size": group,
             "samples_per_batch": E + (E // group if spec.needs_greedy else 0), "truth": "reference",
-            "reference_batches": R, "normalize_advantages": "none", "negative_control": False,
+            "reference_batches": R, "normalize_advantages": normalize, "negative_control": False,
             "gae_lambda": params.gae_lambda, "gamma": params.gamma, "n_steps": params.n_steps,
             "std_normalize": params.std_normalize, "critic": "none", "critic_noise": 0.0,
             "critic_rmse": float("nan"), "critic_ev": float("nan"), "proposal_shift": float("nan"),
@@ -190,14 +198,14 @@ def probe_run(cfg, run: RunDir) -> None:
     if spec.needs_critic:
         meta.update(_fit_critic(cfg, info, agent1, s, params.gamma))
 
-    def run_batches(est, est_params, n, stream, greedy, loss=("pg", None)):
+    def run_batches(est, est_params, n, stream, greedy, loss=("pg", None), whitened=False):
         gs, spreads, rets, steps = [], [], [], 0
         for start in range(0, n, chunk):
             m = min(chunk, n - start)
             agent = _make_agent(cfg, info, m, s.init_seed)
             _broadcast_weights(agent1, agent)
             ro = _collect(cfg, info, agent, _batch_seeds(int(cfg.seed), start, m, stream), group, greedy)
-            g, sp, r, st = _gradients(agent, ro, est, est_params, group, loss)
+            g, sp, r, st = _gradients(agent, ro, est, est_params, group, loss, whitened)
             gs.append(g)
             spreads.append(sp)
             rets.append(r)
@@ -205,7 +213,8 @@ def probe_run(cfg, run: RunDir) -> None:
         return torch.cat(gs).numpy(), np.concatenate(spreads), np.concatenate(rets), steps
 
     G, spread, rets, steps = run_batches(spec, params, M, stream=1, greedy=spec.needs_greedy,
-                                         loss=(cfg["update"], loss_settings(cfg)))
+                                         loss=(cfg["update"], loss_settings(cfg)),
+                                         whitened=probe_whitening(normalize, int(cfg.minibatches)))
     Gref, _, ref_rets, _ = run_batches(ref_spec, ref_params, R, stream=2, greedy=False)
     truth = Gref.mean(0)
     Wref = pstats.resample_weights(R, int(s.reps), seed=int(cfg.seed) + 11)

@@ -9,7 +9,10 @@ logits. The estimate of a batch is
 .. math:: \\hat g = \\frac1B \\sum_i \\sum_t A_{it} \\nabla_\\theta \\log \\pi(a_{it} \\mid s_{it})
 
 (``pg_loss`` aggregated with ``seq_mean_token_sum_norm`` and ``norm_len=1``: sum over tokens,
-mean over sequences, whose expectation is ``grad J`` for an unbiased advantage). It is compared
+mean over sequences, whose expectation is ``grad J`` for an unbiased advantage). The advantages are
+whitened per batch as the update step whitens them (``normalize_advantages``, by the update's rule
+:func:`harness.losses.whitening_plan`; ``minibatch`` is refused unless ``minibatches=1``, where it is
+the batch's whitening: a probe estimates the gradient of one batch, not of several minibatches). It is compared
 with the exact gradient: bias (debiased squared norm, and the weight along the truth), total
 variance, cosine, SNR, each with a bootstrap interval over batches (:mod:`.stats`).
 
@@ -71,7 +74,7 @@ from ..io import RunDir, atomic_write_bytes
 from ..io.checkpoint import CheckpointError
 from ..io.checkpoint import load as load_checkpoint
 from ..losses import (SEQUENCE_SUM, ClipSettings, PolicyInputs, clipped_surrogate_loss, get_policy_loss, kl_penalty,
-                      loss_settings, whiten)
+                      loss_settings, whiten, whitening_plan)
 from ..tasks.toy import DTYPE, ToyBatch, ToyTask, advantage_batch, build_task, time_major, validate_toy
 from . import stats as pstats
 
@@ -167,11 +170,28 @@ def draw_batches(task: ToyTask, theta_sample: torch.Tensor, M: int, n_groups: in
     return task.sample(theta_sample, prompts, uniforms=uniforms)
 
 
+def probe_whitening(normalize: str, minibatches: int) -> bool:
+    """Whether a probe whitens each batch's advantages (:func:`harness.losses.whiten`, per batch), by
+    the update step's own rule (:func:`harness.losses.whitening_plan`; training validates
+    ``minibatches`` to at most the samples of a batch, so the update runs that many). A probe
+    estimates the gradient of one batch's loss: whitening in each of several minibatches
+    (``normalize_advantages=minibatch`` with ``minibatches > 1``) is not that, and is refused (one
+    line naming the field). Used by the toy and the control probes."""
+    once, each = whitening_plan(normalize, int(minibatches))
+    if each:
+        raise ValueError(f"normalize_advantages must be none or batch in mode=probe with minibatches={minibatches} "
+                         "(a probe estimates one batch's gradient; per-minibatch whitening is the batch's only with "
+                         f"minibatches=1), got {normalize!r}")
+    return once
+
+
 def estimator_advantages(task: ToyTask, spec: EstimatorSpec, params: EstimatorParams, batch: ToyBatch,
                          theta: torch.Tensor, M: int, k: int, critic: torch.Tensor | None,
-                         normalize: str = "none", reward_penalty: torch.Tensor | None = None) -> torch.Tensor:
+                         normalize: str = "none", reward_penalty: torch.Tensor | None = None,
+                         minibatches: int = 1) -> torch.Tensor:
     """Advantages ``[L, M*B]`` of every batch at once (groups never straddle two batches);
-    ``reward_penalty [L, M*B]`` is subtracted from the per-token rewards first (in-reward KL)."""
+    ``reward_penalty [L, M*B]`` is subtracted from the per-token rewards first (in-reward KL);
+    each batch whitened on its own as the update step whitens it (:func:`probe_whitening`)."""
     greedy = None
     if spec.needs_greedy:
         leaves = task.greedy(theta)[batch.prompts[::k]]
@@ -180,7 +200,7 @@ def estimator_advantages(task: ToyTask, spec: EstimatorSpec, params: EstimatorPa
                          reward_penalty)
     ab.members = M  # M independent batches side by side: batch-wide statistics per batch
     adv = spec(ab, params).advantages * ab.mask
-    if normalize in ("batch", "minibatch"):  # each batch whitened on its own, as the update step does
+    if probe_whitening(normalize, minibatches):
         adv = _to_tm(whiten(_to_mb(adv, M), _to_mb(ab.mask, M)))
     return adv
 
@@ -227,9 +247,10 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
               settings: ProbeSettings, batch_size: int, group_size: int, seed: int,
               normalize: str = "none", theta_ref: torch.Tensor | None = None,
               kl_name: str = "k3", update: str = "pg", loss_knobs: object = None, kl_beta: float = 0.0,
-              kl_in_reward: bool = False) -> ProbeResult:
+              kl_in_reward: bool = False, minibatches: int = 1) -> ProbeResult:
     """Run one probe (one estimator, one target) and summarise it per scope (all, prompt<x>);
-    ``update``/``loss_knobs``: the registered policy loss and its settings (None: its defaults)."""
+    ``update``/``loss_knobs``: the registered policy loss and its settings (None: its defaults);
+    ``normalize``/``minibatches``: the update's whitening (:func:`probe_whitening`)."""
     s = settings
     check_truth_scale(s, kl_beta)
     M, k = int(s.batches or TOY_DEFAULT_BATCHES), int(group_size)
@@ -293,7 +314,8 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
             if kl_in_reward:
                 penalty = beta * k_tm
             ref_mb = _to_mb(ref_tm, M)
-        adv = estimator_advantages(task, spec, params, batch, theta, M, k, critic, normalize, penalty)
+        adv = estimator_advantages(task, spec, params, batch, theta, M, k, critic, normalize, penalty,
+                                   minibatches)
         if s.negative_control:
             adv = adv - float(s.control_scale) * (batch.tokens.T == 0).to(DTYPE) * mask_tm
             meta["label"] = f"{spec.name}+action_baseline"
@@ -415,10 +437,12 @@ def check_truth_scale(s: ProbeSettings, kl_beta: float) -> None:
 
 def validate_toy_probe(cfg, s: ProbeSettings) -> None:
     """Toy probe checks (the toy kind's ``probe_validate``): the task's own (:func:`validate_toy`),
-    ``probe.truth_scale`` (:func:`check_truth_scale`); ``probe.arcsin`` needs binary rewards, the
+    ``probe.truth_scale`` (:func:`check_truth_scale`), the whitening (:func:`probe_whitening`:
+    ``normalize_advantages=minibatch`` only with one minibatch); ``probe.arcsin`` needs binary rewards, the
     ``policy_gradient`` target and no KL term (its ``cos_linear`` is against ``grad J``)."""
     validate_toy(cfg)
     check_truth_scale(s, float(cfg.kl.beta))
+    probe_whitening(str(cfg.normalize_advantages), int(cfg.minibatches))
     if not s.arcsin:
         return
     if s.target != "policy_gradient":
@@ -451,7 +475,8 @@ def probe_run(cfg, run: RunDir) -> None:
     res = probe_toy(task, theta, spec, params, settings=s, batch_size=int(cfg.task.episodes_per_iter),
                     group_size=int(cfg.group_size), seed=int(cfg.seed), normalize=str(cfg.normalize_advantages),
                     theta_ref=theta_ref, kl_name=str(cfg.kl.estimator), update=str(cfg["update"]),
-                    loss_knobs=loss_settings(cfg), kl_beta=float(cfg.kl.beta), kl_in_reward=bool(cfg.kl.in_reward))
+                    loss_knobs=loss_settings(cfg), kl_beta=float(cfg.kl.beta), kl_in_reward=bool(cfg.kl.in_reward),
+                    minibatches=int(cfg.minibatches))
     wall = time.time() - t0
     ident = {"run_id": run.run_id, "task": str(cfg.task.name), "estimator": str(cfg.estimator),
              "seed": int(cfg.seed), "policy": policy, "wall_time_s": wall}

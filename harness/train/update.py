@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from ..losses import (PolicyInputs, entropy_bonus, explained_variance, get_policy_loss, kl_penalty, loss_settings,
-                      masked_mean_std, value_loss, whiten, within_sequence_std)
+                      masked_mean_std, value_loss, whiten, whitening_plan, within_sequence_std)
 from ..models.mlp import member_view
 
 ADAM_EPS = 1e-5  # every trainer's Adam (SB3's and CleanRL's PPO default)
@@ -264,9 +264,8 @@ def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: Update
         n_mb_p = [max(1, min(s.minibatches, c)) for c in cols]
         mb_p = [math.ceil(c / n) for c, n in zip(cols, n_mb_p)]
         n_mb = max(n_mb_p)
-    # one minibatch: per-minibatch whitening is the batch's, the same every epoch
-    normalize_each = s.normalize == "minibatch" and n_mb > 1
-    adv = whiten(batch.adv, mask) if s.normalize == "batch" or (s.normalize == "minibatch" and n_mb == 1) else batch.adv
+    whiten_batch, normalize_each = whitening_plan(s.normalize, n_mb)
+    adv = whiten(batch.adv, mask) if whiten_batch else batch.adv
     agg = {"agg": s.loss_agg, "norm_len": s.norm_len}
     critic = batch.returns is not None
     bad = torch.zeros(P, dtype=torch.long)  # first non-finite kind per member

@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
-from ...config import PARAM_BYTES, check_fits
+from ...config import PARAM_BYTES, bad_field, check_choice, check_fits
 from .data import LOCAL_SUFFIXES, load_examples
 
 REWARDS = ("rm", "gold")
@@ -38,8 +38,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
-def _bad(field_name: str, allowed: str, value: Any) -> None:
-    raise ValueError(f"{field_name} must be {allowed}, got {value!r}")
+_bad = bad_field  # every refusal here is harness.config's one line
 
 
 def one_line(text: Any, limit: int = 400) -> str:
@@ -322,14 +321,9 @@ def validate_lm(cfg: Any) -> None:
     if lm is None:
         _bad("lm", "the LM task's settings (use task=lm_summarize or task=lm_arith)", None)
     corpus = lm.get("corpus", "summarize")
-    if corpus not in CORPORA:
-        _bad("lm.corpus", f"one of {list(CORPORA)}", corpus)
-    if lm.reward not in REWARDS:
-        _bad("lm.reward", f"one of {list(REWARDS)}", lm.reward)
-    if lm.critic not in CRITICS:
-        _bad("lm.critic", f"one of {list(CRITICS)}", lm.critic)
-    if lm.dtype not in DTYPES:
-        _bad("lm.dtype", f"one of {list(DTYPES)}", lm.dtype)
+    check_choice("lm.corpus", corpus, CORPORA)
+    for key, choices in (("reward", REWARDS), ("critic", CRITICS), ("dtype", DTYPES)):
+        check_choice(f"lm.{key}", lm[key], choices)
     for key in ("max_prompt_len", "max_response_len", "prompts_per_iter", "eval_prompts", "eval_samples"):
         check_int(f"lm.{key}", lm[key], 1)
     check_number("lm.temperature", lm.temperature, 0, strict=True)
