@@ -70,6 +70,19 @@ def test_estimator_trains_two_iterations_through_the_one_loop(name, tmp_path):
 
 
 # ---------------------------------------------------------------------------- policy losses
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+def test_policy_loss_takes_its_inputs_and_its_settings(name):
+    """``fn(x: PolicyInputs, s: Settings)``: at most three parameters, the rest of what it reads is
+    its settings dataclass, each field with a default (a config key with that default)."""
+    import dataclasses
+    import inspect
+
+    spec = POLICY_LOSSES[name]
+    assert len(inspect.signature(spec.fn).parameters) <= 3, inspect.signature(spec.fn)
+    assert dataclasses.is_dataclass(spec.settings)
+    spec.settings()  # every knob has a default that passes its own checks
+
+
 @pytest.mark.parametrize("agg", AGG_MODES)
 @pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
 def test_policy_loss_is_a_finite_scalar_with_a_finite_gradient(name, agg):
