@@ -13,6 +13,7 @@ so that every user can look it up; it names its entry points, importing none.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import re
@@ -366,14 +367,33 @@ def register_loss_knobs(settings: type, loss: str) -> None:
         LOSS_KNOBS[f.name] = (kind, f.default)
 
 
+_RUN_SCHEMA_PREFIX = "RunConfig_"
+
+
 def run_schema() -> type:
     """The schema of a run's config: :class:`Config` with the registered losses' knobs
-    (:data:`LOSS_KNOBS`) as top-level keys."""
+    (:data:`LOSS_KNOBS`) as top-level keys. One class per set of knobs, an attribute of this
+    module (``RunConfig_<hash>``), so that a composed config pickles (an isolated claim point is
+    sent to a spawned process) and unpickles in a process that has not built it yet."""
     if not LOSS_KNOBS:
         return Config
-    return dataclasses.make_dataclass(
-        "Config", [(name, kind, field(default=default)) for name, (kind, default) in LOSS_KNOBS.items()],
-        bases=(Config,))
+    knobs = sorted((name, repr(kind), repr(default)) for name, (kind, default) in LOSS_KNOBS.items())
+    name = _RUN_SCHEMA_PREFIX + hashlib.sha1(repr(knobs).encode()).hexdigest()[:12]
+    if name not in globals():
+        cls = dataclasses.make_dataclass(
+            name, [(k, kind, field(default=default)) for k, (kind, default) in LOSS_KNOBS.items()], bases=(Config,))
+        cls.__module__ = __name__  # (make_dataclass's module= is Python 3.12's)
+        globals()[name] = cls
+    return globals()[name]
+
+
+def __getattr__(name: str) -> type:
+    """PEP 562: a ``RunConfig_<hash>`` this process has not built (unpickling a run config sent by
+    another process): the schema of the knobs registered here, its fields a superset of
+    :class:`Config`'s (what the unpickled config's type is used for)."""
+    if name.startswith(_RUN_SCHEMA_PREFIX):
+        return run_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register_configs() -> None:
