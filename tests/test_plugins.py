@@ -95,8 +95,8 @@ def test_the_registry_tests_run_on_the_plugin_and_catch_a_missing_yaml(tmp_path)
     r = _python([*args, "--pg-searchpath", "pkg://pgh_example.conf"], tmp_path, [EXAMPLE], timeout=600)
     assert r.returncode == 0, r.stdout[-3000:]
     tail = r.stdout.strip().splitlines()[-1]
-    # the pairing test + median_baseline's YAML and training (2) + clamped_pg under 5 aggregations and on
-    # 2 tasks (7) + corridor with reinforce and a2c (2)
-    assert tail.startswith("12 passed"), tail
+    # the pairing test + median_baseline's YAML and training (2) + clamped_pg's signature and settings, under
+    # 5 aggregations and on 2 tasks (8) + corridor with reinforce and a2c (2)
+    assert tail.startswith("13 passed"), tail
     r = _python(args, tmp_path, [EXAMPLE], timeout=600)
     assert r.returncode == 1 and "test_every_registered_estimator_has_one_yaml_and_every_yaml_is_registered" in r.stdout
