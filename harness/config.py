@@ -203,7 +203,7 @@ def check_node_type(node: str, schema: type, name: str, value: Any) -> None:
 def check_probe_settings(s: ProbeSettings) -> None:
     """Per-field checks of the probe settings (family-specific ones live in :mod:`harness.probes`)."""
     def bad(name, allowed, value):
-        raise ValueError(f"probe.{name} must be {allowed}, got {value!r}")
+        bad_field(f"probe.{name}", allowed, value)
 
     if s.batches is not None and (s.batches < 4 or s.batches % 2):
         bad("batches", "an even integer >= 4 (or null: the family's default)", s.batches)

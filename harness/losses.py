@@ -281,6 +281,11 @@ class ClipSettings(ClipRange):
         if self.delta is not None and not (is_finite(self.delta) and self.delta > 1):
             bad_field("delta", "a finite number > 1 (TRL recommends > 1 + clip_eps) or null (off)", self.delta)
 
+    @property
+    def cap(self) -> float:
+        """``delta`` as the cap of :func:`_clipped_objective` (``inf``: off)."""
+        return float("inf") if self.delta is None else float(self.delta)
+
 
 @dataclass(frozen=True)
 class DualClipSettings(ClipRange):
@@ -333,14 +338,13 @@ def clipped_surrogate_loss(x: PolicyInputs, s: ClipSettings = ClipSettings()) ->
     :math:`\delta A_t` (zero gradient where r > max(delta, 1+eps_high); counted in ``clip_frac``).
     """
     low, high = _band(s.clip_eps, s.clip_eps_high)
-    cap = float("inf") if s.delta is None else float(s.delta)
     log_ratio = x.logp - x.old_logp
     ratio = log_ratio.exp()
     if s.clip_eps is None and s.delta is None:
         objective = ratio * x.advantages
         zeroed = torch.zeros_like(x.mask, dtype=torch.bool)
     else:
-        objective, zeroed = _clipped_objective(ratio, x.advantages, low, high, cap)
+        objective, zeroed = _clipped_objective(ratio, x.advantages, low, high, s.cap)
     return _policy_result(objective, log_ratio, x, lambda: zeroed)
 
 
@@ -412,11 +416,10 @@ def gspo_loss(x: PolicyInputs, s: ClipSettings = ClipSettings()) -> tuple[torch.
     side of the advantage's sign).
     """
     low, high = _band(s.clip_eps, s.clip_eps_high)
-    cap = float("inf") if s.delta is None else float(s.delta)
     log_ratio = x.logp - x.old_logp
     seq_log_ratio = sequence_mean(log_ratio.detach(), x.mask, x.seq_id)
     log_s = torch.clamp(x.logp - x.logp.detach() + seq_log_ratio, max=10.0)
-    objective, zeroed = _clipped_objective(log_s.exp(), x.advantages, low, high, cap)
+    objective, zeroed = _clipped_objective(log_s.exp(), x.advantages, low, high, s.cap)
     return _policy_result(objective, log_ratio, x, lambda: zeroed)
 
 

@@ -68,7 +68,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..config import ProbeSettings, settings_from_config
+from ..config import ProbeSettings, bad_field, settings_from_config
 from ..estimators import EstimatorParams, EstimatorSpec, get_estimator, kl_estimate, reward_to_go
 from ..io import RunDir, atomic_write_bytes
 from ..io.checkpoint import CheckpointError
@@ -179,9 +179,9 @@ def probe_whitening(normalize: str, minibatches: int) -> bool:
     line naming the field). Used by the toy and the control probes."""
     once, each = whitening_plan(normalize, int(minibatches))
     if each:
-        raise ValueError(f"normalize_advantages must be none or batch in mode=probe with minibatches={minibatches} "
-                         "(a probe estimates one batch's gradient; per-minibatch whitening is the batch's only with "
-                         f"minibatches=1), got {normalize!r}")
+        bad_field("normalize_advantages", f"none or batch in mode=probe with minibatches={minibatches} (a probe "
+                  "estimates one batch's gradient; per-minibatch whitening is the batch's only with minibatches=1)",
+                  normalize)
     return once
 
 
