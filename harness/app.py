@@ -18,6 +18,7 @@ from .config import entry_point, error_line, member_configs, task_kind
 from .io import RunDir
 from .plugins import load_plugins
 from .probes import run_probe
+from .reference import reference_trainer
 from .validation import validate
 
 __all__ = ["run", "main_entry", "describe"]
@@ -31,9 +32,12 @@ def get_trainer(family: str):
 
 
 def get_worker(cfg: DictConfig):
-    """What runs on the members: the task family's trainer, or the gradient probes (mode=probe)."""
+    """What runs on the members: the task family's trainer, a reference library's (``reference``,
+    :mod:`harness.reference`), or the gradient probes (mode=probe)."""
     if cfg.mode == "probe":
         return run_probe
+    if cfg.get("reference"):
+        return reference_trainer(cfg)
     return get_trainer(cfg.task.family)
 
 

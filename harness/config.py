@@ -83,6 +83,7 @@ class Config:
     deterministic: bool = False  # torch deterministic algorithms + cuDNN/cuBLAS settings (GPU bitwise repeatability)
     logger: str = "none"  # none | tensorboard | wandb | mlflow: also send each metric row to that tracker (harness.io.trackers); not hashed
     plugins: list[str] = field(default_factory=list)  # modules imported before validation (harness.plugins); not hashed
+    reference: Optional[str] = None  # sb3 | trl: that library's own trainer runs this config (harness.reference); None: the harness
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     eval_every: int = 10  # iterations; 0 disables iteration-based evaluation
     eval_every_steps: Optional[int] = None  # also evaluate each time env_steps crosses a multiple

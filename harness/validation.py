@@ -21,6 +21,7 @@ from .estimators import ESTIMATORS, KL_ESTIMATORS, EstimatorSpec, get_estimator
 from .io.rundir import CHECKPOINT_NAME, run_dir_for
 from .losses import AGG_MODES, POLICY_LOSSES, loss_settings
 from .probes import validate_probe
+from .reference import check_reference
 from .tasks.control import env_info, time_limit, validate_control
 from .tasks.lm import validate_lm
 from .tasks.toy import PRESETS as TOY_PRESETS
@@ -67,6 +68,7 @@ def validate(cfg: DictConfig) -> None:
     spec = check_registered(cfg)
     check_fields(cfg)
     entry_point(task_kind(cfg.task.family).validate)(cfg, spec)
+    check_reference(cfg)
     if cfg.mode == "probe":
         refuse_unknown_keys(cfg, "probe", ProbeSettings)  # names the key (probe.<key>) before the probe's checks
         validate_probe(cfg)

@@ -76,7 +76,7 @@ _NOT_HASHED_NESTED = (("lm", "cache_dir"), ("task", "worst_return"), ("lm", "kl_
 # defaults, so the runs of older sweeps keep their directories; any other value is hashed. The
 # knobs of one policy loss (delta, clip_ratio_c, sapo_tau_pos, ...: harness.config.LOSS_KNOBS) likewise.
 _HASHED_UNLESS_DEFAULT = {"dynamic_sampling": False, "dynamic_sampling_max_draws": 10, "mask_truncated": False,
-                          "overlong_cache": None}
+                          "overlong_cache": None, "reference": None}
 # task.* keys added later (issue 18: normalisation and the continuous-control switches), likewise
 _TASK_HASHED_UNLESS_DEFAULT = CONTROL_ONLY
 

@@ -90,6 +90,12 @@ def sequence_ids(done: torch.Tensor, whole_episodes: bool) -> torch.Tensor:
     return col * (T + 1) + before
 
 
+def evaluation_seeds(seeds: list[int]) -> list[int]:
+    """The first evaluation episode's env seed of each member (its others follow it: +1, +2, ...),
+    far from any training seed."""
+    return [10_000_019 * (s + 1) % (2**31 - 1000) for s in seeds]
+
+
 class ControlSource(Source):
     cost_unit = "step"
     fused_adam = True  # fused Adam: one kernel for all parameters (elementwise, so still per-member state)
@@ -121,7 +127,7 @@ class ControlSource(Source):
             self.collector = StepCollector(envs, self.gens, t.rollout_steps)
             if int(cfg.get("checkpoint_every", 0) or 0):
                 envs.action_log = []  # replayed on resume (persistent envs)
-        self.eval_seeds = [10_000_019 * (s + 1) % (2**31 - 1000) for s in self.seeds]
+        self.eval_seeds = evaluation_seeds(self.seeds)
         self.group_size = int(cfg.group_size) if spec.needs_groups else None
         self.eval_episodes, self.max_steps, self.env_id = int(cfg.eval_episodes), t.max_episode_steps, t.env_id
 

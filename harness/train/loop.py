@@ -125,6 +125,27 @@ class Source:
         pass
 
 
+def common_fields(cfg, uses_groups: bool) -> dict:
+    """The metric row's columns that every iteration of a run repeats (its settings), as logged."""
+    return {
+        "task": cfg.task.name, "estimator": cfg.estimator, "gamma": float(cfg.gamma),
+        "gae_lambda": float(cfg.gae_lambda), "clip_eps": None if cfg.clip_eps is None else float(cfg.clip_eps),
+        "n_steps": int(cfg.n_steps), "group_size": int(cfg.group_size) if uses_groups else None,
+        "update": str(cfg["update"]), "loss_agg": str(cfg.loss_agg),
+    }
+
+
+def eval_due(iteration: int, steps: int, last_eval: int, done: bool, eval_every: int,
+             eval_every_steps: int | None) -> bool:
+    """Whether a run evaluates after ``iteration`` (its budget use now ``steps``, at its last
+    evaluation ``last_eval``): every ``eval_every`` iterations, each time ``steps`` crosses a
+    multiple of ``eval_every_steps``, and at its end (``done``) when evaluation is on."""
+    crossed = bool(eval_every_steps) and steps // eval_every_steps > last_eval // eval_every_steps
+    periodic = eval_every > 0 and iteration % eval_every == 0
+    last = done and (eval_every > 0 or bool(eval_every_steps))
+    return periodic or crossed or last
+
+
 class Loop(Checkpoints):
     """Train ``runs`` (one per member of ``source``) to their budgets."""
 
@@ -151,12 +172,7 @@ class Loop(Checkpoints):
         self.max_iters = cfg.budget.iterations
         self.eval_every = int(cfg.eval_every)
         self.eval_every_steps = cfg.eval_every_steps
-        self.common = {
-            "task": cfg.task.name, "estimator": cfg.estimator, "gamma": float(cfg.gamma),
-            "gae_lambda": float(cfg.gae_lambda), "clip_eps": None if cfg.clip_eps is None else float(cfg.clip_eps),
-            "n_steps": int(cfg.n_steps), "group_size": int(cfg.group_size) if source.uses_groups else None,
-            "update": str(cfg["update"]), "loss_agg": str(cfg.loss_agg),
-        }
+        self.common = common_fields(cfg, source.uses_groups)
 
     # ------------------------------------------------------------------ schedules
     def member_lr(self) -> torch.Tensor:
@@ -173,11 +189,8 @@ class Loop(Checkpoints):
         flags = []
         for p in range(self.P):
             steps = int(self.cost[p])
-            crossed = bool(self.eval_every_steps) and (
-                steps // self.eval_every_steps > self.last_eval[p] // self.eval_every_steps)
-            periodic = self.eval_every > 0 and iteration % self.eval_every == 0
-            last = bool(done[p]) and (self.eval_every > 0 or bool(self.eval_every_steps))
-            flags.append(bool(self.active[p]) and ok[p] and (periodic or crossed or last))
+            due = eval_due(iteration, steps, self.last_eval[p], bool(done[p]), self.eval_every, self.eval_every_steps)
+            flags.append(bool(self.active[p]) and ok[p] and due)
             if flags[-1]:
                 self.last_eval[p] = steps
         return flags
