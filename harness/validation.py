@@ -67,8 +67,8 @@ def validate(cfg: DictConfig) -> None:
     check_known_keys(cfg)
     spec = check_registered(cfg)
     check_fields(cfg)
+    check_reference(cfg)  # before the task's checks: a reference for another task family is named as such
     entry_point(task_kind(cfg.task.family).validate)(cfg, spec)
-    check_reference(cfg)
     if cfg.mode == "probe":
         refuse_unknown_keys(cfg, "probe", ProbeSettings)  # names the key (probe.<key>) before the probe's checks
         validate_probe(cfg)
