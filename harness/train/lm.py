@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
-from ..estimators import AdvantageBatch, get_estimator, kl_estimate
+from ..estimators import AdvantageBatch, get_estimator, kl_estimate, kl_guards
 from ..io import RunDir
 from ..io import checkpoint as ckpt
 from ..models.lm import (NonFiniteError, PolicyWithValue, ValueModel, fuse_gelu, generate_groups,
@@ -316,7 +316,7 @@ class LMSource(Source):
 
     def _sequence_kl(self, logp, ref_logp, mask) -> torch.Tensor:
         """Per-token KL estimate (``kl.estimator``) of the policy to the reference, masked."""
-        return kl_estimate(self.cfg.kl.estimator, logp, ref_logp) * mask
+        return kl_estimate(self.cfg.kl.estimator, logp, ref_logp, **kl_guards(self.cfg.kl)) * mask
 
     def _score(self, examples, texts, has_eos, lengths) -> tuple[torch.Tensor, torch.Tensor]:
         """``(reward, score)``: the score the estimator sees is the reward minus ``lm.no_eos_penalty``
@@ -409,8 +409,9 @@ class LMSource(Source):
                                             gg.mask.sum(-1))
             greedy_rewards = g_reward.float()
             greedy_scores = g_score.to(self.device)
-            if self.cfg.kl.in_reward and self.beta > 0:
-                # the greedy return carries its own KL penalty, like every sampled return
+            if self.cfg.kl.in_reward and self.beta > 0 and self.cfg.kl.get("greedy_penalty", True):
+                # the greedy return carries its own KL penalty, like every sampled return (kl.greedy_penalty;
+                # false: the greedy reward alone, verl's reward_baselines)
                 with self.ac():
                     g_out, _ = self.policy(u_ids, u_mask, gg.tokens, gg.mask, lm.temperature)
                     g_ref = self._ref_logp(u_ids, u_mask, gg.tokens, gg.mask)
