@@ -263,12 +263,12 @@ def test_verl_vanilla_loss_is_the_dual_clip():
     x = torch.full((1, 1), float(torch.log(torch.tensor(5.0))), requires_grad=True)
     verl = F.verl_policy_loss("vanilla", old, x, adv, mask)
     (g_verl,) = torch.autograd.grad(verl, x)
-    assert float(verl) == pytest.approx(3.0) and float(g_verl) == 0.0
+    assert float(verl.detach()) == pytest.approx(3.0) and float(g_verl) == 0.0
     for fn, loss_want, grad_want in ((dual_clip_loss, 3.0, 0.0), (clipped_surrogate_loss, 5.0, 5.0)):
         z = x.detach().clone().requires_grad_(True)
         loss, _ = fn(PolicyInputs(z, old, adv, mask))
         (g,) = torch.autograd.grad(loss, z)
-        assert float(loss) == pytest.approx(loss_want) and float(g) == pytest.approx(grad_want)
+        assert float(loss.detach()) == pytest.approx(loss_want) and float(g) == pytest.approx(grad_want)
 
 
 def test_greedy_baseline_switch():
@@ -408,3 +408,30 @@ def test_the_cli_takes_a_recipe(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "harness", "task=toy", "recipe=verl_grpo", f"results_dir={tmp_path}",
                            *TOY_BUDGET], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_trl_rloo_recipe_matches_rlootrainers_own_compute_loss_gradient():
+    """Where TRL is installed: RLOOTrainer._compute_loss itself at ratio 1 (TRL's default single iteration;
+    its sequence-ratio loss has no counterpart here, see the recipe) against the recipe's harness step:
+    the same gradient per token."""
+    pytest.importorskip("trl")
+    from collections import defaultdict
+
+    from trl import RLOOTrainer
+    cfg = recipe_cfg("trl_rloo")
+    e = episode(0, int(cfg.group_size), ratio_one=True)
+    t = object.__new__(RLOOTrainer)
+    t.epsilon_low, t.epsilon_high, t.aux_loss_enabled = 0.2, 0.2, False
+    t.model = SimpleNamespace(training=True)
+    t.accelerator = SimpleNamespace(gather=lambda x: x, gather_for_metrics=lambda x: x,
+                                    reduce=lambda x, reduction=None: x)
+    t._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    x = e.logp.clone().requires_grad_(True)
+    t._get_per_token_logps_and_entropies = lambda *a, **k: (x, torch.zeros_like(x), None)
+    inputs = {"prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+              "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": e.mask,
+              "old_logps": (e.old * e.mask).sum(1),
+              "advantages": F.trl_rloo_advantages(e.score, e.old, e.ref, e.mask, e.n, beta=0.05)}
+    t._compute_loss(None, inputs).backward()
+    _, grad = harness_step(cfg, e)
+    torch.testing.assert_close(grad * e.mask, x.grad * e.mask, rtol=1e-6, atol=1e-10)
