@@ -10,7 +10,8 @@ name in :data:`POLICY_LOSSES` (``update: pg | clip | dual_clip | gspo | cispo | 
 A policy loss is ``fn(x: PolicyInputs, s: <its settings>) -> (loss, metrics)``: ``x`` holds the
 tensors and how to reduce them (log-probs, old log-probs, advantages, mask, ``seq_id``, ``agg``,
 ``norm_len``, ``with_metrics``); ``s`` is the loss's own frozen dataclass of knobs (``ClipSettings``:
-``clip_eps``, ``clip_eps_high``, ``delta``; ``SapoSettings``: the two temperatures; ...), registered
+``clip_eps``, ``clip_eps_high``, ``delta``; ``PPOClipSettings``: those and ``log_ratio_clamp``;
+``SapoSettings``: the two temperatures; ...), registered
 with it. Its fields are config keys of the same names: :func:`register_policy_loss` adds the ones
 the schema lacks (:data:`harness.config.LOSS_KNOBS`), :func:`loss_settings` builds the dataclass
 from a run's config, and validation refuses a knob set away from its default for a loss that does
