@@ -1,7 +1,8 @@
 """The docs' tables of estimators and policy losses and docs/running.md's option lists, written from
 the registries, never typed.
 
-    python benchmarks/docs_tables.py --write   # rewrite the blocks of README.md, docs/estimators.md, docs/running.md
+    python benchmarks/docs_tables.py --write   # rewrite the blocks of README.md, docs/estimators.md, docs/running.md,
+                                               # docs/frameworks.md
     python benchmarks/docs_tables.py --check   # exit 1 naming each page whose blocks differ (tests/test_docs_tables.py)
 
 Each page marks a table's place with ``<!-- name:start -->`` ... ``<!-- name:end -->``
@@ -14,6 +15,9 @@ tables show comes from where it is defined, nowhere else:
   (a key it leaves out: the run schema's default, :class:`harness.config.Config`), and ``spec.summary``;
 - policy losses (:data:`harness.losses.POLICY_LOSSES`): the name, its knobs with their defaults (the
   fields of ``spec.settings``) and ``spec.summary``;
+- the recipes (``harness/conf/recipe/<name>.yaml``, docs/frameworks.md): per recipe file, its ``# recipe:``
+  comment block (framework, the algorithm's name there, source file and commit, what differs and why)
+  and the values the file sets (its ``override /estimator`` and its keys), read from the file, not composed;
 - the option lists: the names of every registry a config key selects from (estimators, policy losses,
   :data:`harness.losses.AGG_MODES`, :data:`harness.estimators.KL_ESTIMATORS`, the ``NORMALIZE``,
   ``GRAD_CLIPS`` and ``LOGGERS`` of :mod:`harness.config`, the task kinds of
@@ -38,6 +42,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from benchmarks._docs import page_path, with_block, write_block  # noqa: E402
 from harness import config  # noqa: E402
 from harness.estimators import ESTIMATORS, KL_ESTIMATORS  # noqa: E402
+from harness.experiments import _block_text  # noqa: E402
 from harness.losses import AGG_MODES, POLICY_LOSSES  # noqa: E402
 
 COMMAND = "python benchmarks/docs_tables.py --write"
@@ -129,6 +134,8 @@ def options_table() -> str:
                                                           "`harness/conf/policy_loss/`)"],
         ["`loss_agg=`", _names(AGG_MODES)],
         ["`loss_type=`", _names(_group("loss_type")) + " (TRL's names for a `loss_agg`, `harness/conf/loss_type/`)"],
+        ["`recipe=`", _names(_group("recipe")) + " (an algorithm as a framework ships it, `harness/conf/recipe/`: "
+                                                "[frameworks](frameworks.md))"],
         ["`kl.estimator=`", _names(KL_ESTIMATORS)],
         ["`normalize_advantages=`", _names(config.NORMALIZE)],
         ["`grad_clip=`", _names(config.GRAD_CLIPS)],
@@ -137,11 +144,60 @@ def options_table() -> str:
     return _table(["option", "values"], rows)
 
 
+RECIPE_HEAD = "# recipe:"  # the metadata block of a recipe file (read as harness.experiments reads a claim block)
+RECIPE_FIELDS = ("framework", "algorithm", "source", "differs")
+
+
+def read_recipe(path: Path) -> dict:
+    """The ``# recipe:`` block of the recipe file ``path`` (every field of :data:`RECIPE_FIELDS`, a
+    non-empty string) and what the file sets: ``estimator`` (its ``override /estimator``) and
+    ``settings`` (``key=value`` for each key, nested keys dotted, in file order). ``ValueError``
+    naming the file and the field when the block is missing or incomplete."""
+    import yaml
+    text = path.read_text()
+    block = _block_text(text, RECIPE_HEAD)
+    meta = yaml.safe_load(block) if block is not None else None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path.name}: no '{RECIPE_HEAD}' block with {list(RECIPE_FIELDS)}")
+    for field in RECIPE_FIELDS:
+        if not isinstance(meta.get(field), str) or not meta[field].strip():
+            raise ValueError(f"{path.name}: its recipe block lacks '{field}' (a non-empty string)")
+    unknown = sorted(set(meta) - set(RECIPE_FIELDS))
+    if unknown:
+        raise ValueError(f"{path.name}: unknown recipe block field(s) {unknown}; allowed: {list(RECIPE_FIELDS)}")
+    body = yaml.safe_load(text) or {}
+    estimator = next((next(iter(d.values())) for d in body.pop("defaults", []) if isinstance(d, dict)
+                      and next(iter(d)) == "override /estimator"), None)
+
+    def flat(node, prefix=""):
+        for k, v in node.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}={_yaml_value(v)}"
+    return {**meta, "name": path.stem, "estimator": estimator, "settings": list(flat(body))}
+
+
+def recipes() -> list[dict]:
+    """Every recipe file of ``harness/conf/recipe/`` (:func:`read_recipe`), by framework then name."""
+    found = [read_recipe(p) for p in sorted((CONF / "recipe").glob("*.yaml"))]
+    return sorted(found, key=lambda r: (r["framework"].lower(), r["name"]))
+
+
+def recipe_table() -> str:
+    """docs/frameworks.md: one row per recipe."""
+    rows = [[f"`recipe={r['name']}`", r["framework"], r["algorithm"], r["source"], f"`{r['estimator']}`",
+             " ".join(f"`{s}`" for s in r["settings"]), r["differs"]] for r in recipes()]
+    return _table(["recipe", "framework", "the framework's algorithm", "source (file @ commit)", "estimator",
+                   "what the recipe sets", "what differs, and why"], rows)
+
+
 # page -> its blocks: name -> the function writing the block's markdown
 BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     "README.md": {"estimator-table": lambda: estimator_table(link=True), "loss-table": loss_table},
     "docs/estimators.md": {"estimator-table": lambda: estimator_table(link=False), "loss-table": loss_table},
     "docs/running.md": {"option-lists": options_table},
+    "docs/frameworks.md": {"recipe-table": recipe_table},
 }
 
 

@@ -66,6 +66,14 @@ class KLConfig:
     in_reward: bool = False
     adaptive: bool = False
     kl_target: float = 0.01
+    # numeric guards on every KL estimate (harness.estimators.kl.kl_estimate), for the frameworks that clamp
+    # (OpenRLHF's compute_approx_kl: the value to [-10, 10]); null: no clamp. low_var_kl has verl's own clamps.
+    log_ratio_clamp: Optional[float] = None  # |log ref - log pi| clamped to this before the estimator
+    value_clamp: Optional[float] = None  # the estimate clamped to [-value_clamp, value_clamp]
+    # ReMax with in_reward (LM task): the greedy response's return carries its own KL penalty (true, as every
+    # sampled return) or is its reward alone (false: verl's reward_baselines). The toy task's greedy baseline
+    # is its reward alone either way.
+    greedy_penalty: bool = True
 
 
 @dataclass
@@ -112,6 +120,7 @@ class Config:
     n_steps: int = 5
     group_size: int = 8
     std_normalize: bool = True
+    group_std_eps: float = 1e-6  # the epsilon added to a group's std (verl 1e-6; TRL 1e-4; OpenRLHF group_norm 1e-9)
     kl: KLConfig = field(default_factory=KLConfig)
     # sampling-side options of the group-sampling tasks (toy, LM; harness.train.sampling)
     dynamic_sampling: bool = False  # DAPO: drop groups whose scores are all equal, draw again (verl filter_groups)
@@ -698,6 +707,18 @@ def check_fields(cfg: DictConfig) -> None:
     if cfg.kl.adaptive and not (finite(cfg.kl.kl_target) and cfg.kl.kl_target > 0):
         bad("kl.kl_target", "> 0 with kl.adaptive", cfg.kl.kl_target)
     check_choice("kl.target", cfg.kl.target, ("old", "ref"))
+    for name in ("log_ratio_clamp", "value_clamp"):
+        value = cfg.kl.get(name)
+        if value is not None and not (finite(value) and value > 0):
+            bad(f"kl.{name}", "a finite number > 0 or null (no clamp)", value)
+    if cfg.mode == "probe":
+        for name in ("log_ratio_clamp", "value_clamp"):
+            if cfg.kl.get(name) is not None:
+                bad(f"kl.{name}", "null with mode=probe (the probes' KL terms have no clamps)", cfg.kl.get(name))
+    if not isinstance(cfg.kl.get("greedy_penalty", True), bool):
+        bad("kl.greedy_penalty", "true or false", cfg.kl.get("greedy_penalty"))
+    if not (finite(cfg.group_std_eps) and cfg.group_std_eps > 0):
+        bad("group_std_eps", "a finite number > 0", cfg.group_std_eps)
     if not (finite(cfg.ent_coef) and cfg.ent_coef >= 0):
         bad("ent_coef", "a finite number >= 0", cfg.ent_coef)
     if not (finite(cfg.vf_coef) and cfg.vf_coef >= 0):

@@ -10,7 +10,8 @@ name in :data:`POLICY_LOSSES` (``update: pg | clip | dual_clip | gspo | cispo | 
 A policy loss is ``fn(x: PolicyInputs, s: <its settings>) -> (loss, metrics)``: ``x`` holds the
 tensors and how to reduce them (log-probs, old log-probs, advantages, mask, ``seq_id``, ``agg``,
 ``norm_len``, ``with_metrics``); ``s`` is the loss's own frozen dataclass of knobs (``ClipSettings``:
-``clip_eps``, ``clip_eps_high``, ``delta``; ``SapoSettings``: the two temperatures; ...), registered
+``clip_eps``, ``clip_eps_high``, ``delta``; ``PPOClipSettings``: those and ``log_ratio_clamp``;
+``SapoSettings``: the two temperatures; ...), registered
 with it. Its fields are config keys of the same names: :func:`register_policy_loss` adds the ones
 the schema lacks (:data:`harness.config.LOSS_KNOBS`), :func:`loss_settings` builds the dataclass
 from a run's config, and validation refuses a knob set away from its default for a loss that does
@@ -288,6 +289,21 @@ class ClipSettings(ClipRange):
 
 
 @dataclass(frozen=True)
+class PPOClipSettings(ClipSettings):
+    """``clip``: :class:`ClipSettings` and ``log_ratio_clamp``, a clamp of ``log r`` to
+    ``[-c, c]`` before exp (null: none, the default). OpenRLHF's ``PolicyLoss`` clamps at 20
+    (``openrlhf/models/loss.py``); ``dual_clip``, ``cispo`` and ``sapo`` always clamp at
+    :data:`LOG_RATIO_CLAMP`, as verl does."""
+
+    log_ratio_clamp: float | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.log_ratio_clamp is not None and not (is_finite(self.log_ratio_clamp) and self.log_ratio_clamp > 0):
+            bad_field("log_ratio_clamp", "a finite number > 0 or null (no clamp)", self.log_ratio_clamp)
+
+
+@dataclass(frozen=True)
 class DualClipSettings(ClipRange):
     """``dual_clip``: the band and ``clip_ratio_c``, the bound ``c A`` for A < 0 (verl's ``clip_ratio_c``)."""
 
@@ -318,7 +334,7 @@ class SapoSettings:
 LOG_RATIO_CLAMP = 20.0
 
 
-def clipped_surrogate_loss(x: PolicyInputs, s: ClipSettings = ClipSettings()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def clipped_surrogate_loss(x: PolicyInputs, s: PPOClipSettings = PPOClipSettings()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""PPO's clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7), negated.
 
     .. math:: L = -\operatorname{agg}\big[\min(r_t A_t,\ \operatorname{clip}(r_t, 1-\epsilon,
@@ -336,10 +352,14 @@ def clipped_surrogate_loss(x: PolicyInputs, s: ClipSettings = ClipSettings()) ->
     the ratio of the *unclipped* term is capped, :math:`\min(\min(r_t, \delta) A_t,
     \operatorname{clip}(r_t) A_t)`, so for A<0 the objective is bounded below by
     :math:`\delta A_t` (zero gradient where r > max(delta, 1+eps_high); counted in ``clip_frac``).
+
+    ``log_ratio_clamp`` (default None: off): ``log r`` clamped to ``[-c, c]`` before exp, as
+    OpenRLHF's ``PolicyLoss`` does at 20 (a token past it has gradient 0).
     """
     low, high = _band(s.clip_eps, s.clip_eps_high)
     log_ratio = x.logp - x.old_logp
-    ratio = log_ratio.exp()
+    ratio = (log_ratio if s.log_ratio_clamp is None else
+             torch.clamp(log_ratio, -s.log_ratio_clamp, s.log_ratio_clamp)).exp()
     if s.clip_eps is None and s.delta is None:
         objective = ratio * x.advantages
         zeroed = torch.zeros_like(x.mask, dtype=torch.bool)
@@ -576,7 +596,7 @@ def loss_settings(cfg: Any, name: str | None = None) -> Any:
 
 
 register_policy_loss("pg", pg_loss, summary="Vanilla policy gradient, log pi_t A_t (Williams 1992)")
-register_policy_loss("clip", clipped_surrogate_loss, ClipSettings,
+register_policy_loss("clip", clipped_surrogate_loss, PPOClipSettings,
                      summary="PPO's clipped surrogate, min(r_t A_t, clip(r_t, 1-eps, 1+eps_high) A_t), optional "
                              "`delta` cap on r_t (Schulman et al. 2017; DAPO clip-higher; INTELLECT-2)")
 register_policy_loss("dual_clip", dual_clip_loss, DualClipSettings,
@@ -628,7 +648,7 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, agg: str = "token_m
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
                estimator: str = "k3", agg: str = "token_mean", norm_len: int | None = None,
-               seq_id: torch.Tensor | None = None,
+               seq_id: torch.Tensor | None = None, guards: dict | None = None,
                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""KL penalty as a loss term (GRPO style): :math:`\operatorname{agg}[\hat{k}(x)]` with the
     per-sample estimator ``estimator`` (a key of :data:`harness.estimators.kl.KL_ESTIMATORS`: k1, k2,
@@ -636,8 +656,9 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
     by ``kl.beta``. ``ref_logp`` is the target policy (pre-update or reference), detached.
     Aggregated like the policy loss (same ``agg``, ``norm_len``, ``seq_id``): with
     ``seq_mean_token_sum_norm`` the constant ``norm_len``, never the batch's longest sequence,
-    so the effective beta does not depend on the batch."""
-    kl = kl_estimate(estimator, logp, ref_logp.detach())
+    so the effective beta does not depend on the batch. ``guards``: the clamps of
+    :func:`harness.estimators.kl.kl_estimate` (``kl.log_ratio_clamp``, ``kl.value_clamp``)."""
+    kl = kl_estimate(estimator, logp, ref_logp.detach(), **(guards or {}))
     loss = aggregate(kl, mask, agg, norm_len, seq_id)
     return loss, {"kl": loss.detach()}
 

@@ -23,7 +23,7 @@ from harness.losses import POLICY_LOSSES, NoSettings, pg_loss, register_policy_l
 def test_the_committed_tables_are_the_generated_ones():
     """README.md, docs/estimators.md and docs/running.md hold exactly what the generator writes (its
     blocks between their markers); else the message names the page and the command that fixes it."""
-    assert set(docs_tables.BLOCKS) == {"README.md", "docs/estimators.md", "docs/running.md"}
+    assert set(docs_tables.BLOCKS) == {"README.md", "docs/estimators.md", "docs/running.md", "docs/frameworks.md"}
     for page in docs_tables.BLOCKS:
         text = (ROOT / page).read_text()
         for name in docs_tables.BLOCKS[page]:
@@ -50,7 +50,7 @@ def test_the_tables_show_what_the_registries_and_yamls_say():
     assert docs_tables.estimator_table(link=False).splitlines()[2].startswith("| `reinforce` | whole episodes | ")
     loss = docs_tables.loss_table().splitlines()
     assert loss[2:4] == ["| `pg` | - | Vanilla policy gradient, log pi_t A_t (Williams 1992) |",
-                         "| `clip` | `clip_eps=0.2`, `clip_eps_high=null`, `delta=null` | PPO's clipped surrogate, "
+                         "| `clip` | `clip_eps=0.2`, `clip_eps_high=null`, `delta=null`, `log_ratio_clamp=null` | PPO's clipped surrogate, "
                          "min(r_t A_t, clip(r_t, 1-eps, 1+eps_high) A_t), optional `delta` cap on r_t (Schulman et al. "
                          "2017; DAPO clip-higher; INTELLECT-2) |"]
     options = docs_tables.options_table()
@@ -96,7 +96,8 @@ def test_a_registered_estimator_and_loss_appear_with_no_hand_edit(capsys):
         assert docs_tables.main(["--check"]) == 1
         err = capsys.readouterr().err.splitlines()
         assert err == [f"{page}: its generated tables differ from the registries; run "
-                       "`python benchmarks/docs_tables.py --write`" for page in docs_tables.BLOCKS]
+                       "`python benchmarks/docs_tables.py --write`" for page in docs_tables.BLOCKS
+                       if page != "docs/frameworks.md"]  # the recipe page reads the recipe files, not the registries
     finally:
         for reg, before in saved:
             reg.clear()
@@ -120,3 +121,25 @@ def test_first_sentence_stops_at_the_sentence_not_at_an_abbreviation(doc, senten
 
     f.__doc__ = doc
     assert first_sentence(f) == sentence
+
+
+def test_the_recipe_table_has_one_row_per_recipe_file_from_its_block_and_keys():
+    """docs/frameworks.md's recipe rows: one per file of harness/conf/recipe/, the framework, source and
+    difference of its '# recipe:' block, and the values the file sets (worked out by hand for one)."""
+    files = sorted(p.stem for p in (ROOT / "harness" / "conf" / "recipe").glob("*.yaml"))
+    rows = docs_tables.recipe_table().splitlines()[2:]
+    assert sorted(r.split(" | ")[0][len("| `recipe="):-1] for r in rows) == files
+    row = next(r for r in rows if r.startswith("| `recipe=verl_remax` |"))
+    cells = row.split(" | ")
+    assert cells[1] == "verl" and "b178a3cd56f58b2d502255daba591e92833930a7" in cells[3] and cells[4] == "`remax`"
+    assert ("`update=dual_clip` `clip_eps=0.2` `clip_eps_high=null` `clip_ratio_c=3.0` `loss_agg=token_mean` "
+            "`epochs=1` `ent_coef=0.0` `normalize_advantages=none` `kl.target=ref` `kl.beta=0.001` `kl.estimator=k1` "
+            "`kl.in_reward=true` `kl.log_ratio_clamp=null` `kl.value_clamp=null` `kl.greedy_penalty=false`") == cells[5]
+    assert "reward_baselines" in cells[6]
+
+
+def test_a_recipe_without_its_block_is_refused(tmp_path):
+    bad = tmp_path / "x.yaml"
+    bad.write_text("# @package _global_\n# recipe:\n#   framework: verl\nupdate: clip\n")
+    with pytest.raises(ValueError, match="x.yaml: its recipe block lacks 'algorithm'"):
+        docs_tables.read_recipe(bad)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from harness.losses import (POLICY_LOSSES, ClipSettings, DualClipSettings, SapoSettings, clipped_surrogate_loss, cispo_loss, dual_clip_loss,
+from harness.losses import (POLICY_LOSSES, ClipSettings, DualClipSettings, PPOClipSettings, SapoSettings, clipped_surrogate_loss, cispo_loss, dual_clip_loss,
                             get_policy_loss, gmpo_loss, gspo_loss, sapo_loss, sequence_mean)
 
 from .control_helpers import make_cfg
@@ -445,7 +445,8 @@ def test_the_knobs_reach_the_update_settings_with_the_frameworks_defaults():
 
     cfg = make_cfg(["task=toy", "estimator=grpo"])
     assert (cfg.delta, cfg.clip_ratio_c, cfg.sapo_tau_pos, cfg.sapo_tau_neg) == (None, 3.0, 1.0, 1.05)
-    for update, knobs, want in [("clip", ["delta=4", "clip_eps=0.1"], ClipSettings(0.1, None, 4.0)),
+    for update, knobs, want in [("clip", ["delta=4", "clip_eps=0.1", "log_ratio_clamp=20"],
+                                 PPOClipSettings(0.1, None, 4.0, 20.0)),
                                 ("dual_clip", ["clip_ratio_c=2.5"], DualClipSettings(0.2, None, 2.5)),
                                 ("sapo", ["sapo_tau_pos=2", "sapo_tau_neg=3"], SapoSettings(2.0, 3.0))]:
         cfg = make_cfg(["task=toy", "estimator=grpo", f"update={update}", *knobs])

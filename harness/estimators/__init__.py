@@ -12,7 +12,7 @@ import importlib as _importlib
 import pkgutil as _pkgutil
 
 from .group import gpg, grpo, grpo_passk, opo, reinforce_pp_baseline, remax, rloo
-from .kl import KL_ESTIMATORS, kl_estimate, kl_k1, kl_k2, kl_k3, kl_low_var, straight_through
+from .kl import KL_ESTIMATORS, kl_estimate, kl_guards, kl_k1, kl_k2, kl_k3, kl_low_var, straight_through
 from .registry import (
     ESTIMATORS,
     AdvantageBatch,
@@ -29,7 +29,7 @@ from .returns import gae, n_step, reward_to_go
 
 __all__ = [
     "gae", "n_step", "reward_to_go", "grpo", "rloo", "remax", "reinforce_pp_baseline", "opo", "gpg", "grpo_passk",
-    "kl_k1", "kl_k2", "kl_k3", "kl_low_var", "straight_through", "kl_estimate", "KL_ESTIMATORS",
+    "kl_k1", "kl_k2", "kl_k3", "kl_low_var", "straight_through", "kl_estimate", "kl_guards", "KL_ESTIMATORS",
     "ESTIMATORS", "AdvantageBatch", "AdvantageResult", "EstimatorParams", "EstimatorSpec",
     "episode_scores", "estimator_names", "get_estimator", "register", "register_estimator",
 ]

@@ -86,7 +86,29 @@ KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "low_var_kl": kl_low_var
 KL_ESTIMATORS.update({f"{name}+": straight_through(KL_ESTIMATORS[name]) for name in ("k1", "k3", "low_var_kl")})
 
 
-def kl_estimate(name: str, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+def kl_estimate(name: str, logp: torch.Tensor, ref_logp: torch.Tensor, log_ratio_clamp: float | None = None,
+                value_clamp: float | None = None) -> torch.Tensor:
+    r"""The per-sample estimate ``name`` (a key of :data:`KL_ESTIMATORS`) of KL(pi || ref), with two
+    optional numeric guards (config ``kl.log_ratio_clamp``, ``kl.value_clamp``; None: off):
+
+    * ``log_ratio_clamp = c``: the estimator sees :math:`\operatorname{clamp}(l, -c, c)` for
+      ``l = log ref - log pi`` (gradient 0 where the clamp acts);
+    * ``value_clamp = v``: the estimate is clamped to ``[-v, v]`` (gradient 0 where it acts):
+      OpenRLHF's ``compute_approx_kl`` clamps every estimator (k1, k2, k3) to [-10, 10]
+      (``openrlhf/models/utils.py``, OpenRLHF 3c3be62).
+
+    ``low_var_kl`` carries verl's own clamps (20 and 10) whatever these are; verl's ``"k3"`` name is
+    that clamped estimator, this module's ``k3`` is the plain one."""
     if name not in KL_ESTIMATORS:
         raise ValueError(f"kl.estimator must be one of {sorted(KL_ESTIMATORS)}, got {name!r}")
-    return KL_ESTIMATORS[name](logp, ref_logp)
+    if log_ratio_clamp is not None:  # the estimators depend on l = ref - logp only: give them the clamped l
+        ref_logp = logp + _log_ratio(logp, ref_logp).clamp(-log_ratio_clamp, log_ratio_clamp)
+    k = KL_ESTIMATORS[name](logp, ref_logp)
+    return k if value_clamp is None else k.clamp(-value_clamp, value_clamp)
+
+
+def kl_guards(kl_cfg) -> dict:
+    """``{"log_ratio_clamp", "value_clamp"}`` of a run's ``kl`` node, the keyword arguments of
+    :func:`kl_estimate` (a node without them: no clamps)."""
+    get = kl_cfg.get if hasattr(kl_cfg, "get") else (lambda k, d=None: getattr(kl_cfg, k, d))
+    return {k: None if get(k, None) is None else float(get(k, None)) for k in ("log_ratio_clamp", "value_clamp")}

@@ -69,9 +69,9 @@ class EstimatorParams:
 
     @classmethod
     def from_cfg(cls, cfg) -> "EstimatorParams":
-        """The estimator knobs of a run's config (``gamma, gae_lambda, n_steps, std_normalize``)."""
+        """The estimator knobs of a run's config (``gamma, gae_lambda, n_steps, std_normalize, group_std_eps``)."""
         return cls(gamma=float(cfg.gamma), gae_lambda=float(cfg.gae_lambda), n_steps=int(cfg.n_steps),
-                   std_normalize=bool(cfg.std_normalize))
+                   std_normalize=bool(cfg.std_normalize), group_eps=float(cfg.get("group_std_eps", 1e-6)))
 
 
 @dataclass

@@ -109,14 +109,15 @@ BLOCK_HEAD = "# claim experiment:"
 BLOCK_FIELDS = ("family", "quick", "quick_skip", "isolate", "opt_in", "looks")
 
 
-def _block_text(text: str) -> str | None:
-    """The YAML under :data:`BLOCK_HEAD` in ``text`` (the comment marks stripped), or None."""
+def _block_text(text: str, head: str = BLOCK_HEAD) -> str | None:
+    """The YAML under the comment line ``head`` (:data:`BLOCK_HEAD`; a recipe's ``# recipe:``,
+    benchmarks/docs_tables.py) in ``text`` (the comment marks stripped), or None."""
     lines = text.splitlines()
-    heads = [i for i, line in enumerate(lines) if line.rstrip() == BLOCK_HEAD]
+    heads = [i for i, line in enumerate(lines) if line.rstrip() == head]
     if not heads:
         return None
     if len(heads) > 1:
-        bad_field(BLOCK_HEAD.strip("# :"), "one block per file", f"{len(heads)} blocks")
+        bad_field(head.strip("# :"), "one block per file", f"{len(heads)} blocks")
     body = []
     for line in lines[heads[0] + 1:]:
         if not line.startswith("#  "):

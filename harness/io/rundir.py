@@ -76,7 +76,11 @@ _NOT_HASHED_NESTED = (("lm", "cache_dir"), ("task", "worst_return"), ("lm", "kl_
 # defaults, so the runs of older sweeps keep their directories; any other value is hashed. The
 # knobs of one policy loss (delta, clip_ratio_c, sapo_tau_pos, ...: harness.config.LOSS_KNOBS) likewise.
 _HASHED_UNLESS_DEFAULT = {"dynamic_sampling": False, "dynamic_sampling_max_draws": 10, "mask_truncated": False,
-                          "overlong_cache": None, "reference": None}
+                          "overlong_cache": None, "group_std_eps": 1e-6,
+                          "reference": None}
+# nested keys added later (issue 39: the frameworks' KL guards and verl's ReMax baseline), likewise
+_NESTED_HASHED_UNLESS_DEFAULT = {("kl", "log_ratio_clamp"): None, ("kl", "value_clamp"): None,
+                                 ("kl", "greedy_penalty"): True}
 # task.* keys added later (issue 18: normalisation and the continuous-control switches), likewise
 _TASK_HASHED_UNLESS_DEFAULT = CONTROL_ONLY
 
@@ -139,6 +143,9 @@ def _hashed_part(cfg: DictConfig) -> dict:
     for parent, key in _NOT_HASHED_NESTED:
         if isinstance(d.get(parent), dict):
             d[parent].pop(key, None)
+    for (parent, key), default in _NESTED_HASHED_UNLESS_DEFAULT.items():
+        if isinstance(d.get(parent), dict) and key in d[parent] and d[parent][key] == default:
+            d[parent].pop(key)
     d.pop("hydra", None)
     return d
 

@@ -46,11 +46,12 @@ import random
 import resource
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from omegaconf import DictConfig
 
-from ..estimators import AdvantageBatch, get_estimator, kl_estimate
+from ..estimators import AdvantageBatch, get_estimator, kl_estimate, kl_guards
 from ..io import RunDir
 from ..io import checkpoint as ckpt
 from ..models.lm import (NonFiniteError, PolicyWithValue, ValueModel, fuse_gelu, generate_groups,
@@ -202,6 +203,17 @@ class Rollout:
         return cat_rows([pad(r) for r in parts])
 
 
+def greedy_baseline(cfg, beta: float, scores: torch.Tensor, greedy_kl: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """ReMax's baseline per prompt from the greedy responses' ``scores``: with ``kl.in_reward`` (and
+    ``beta > 0``) the greedy return carries its own KL penalty, ``scores - beta * greedy_kl()``, like
+    every sampled return, unless ``kl.greedy_penalty=false``: then the greedy reward alone, verl's
+    ``reward_baselines`` (``compute_remax_outcome_advantage``, verl b178a3c). ``greedy_kl`` is called
+    only when the penalty enters (it runs the policy and the reference on the greedy responses)."""
+    if cfg.kl.in_reward and beta > 0 and cfg.kl.get("greedy_penalty", True):
+        return scores - beta * greedy_kl()
+    return scores
+
+
 class LMLearner:
     """Policy (with its optional value head) and the optional separate critic model."""
 
@@ -316,7 +328,7 @@ class LMSource(Source):
 
     def _sequence_kl(self, logp, ref_logp, mask) -> torch.Tensor:
         """Per-token KL estimate (``kl.estimator``) of the policy to the reference, masked."""
-        return kl_estimate(self.cfg.kl.estimator, logp, ref_logp) * mask
+        return kl_estimate(self.cfg.kl.estimator, logp, ref_logp, **kl_guards(self.cfg.kl)) * mask
 
     def _score(self, examples, texts, has_eos, lengths) -> tuple[torch.Tensor, torch.Tensor]:
         """``(reward, score)``: the score the estimator sees is the reward minus ``lm.no_eos_penalty``
@@ -408,14 +420,13 @@ class LMSource(Source):
             g_reward, g_score = self._score([split.examples[i] for i in prompt_idx], g_texts, gg.has_eos,
                                             gg.mask.sum(-1))
             greedy_rewards = g_reward.float()
-            greedy_scores = g_score.to(self.device)
-            if self.cfg.kl.in_reward and self.beta > 0:
-                # the greedy return carries its own KL penalty, like every sampled return
+
+            def greedy_kl() -> torch.Tensor:  # the greedy responses' summed KL penalty, [n_prompts]
                 with self.ac():
                     g_out, _ = self.policy(u_ids, u_mask, gg.tokens, gg.mask, lm.temperature)
                     g_ref = self._ref_logp(u_ids, u_mask, gg.tokens, gg.mask)
-                g_kl = self._sequence_kl(g_out.logp, g_ref, gg.mask.float()).sum(-1)
-                greedy_scores = greedy_scores - self.beta * g_kl
+                return self._sequence_kl(g_out.logp, g_ref, gg.mask.float()).sum(-1)
+            greedy_scores = greedy_baseline(self.cfg, self.beta, g_score.to(self.device), greedy_kl)
             sampled += int(gg.mask.sum())
         return Rollout(p_ids, p_mask, g.tokens, mask, old_logp.float(), None if ref is None else ref.float(),
                        None if values is None else values.float(), score.to(self.device), reward, gold,

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from ..estimators import AdvantageBatch, get_estimator, kl_estimate
+from ..estimators import AdvantageBatch, get_estimator, kl_estimate, kl_guards
 from ..config import toy_settings_from_config
 from ..io import RunDir
 from ..io.schema import prompt_column
@@ -115,6 +115,7 @@ class ToySource(Source):
         self.policy_loss, self.loss_settings = get_policy_loss(cfg["update"]), loss_settings(cfg)
         self.loss_agg = str(cfg.loss_agg)
         self.kl_estimator, self.kl_in_reward = str(cfg.kl.estimator), bool(cfg.kl.in_reward)
+        self.kl_guards = kl_guards(cfg.kl)
         self.kl_ref_target = cfg.kl.target == "ref"
         settings = toy_settings_from_config(cfg)
         self.random_reward, self.log_prompts = settings.reward == "random", settings.log_prompts
@@ -179,7 +180,7 @@ class ToySource(Source):
         beta = float(self.kl_beta_now[0])
         penalty = None
         if self.kl_in_reward and beta > 0:  # InstructGPT: per-token penalty folded into the reward
-            penalty = beta * kl_estimate(self.kl_estimator, batch.old_logp, batch.ref_logp)
+            penalty = beta * kl_estimate(self.kl_estimator, batch.old_logp, batch.ref_logp, **self.kl_guards)
         ab = advantage_batch(self.task, batch, self.critic.detach() if self.critic is not None else None,
                              batch.greedy, self.k if self.spec.needs_groups else None, penalty)
         batch.mask_tm = ab.mask

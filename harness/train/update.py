@@ -28,6 +28,7 @@ import torch
 
 from ..losses import (PolicyInputs, entropy_bonus, explained_variance, get_policy_loss, kl_penalty, loss_settings,
                       masked_mean_std, value_loss, whiten, whitening_plan, within_sequence_std)
+from ..estimators.kl import kl_guards
 from ..models.mlp import member_view
 
 ADAM_EPS = 1e-5  # every trainer's Adam (SB3's and CleanRL's PPO default)
@@ -51,6 +52,7 @@ class UpdateSettings:
     clip_per_network: bool
     kl_loss: bool
     kl_estimator: str
+    kl_guards: dict | None = None  # kl.log_ratio_clamp, kl.value_clamp (harness.estimators.kl.kl_guards)
 
     @classmethod
     def from_cfg(cls, cfg, norm_len: int | None) -> "UpdateSettings":
@@ -63,7 +65,7 @@ class UpdateSettings:
             max_grad_norm=None if cfg.max_grad_norm is None else float(cfg.max_grad_norm),
             clip_per_network=cfg.grad_clip == "per_network",
             kl_loss=not cfg.kl.in_reward and (float(cfg.kl.beta) > 0 or bool(cfg.kl.adaptive)),
-            kl_estimator=str(cfg.kl.estimator))
+            kl_estimator=str(cfg.kl.estimator), kl_guards=kl_guards(cfg.kl))
 
 
 @dataclass
@@ -324,7 +326,7 @@ def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: Update
                 metrics.update(vm)
             if s.kl_loss:
                 kl_l, klm = kl_penalty(logp, _select(batch.kl_target, idx), m_mask, s.kl_estimator,
-                                       seq_id=seq, **agg)
+                                       seq_id=seq, guards=s.kl_guards, **agg)
                 loss = loss + beta * kl_l
                 metrics["kl_loss"] = klm["kl"]
             if not bool(torch.isfinite(loss.detach()).all()):  # rare: find the members
