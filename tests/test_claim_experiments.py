@@ -59,6 +59,12 @@ OLD_TABLE = {
     "claim_c11": ("control", {**_CONTROL_QUICK, "ent_coef": "0.0,0.05"}, None, False, None, (10, 20)),
     "claim_c34": ("control", {}, "--quick skips the MuJoCo claims (minutes even at their smallest)", False,
                   _MUJOCO_OPT_IN, ()),
+    "claim_c53": ("control", _CONTROL_QUICK, None, False, None, ()),
+    "claim_c54": ("control", _CONTROL_QUICK, None, False, None, ()),
+    "claim_c55": ("control", {}, "--quick skips the MuJoCo claims (minutes even at their smallest)", False,
+                  "20 runs of 100k HalfCheetah steps (PPO, 20 epochs of 8 minibatches per 512 steps): about 30 "
+                  "minutes on 2 cores", ()),
+    "claim_c56": ("control", _CONTROL_QUICK, None, False, None, ()),
     "claim_c10": ("lm", {}, "--quick skips the LM task (its SFT/reward-model pipeline alone takes minutes on CPU)",
                   False, None, ()),
     "claim_c10_loss": ("lm", {}, _LM, False, None, ()),
