@@ -44,6 +44,7 @@ from harness import config  # noqa: E402
 from harness.estimators import ESTIMATORS, KL_ESTIMATORS  # noqa: E402
 from harness.experiments import _block_text  # noqa: E402
 from harness.losses import AGG_MODES, POLICY_LOSSES  # noqa: E402
+from harness.reference import REFERENCES  # noqa: E402
 
 COMMAND = "python benchmarks/docs_tables.py --write"
 STAMP = f"Generated from the registries by `{COMMAND}`; edit the registries, not this table."
@@ -136,6 +137,8 @@ def options_table() -> str:
         ["`loss_type=`", _names(_group("loss_type")) + " (TRL's names for a `loss_agg`, `harness/conf/loss_type/`)"],
         ["`recipe=`", _names(_group("recipe")) + " (an algorithm as a framework ships it, `harness/conf/recipe/`: "
                                                 "[frameworks](frameworks.md))"],
+        ["`reference=`", _names(REFERENCES) + " (that library's own trainer on the config, written as a harness run: "
+                                              "[learning parity](parity.md))"],
         ["`kl.estimator=`", _names(KL_ESTIMATORS)],
         ["`normalize_advantages=`", _names(config.NORMALIZE)],
         ["`grad_clip=`", _names(config.GRAD_CLIPS)],
