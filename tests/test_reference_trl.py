@@ -237,3 +237,34 @@ def test_trl_as_shipped_scores_left_padded_gpt2_prompts_at_shifted_positions(tmp
                                                         mask_positions=False)
     worst = max(float((trl_p[n] - ours[n]).abs().max()) for n in start)
     assert worst > 0.5 * float(cfg.lr)
+
+
+@pytest.mark.parametrize("name", ["claim_c57", "claim_c58"])
+def test_claim_experiments_run_one_config_on_both_sides(name, tmp_path):
+    """The parity experiments: both points (reference null and trl) validate, full and --quick,
+    and are the same config but for ``reference``, so a difference between them is the library's."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from harness.config import register_configs
+    from harness.experiments import read_experiment
+    from harness.validation import validate as harness_validate
+
+    from .test_lm_common import CONF
+
+    quick = read_experiment(CONF / "experiment" / f"{name}.yaml").quick
+    register_configs()
+    for extra in ([], [f"{k}={v}" for k, v in quick.items()]):
+        sides = {}
+        for ref in ("null", "trl"):
+            GlobalHydra.instance().clear()
+            with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+                cfg = hydra_compose(config_name="config", overrides=[f"experiment={name}", f"reference={ref}",
+                                                                     f"results_dir={tmp_path}", *extra])
+            harness_validate(cfg)
+            sides[ref] = OmegaConf.to_container(cfg, resolve=True)
+        assert sides["trl"].pop("reference") == "trl" and sides["null"].pop("reference") is None
+        assert sides["null"] == sides["trl"]
+        assert sides["trl"]["lm"]["reward"] == "gold" and sides["trl"]["population"] == (2 if extra else 10)
