@@ -19,6 +19,8 @@ lm.reward=gold eval_every=0 budget.iterations=N``; per-iteration sampled tokens 
 the run's ``metrics.parquet`` (``tokens``, ``iter_time_s``, ``wall_time_s``).
 TRL side: ``trl.GRPOTrainer`` with the ``GRPOConfig`` that ``reference=trl`` translates the same
 harness config to (:func:`harness.reference.trl.make_trainer`: prompts, reward function, settings);
+TRL's models take their positions from the attention mask, as for ``reference=trl``
+(:func:`harness.reference.trl.positions_from_mask`: a cumsum per forward pass);
 a ``TrainerCallback`` times each optimizer step (generation, reward and update all happen inside
 it) and the reward function counts the sampled completion tokens (EOS included, as the harness
 counts them).
