@@ -1,7 +1,7 @@
 """Throughput of a whole RL iteration (sample, score, update): this harness's LM trainer vs TRL.
 
-Both sides train the same tiny SFT policy (the cached pipeline's, saved with ``save_pretrained``
-so TRL loads the identical weights and tokenizer) on the same prompts with the same settings,
+Both sides train the same tiny SFT policy (the cached pipeline's; TRL gets a fresh copy of the
+model object and the harness's tokenizer) on the same prompts with the same settings,
 in one process, interleaved round by round (the order alternates between rounds), on CPU in
 fp32 with one intra-op thread:
 
@@ -17,8 +17,11 @@ fp32 with one intra-op thread:
 Harness side: ``harness.app.run`` with ``estimator=grpo epochs=1 minibatches=1 group_size=4
 lm.reward=gold eval_every=0 budget.iterations=N``; per-iteration sampled tokens and time from
 the run's ``metrics.parquet`` (``tokens``, ``iter_time_s``, ``wall_time_s``).
-TRL side: ``trl.GRPOTrainer`` with a ``GRPOConfig`` holding the same settings; a
-``TrainerCallback`` times each optimizer step (generation, reward and update all happen inside
+TRL side: ``trl.GRPOTrainer`` with the ``GRPOConfig`` that ``reference=trl`` translates the same
+harness config to (:func:`harness.reference.trl.make_trainer`: prompts, reward function, settings);
+TRL's models take their positions from the attention mask, as for ``reference=trl``
+(:func:`harness.reference.trl.positions_from_mask`: a cumsum per forward pass);
+a ``TrainerCallback`` times each optimizer step (generation, reward and update all happen inside
 it) and the reward function counts the sampled completion tokens (EOS included, as the harness
 counts them).
 
@@ -81,7 +84,6 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._docs import write_block  # noqa: E402
 from harness.app import run as harness_run
 from harness.config import register_configs
-from harness.tasks.lm import gold_score
 from harness.tasks.lm.pipeline import build_task
 
 PROMPTS_PER_ITER = 8
@@ -89,7 +91,6 @@ GROUP_SIZE = 4
 MAX_LEN = 16
 TEMPERATURE = 1.0
 CLIP = 0.2
-ADAM_EPS = 1e-5
 MAX_GRAD_NORM = 1.0
 KINDS = ("step", "cycle", "cpu_step", "cpu_cycle")  # rates: wall clock in-iteration / whole loop, CPU time the same
 
@@ -191,25 +192,13 @@ def run_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: fl
 
 
 # --------------------------------------------------------------------------- TRL side
-def make_trl_trainer(model_dir: Path, prompts: list[str], examples: list, out_dir: Path, iterations: int,
-                     lr: float, beta: float, seed: int):
-    import datasets
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoTokenizer,
-        PrinterCallback,
-        TrainerCallback,
-    )
-    from trl import GRPOConfig, GRPOTrainer
+def make_trl_trainer(cache: Path, task, out_dir: Path, iterations: int, lr: float, beta: float, seed: int):
+    """TRL's GRPOTrainer on the harness config of this run (:func:`base_overrides`), translated by
+    :func:`harness.reference.trl.make_trainer` (the same SFT policy object, prompts, gold reward and
+    settings as ``reference=trl``), with a callback that times each optimizer step."""
+    from transformers import TrainerCallback
 
-    counter = {"tokens": 0, "completions": 0, "gold": []}
-
-    def gold_reward(prompts, completions, completion_ids, example_index, **kwargs):
-        counter["tokens"] += sum(len(c) for c in completion_ids)
-        counter["completions"] += len(completion_ids)
-        scores = [gold_score(c, examples[i]) for c, i in zip(completions, example_index)]
-        counter["gold"].append(sum(scores) / len(scores))
-        return scores
+    from harness.reference.trl import check, make_trainer
 
     class StepTimer(TrainerCallback):
         def __init__(self):
@@ -227,7 +216,7 @@ def make_trl_trainer(model_dir: Path, prompts: list[str], examples: list, out_di
         def on_step_begin(self, args, state, control, **kw):
             self.begin = time.perf_counter()
             self.cpu_begin = time.process_time()
-            self.tok0 = counter["tokens"]
+            self.tok0 = counter.tokens
 
         def on_step_end(self, args, state, control, **kw):
             t, c = time.perf_counter(), time.process_time()
@@ -235,34 +224,18 @@ def make_trl_trainer(model_dir: Path, prompts: list[str], examples: list, out_di
             self.ends.append(t)
             self.cpu_step_s.append(c - self.cpu_begin)
             self.cpu_ends.append(c)
-            self.tokens.append(counter["tokens"] - self.tok0)
+            self.tokens.append(counter.tokens - self.tok0)
 
-    ds = datasets.Dataset.from_dict({"prompt": prompts, "example_index": list(range(len(prompts)))})
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, trust_remote_code=False)
-    tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
-    config = GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, bf16=False, fp16=False, seed=seed, data_seed=seed,
-        per_device_train_batch_size=PROMPTS_PER_ITER * GROUP_SIZE, gradient_accumulation_steps=1,
-        steps_per_generation=1, num_generations=GROUP_SIZE, max_completion_length=MAX_LEN,
-        num_iterations=1, temperature=TEMPERATURE, top_p=1.0, top_k=0,
-        beta=beta, use_bias_correction_kl=False, epsilon=CLIP, scale_rewards="group", loss_type="dapo",
-        mask_truncated_completions=False, disable_dropout=True,
-        learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_epsilon=ADAM_EPS, max_grad_norm=MAX_GRAD_NORM, optim="adamw_torch",
-        max_steps=iterations, logging_steps=1, report_to="none", save_strategy="no", eval_strategy="no",
-        disable_tqdm=True, dataloader_num_workers=0, dataloader_pin_memory=False, log_completions=False,
-    )
+    cfg = compose(base_overrides(cache, out_dir / "unused", iterations, lr, beta, seed))
+    check(cfg)
     timer = StepTimer()
-    trainer = GRPOTrainer(model=model, reward_funcs=[gold_reward], args=config, train_dataset=ds,
-                          processing_class=tok, callbacks=[timer])
-    trainer.remove_callback(PrinterCallback)  # disable_tqdm prints every log dict to stdout; keep the output clean
-    return trainer, timer, counter, config
+    trainer, counter, _ = make_trainer(cfg, task, out_dir, iterations, callbacks=[timer])
+    return trainer, timer, counter, trainer.args
 
 
-def run_trl(model_dir: Path, prompts: list[str], examples: list, scratch: Path, iterations: int, warmup: int,
-            lr: float, beta: float, seed: int, tag: str) -> dict:
-    trainer, timer, counter, _ = make_trl_trainer(model_dir, prompts, examples, scratch / "trl" / tag,
-                                                  iterations, lr, beta, seed)
+def run_trl(cache: Path, task, scratch: Path, iterations: int, warmup: int, lr: float, beta: float, seed: int,
+            tag: str) -> dict:
+    trainer, timer, counter, _ = make_trl_trainer(cache, task, scratch / "trl" / tag, iterations, lr, beta, seed)
     torch.set_num_threads(1)
     t0 = time.time()
     trainer.train()
@@ -271,13 +244,14 @@ def run_trl(model_dir: Path, prompts: list[str], examples: list, scratch: Path, 
         raise RuntimeError(f"TRL run {tag}: torch threads changed to {torch.get_num_threads()}")
     if len(timer.tokens) != iterations:
         raise RuntimeError(f"TRL run {tag}: {len(timer.tokens)} of {iterations} steps timed")
-    if counter["completions"] != iterations * PROMPTS_PER_ITER * GROUP_SIZE:
-        raise RuntimeError(f"TRL run {tag}: {counter['completions']} completions scored, expected "
+    if counter.completions != iterations * PROMPTS_PER_ITER * GROUP_SIZE:
+        raise RuntimeError(f"TRL run {tag}: {counter.completions} completions scored, expected "
                            f"{iterations * PROMPTS_PER_ITER * GROUP_SIZE}")
     logged = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
     r = all_rates(timer.tokens, timer.step_s, timer.ends, timer.cpu_step_s, timer.cpu_ends, warmup)
     kls = [h["kl"] for h in trainer.state.log_history if "kl" in h]
-    r.update(process_wall_s=wall, gold_first5=sum(counter["gold"][:5]) / 5, gold_last5=sum(counter["gold"][-5:]) / 5,
+    gold = [b["gold_reward"] for b in counter.batches]
+    r.update(process_wall_s=wall, gold_first5=sum(gold[:5]) / 5, gold_last5=sum(gold[-5:]) / 5,
              kl_ref_last5=(sum(kls[-5:]) / len(kls[-5:])) if kls else None,
              logged_mean_length=(sum(logged[warmup:]) / len(logged[warmup:])) if len(logged) > warmup else None)
     del trainer
@@ -318,28 +292,13 @@ def main() -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     cache = Path(args.cache or scratch / ".cache" / "lm")
 
-    # the pipeline (SFT policy, tokenizer, prompts) and its saved copy for TRL
+    # the pipeline (SFT policy, tokenizer, prompts), shared by both sides (TRL gets a fresh copy of the
+    # SFT policy object and the harness's prompts as text, checked to tokenize back to the same ids:
+    # harness.reference.trl.make_trainer)
     cfg = compose(base_overrides(cache, scratch / "harness", args.iterations, args.lr, args.beta[0], 0))
     t0 = time.time()
     task = build_task(cfg)
     pipeline_s = time.time() - t0
-    model_dir = scratch / "sft_policy"
-    policy = task.load_policy()
-    policy.save_pretrained(model_dir, safe_serialization=True)
-    task.tokenizer.save_pretrained(model_dir)
-    del policy
-    # the same prompt texts the harness encodes (left-truncated to lm.max_prompt_len; decode(encode) is exact
-    # for the embedded corpus, so these are the harness prompts token for token)
-    split = task.train
-    prompts = [task.tokenizer.decode(ids) for ids in split.prompt_ids]
-    examples = split.examples
-    from transformers import AutoTokenizer
-
-    reloaded = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
-    mismatched = sum(reloaded(p, add_special_tokens=True)["input_ids"] != ids
-                     for p, ids in zip(prompts[:256], split.prompt_ids[:256]))
-    if mismatched:
-        raise RuntimeError(f"{mismatched} of 256 prompts tokenize differently for TRL than for the harness")
 
     header = {
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
@@ -366,8 +325,7 @@ def main() -> None:
                 if side == "harness":
                     row["harness"] = run_harness(cache, scratch, args.iterations, args.warmup, args.lr, beta, rnd, tag)
                 else:
-                    row["trl"] = run_trl(model_dir, prompts, examples, scratch, args.iterations, args.warmup,
-                                         args.lr, beta, rnd, tag)
+                    row["trl"] = run_trl(cache, task, scratch, args.iterations, args.warmup, args.lr, beta, rnd, tag)
             for k in KINDS:
                 row[f"ratio_{k}"] = row["harness"][f"tok_per_s_{k}"] / row["trl"][f"tok_per_s_{k}"]
             runs.append(row)

@@ -30,6 +30,7 @@ _CONTROL_QUICK = {"population": "2", "budget.env_steps": "4000", "eval_every_ste
 _LM = "--quick skips the LM task"
 _MUJOCO_OPT_IN = ("the MuJoCo claims' experiment takes about 65 minutes in one process (10 seeds x 7 arms "
                   "x 50k Hopper steps on 2 cores)")
+_TRL_QUICK = {"population": "2", "budget.tokens": "3000", "eval_every": "5", "lm.eval_prompts": "16", "lm.data.train_size": "256", "lm.sft.steps": "60", "lm.arch.n_layer": "1", "lm.arch.n_embd": "32", "lm.arch.n_head": "2"}
 OLD_TABLE = {
     "claim_c3": ("toy", _TOY_QUICK, None, False, None, ()),
     "claim_c3_control": ("control", {"++probe.batches": "20"}, None, False, None, ()),
@@ -65,6 +66,8 @@ OLD_TABLE = {
                   "20 runs of 100k HalfCheetah steps (PPO, 20 epochs of 8 minibatches per 512 steps): about 30 "
                   "minutes on 2 cores", ()),
     "claim_c56": ("control", _CONTROL_QUICK, None, False, None, ()),
+    "claim_c57": ("lm", _TRL_QUICK, None, False, None, ()),
+    "claim_c58": ("lm", _TRL_QUICK, None, False, None, ()),
     "claim_c10": ("lm", {}, "--quick skips the LM task (its SFT/reward-model pipeline alone takes minutes on CPU)",
                   False, None, ()),
     "claim_c10_loss": ("lm", {}, _LM, False, None, ()),

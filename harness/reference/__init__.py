@@ -6,8 +6,9 @@ settings are translated to the library's (each trainer's module says how, and wh
 translate is refused at validation), and the run is written in the harness's run-folder format
 (:class:`harness.io.rundir.RunDir`: the same config.yaml, metric rows, summary.json), evaluated by
 the harness's own evaluation (:func:`harness.tasks.control.evaluate`), so ``python -m analysis
-report`` and the claims machinery read both sides alike. The learning-parity claims (C41-C43 of
-harness/conf/claims.yaml) sweep ``reference: null,sb3``.
+report`` and the claims machinery read both sides alike. The learning-parity claims (C53-C56 of
+harness/conf/claims.yaml) sweep ``reference: null,sb3``; C57-C58 (GRPO and RLOO against TRL,
+harness/conf/experiment/claim_c57.yaml, claim_c58.yaml) ``reference: null,trl``.
 
 The reference is part of the run's identity (hashed into its folder when set); the library is the
 ``bench`` extra (``pip install 'pg-advantage-harness[bench]'``), imported only when a reference
@@ -37,6 +38,7 @@ class Reference:
 REFERENCES: dict[str, Reference] = {
     "sb3": Reference("stable_baselines3", "harness.reference.sb3:train", "harness.reference.sb3:check",
                      ("control",), ("ppo_gae", "a2c")),
+    "trl": Reference("trl", "harness.reference.trl:train", "harness.reference.trl:check", ("lm",), ("grpo", "rloo")),
 }
 
 

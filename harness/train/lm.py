@@ -65,6 +65,51 @@ from .sampling import cat_rows, dynamic_sample, overlong_penalty, take_groups
 from .update import UpdateBatch, clip_grad_groups
 
 
+EVAL_SEED_OFFSET = 7919  # eval noise: seeded by lm.pipeline_seed only, shared by every run and estimator
+
+
+@torch.no_grad()
+def evaluate_policy(model, task: LMTask, lm: DictConfig) -> dict:
+    """Gold scores of ``model`` on the first ``lm.eval_prompts`` held-out prompts: the LM tasks'
+    one evaluation (the harness's trainer and ``reference=trl`` alike).
+
+    ``eval_return`` is the policy's own objective, the gold score expected under sampling at
+    ``lm.temperature``, estimated from ``lm.eval_samples`` responses per prompt with common
+    random numbers across evaluations, runs and estimators (seeded by ``lm.pipeline_seed`` +
+    :data:`EVAL_SEED_OFFSET` alone); ``eval_gold_greedy`` decodes the argmax response once per
+    prompt. With a 0/1 gold score (:attr:`LMTask.binary`) the same answers give ``pass_at_1``
+    (greedy) and ``pass_at_k`` (from the sampled ones); else null. Raises
+    :class:`harness.models.lm.NonFiniteError` where the policy decodes to NaN.
+    """
+    args = (model, task.tokenizer, task.held_out, int(lm.eval_prompts), int(lm.max_response_len),
+            float(lm.temperature))
+    seed = int(lm.pipeline_seed) + EVAL_SEED_OFFSET
+    score = task.gold_fn
+    sampled = evaluate_scores(*args, False, seed, task.device, task.dtype, samples=int(lm.eval_samples), score=score)
+    greedy = evaluate_scores(*args, True, seed, task.device, task.dtype, score=score)
+    mean = lambda per_prompt: sum(map(sum, per_prompt)) / max(sum(map(len, per_prompt)), 1)  # noqa: E731
+    out = {"eval_return": mean(sampled), "eval_gold_greedy": mean(greedy), "pass_at_1": None, "pass_at_k": None}
+    if task.binary:
+        out["pass_at_1"] = out["eval_gold_greedy"]
+        out["pass_at_k"] = mean_pass_at_k(sampled, int(lm.arith.pass_k))
+    return out
+
+
+def initial_fields(ev: dict, binary: bool) -> dict:
+    """The summary's ``*_init`` fields from the starting (SFT) policy's :func:`evaluate_policy`."""
+    init = {"eval_return_init": ev["eval_return"], "eval_gold_greedy_init": ev["eval_gold_greedy"]}
+    if binary:
+        init.update(pass_at_1_init=ev["pass_at_1"], pass_at_k_init=ev["pass_at_k"])
+    return init
+
+
+def kl_to_reference(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> float:
+    """The ``kl_ref`` column: the mean over responses of the k1 KL estimate summed over each
+    response's tokens, ``mean_i sum_t mask (log pi(y_t) - log pi_ref(y_t))`` (nats per response),
+    of the policy that sampled the batch (``logp``, ``[B, L]``) to the reference."""
+    return float(kl_estimate("k1", logp, ref_logp).mul(mask).sum(-1).mean())
+
+
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
@@ -262,7 +307,7 @@ class LMSource(Source):
     cost_unit = "tok"
     uses_groups = True  # every estimator samples group_size responses per prompt
     fused_adam = True  # one Adam kernel for all parameters (as the control source), not one loop per tensor
-    EVAL_SEED_OFFSET = 7919  # eval noise: seeded by lm.pipeline_seed only, shared by every run and estimator
+    EVAL_SEED_OFFSET = EVAL_SEED_OFFSET
 
     def __init__(self, cfg: DictConfig, task: LMTask):
         self.cfg, self.task = cfg, task
@@ -472,49 +517,22 @@ class LMSource(Source):
         return torch.tensor([self._kl_ref(ro)])
 
     def _kl_ref(self, ro: Rollout) -> float | None:
-        if ro.ref_logp is None:
-            return None
-        return float(kl_estimate("k1", ro.old_logp, ro.ref_logp).mul(ro.mask).sum(-1).mean())
+        return None if ro.ref_logp is None else kl_to_reference(ro.old_logp, ro.ref_logp, ro.mask)
 
     # ------------------------------------------------------------------ eval
-    @torch.no_grad()
     def _evaluate(self) -> dict:
-        """Gold scores on the first ``lm.eval_prompts`` held-out prompts.
-
-        ``eval_return`` is the policy's own objective, the gold score expected under sampling at
-        ``lm.temperature``, estimated from ``lm.eval_samples`` responses per prompt with common
-        random numbers across evaluations, runs and estimators; ``eval_gold_greedy`` decodes the
-        argmax response once per prompt. With a 0/1 gold score (:attr:`LMTask.binary`) the same
-        answers give ``pass_at_1`` (greedy) and ``pass_at_k`` (from the sampled ones); else null.
-        """
-        lm = self.lm
-        args = (self.policy.lm, self.tok, self.task.held_out, int(lm.eval_prompts), int(lm.max_response_len),
-                float(lm.temperature))
-        seed = int(lm.pipeline_seed) + self.EVAL_SEED_OFFSET
-        score = self.task.gold_fn
+        """:func:`evaluate_policy` of this member's policy; a policy that decodes to NaN has diverged."""
         try:
-            sampled = evaluate_scores(*args, False, seed, self.device, self.task.dtype, samples=int(lm.eval_samples),
-                                      score=score)
-            greedy = evaluate_scores(*args, True, seed, self.device, self.task.dtype, score=score)
+            return evaluate_policy(self.policy.lm, self.task, self.lm)
         except NonFiniteError as exc:
             raise Diverged(str(exc)) from None
-        mean = lambda per_prompt: sum(map(sum, per_prompt)) / max(sum(map(len, per_prompt)), 1)  # noqa: E731
-        out = {"eval_return": mean(sampled), "eval_gold_greedy": mean(greedy), "pass_at_1": None, "pass_at_k": None}
-        if self.task.binary:
-            out["pass_at_1"] = out["eval_gold_greedy"]
-            out["pass_at_k"] = mean_pass_at_k(sampled, int(lm.arith.pass_k))
-        return out
 
     def evaluate(self, flags):
         return [self._evaluate()]
 
     def initial_evaluation(self) -> dict:
         """The starting (SFT) policy, scored by the same evaluation as every later eval row."""
-        ev = self._evaluate()
-        init = {"eval_return_init": ev["eval_return"], "eval_gold_greedy_init": ev["eval_gold_greedy"]}
-        if self.task.binary:
-            init.update(pass_at_1_init=ev["pass_at_1"], pass_at_k_init=ev["pass_at_k"])
-        return init
+        return initial_fields(self._evaluate(), self.task.binary)
 
     # ------------------------------------------------------------------ rows
     def episode_return(self, p, ro):
