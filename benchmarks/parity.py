@@ -1,8 +1,9 @@
 """Learning parity: whole runs of this harness vs the library a user would otherwise pick.
 
 The parity claims of harness/conf/claims.yaml (C53-C56: ``ppo_gae`` vs stable-baselines3's PPO on
-CartPole-v1, Acrobot-v1 and HalfCheetah-v5, ``a2c`` vs SB3's A2C on CartPole-v1; each experiment
-sweeps ``reference: null,sb3``, harness/reference/) are run by the claims runner and judged by the
+CartPole-v1, Acrobot-v1 and HalfCheetah-v5, ``a2c`` vs SB3's A2C on CartPole-v1, each experiment
+sweeping ``reference: null,sb3``; C57-C58: ``recipe=trl_grpo`` / ``trl_rloo`` vs TRL's GRPOTrainer /
+RLOOTrainer on lm_summarize, ``reference: null,trl``; harness/reference/) are run by the claims runner and judged by the
 claims machinery like every other claim (registered margin, >= 10 seeds per side, interval at
 Holm's level within the claims judged together). This script only drives them and writes the table:
 
@@ -16,7 +17,7 @@ Holm's level within the claims judged together). This script only drives them an
 The verdicts here are those of a report holding only these claims (Holm over them); the full
 claims report (docs/claims.md) judges them with every other claim.
 
-Usage: python benchmarks/parity.py [--dir results/claims] [--only C53,C54,C55,C56] [--table-only] [--docs]
+Usage: python benchmarks/parity.py [--dir results/claims] [--only C53,C54,C55,C56,C57,C58] [--table-only] [--docs]
 """
 from __future__ import annotations
 
@@ -32,38 +33,43 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._docs import write_block  # noqa: E402
 
-PARITY = ("C53", "C54", "C55", "C56")
+PARITY = ("C53", "C54", "C55", "C56", "C57", "C58")
 
 
 def _fmt(x: float) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{x:.1f}"
+    """Three significant digits (returns in the hundreds, gold scores below 1)."""
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.3g}"
 
 
 def _interval(part: dict) -> str:
     return f"{_fmt(part['point'])} [{_fmt(part['low'])}, {_fmt(part['high'])}]"
 
 
+SHORT = {"area under": "AUC", "KL to the reference": "KL to the reference"}  # the reported difference's label
+
+
 def table(verdicts: list[dict], claims: dict) -> str:
     """The parity table from the claims report's verdicts (``claims``: harness/conf/claims.yaml's entries)."""
     rows = ["| claim | what | harness final [95% t] | reference final [95% t] | n per side | difference "
-            "[claim's interval] | margin | verdict | AUC difference [95% t] |",
+            "[claim's interval] | margin | verdict | also reported: harness - reference [95% t] |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v in verdicts:
         cid = v["claim"]
         if v.get("not_run"):
             rows.append(f"| {cid} | {claims[cid]['short']} | | | | | | not run: {v['not_run']} | |")
             continue
-        rep = {p["name"]: p for p in v.get("reported", [])}
-        side = lambda key: next((p for n, p in rep.items() if n.endswith(key)), None)  # noqa: E731
-        ours, ref = side(", harness"), side(", SB3")
-        auc = next((p for n, p in rep.items() if n.startswith("area under")), None)
+        rep = v.get("reported", [])
+        final = [p for p in rep if p["name"].startswith("final")]
+        ours = next((p for p in final if p["name"].endswith(", harness")), None)
+        ref = next((p for p in final if p is not ours), None)
+        also = [f"{label}: {_interval(p)}" for p in rep if " - " in p["name"]
+                for key, label in SHORT.items() if p["name"].startswith(key)]
         primary = next(p for p in v["parts"] if p["role"] == "primary")
-        margin = primary["rule"]
+        n = f"{ours['n_units'] if ours else ''} / {ref['n_units'] if ref else ''}"
         rows.append(f"| {cid} | {claims[cid]['short']} | {_interval(ours) if ours else ''} | "
-                    f"{_interval(ref) if ref else ''} | {ours['n_units'] if ours else ''} / {ref['n_units'] if ref else ''} | "
+                    f"{_interval(ref) if ref else ''} | {n} | "
                     f"{_fmt(primary['point'])} [{_fmt(primary['low'])}, {_fmt(primary['high'])}] at "
-                    f"{100 * primary['level']:.2f}% | {margin} | **{v['label']}** | "
-                    f"{_interval(auc) if auc else ''} |")
+                    f"{100 * primary['level']:.2f}% | {primary['rule']} | **{v['label']}** | {'; '.join(also)} |")
     return "\n".join(rows)
 
 

@@ -37,7 +37,8 @@ epoch: ``update`` clip or pg                    responses; with one optimizer st
 What TRL's trainers cannot do the same way is refused by :func:`check` (one line, exit 2).
 Differences left (each a property of the library, not a setting): TRL samples its prompts by
 shuffled passes over the training set (``RepeatSampler``), the harness uniformly with
-replacement; TRL's group std adds 1e-4 (``(std + 1e-4)``), the harness's 1e-6; TRL samples with
+replacement; TRL's group std adds 1e-4 (``(std + 1e-4)``), the harness ``group_std_eps`` (1e-6 by
+default, 1e-4 under ``recipe=trl_grpo``); TRL samples with
 ``model.generate`` and runs transformers' Python GELU, the harness its own decode loop and the
 fused GELU (the same function to float rounding). One change to what TRL runs: the models it is
 given take their position ids from the attention mask (:func:`positions_from_mask`): TRL's own
