@@ -36,7 +36,7 @@ def cfg_for(*overrides, tmp_path=None):
 def test_the_settings_are_translated_to_sb3s_ppo():
     cfg = cfg_for("task.num_envs=4", "task.rollout_steps=16", "minibatches=2", "epochs=3", "lr=0.002",
                   "anneal_lr=true", "gamma=0.97", "gae_lambda=0.9", "clip_eps=0.15", "ent_coef=0.01",
-                  "vf_coef=0.6", "max_grad_norm=0.7", "vf_clip_eps=0.3", "task.hidden=[32,16]", "task.activation=relu",
+                  "vf_coef=0.6", "max_grad_norm=0.7", "task.hidden=[32,16]", "task.activation=relu",
                   "task.ortho_init=false", "normalize_advantages=none")
     validate(cfg)
     model, env, norm = _model(cfg)
@@ -44,7 +44,7 @@ def test_the_settings_are_translated_to_sb3s_ppo():
         assert (model.n_envs, model.n_steps, model.batch_size, model.n_epochs) == (4, 16, 32, 3)  # 4*16/2
         assert (model.gamma, model.gae_lambda, model.ent_coef, model.max_grad_norm) == (0.97, 0.9, 0.01, 0.7)
         assert model.vf_coef == pytest.approx(0.3)  # SB3's value loss is the MSE, the harness's half of it
-        assert model.clip_range(1.0) == 0.15 and model.clip_range_vf(1.0) == 0.3
+        assert model.clip_range(1.0) == 0.15 and model.clip_range_vf is None
         assert model.lr_schedule(0.25) == pytest.approx(0.0005)  # annealed: progress left x lr
         assert model.normalize_advantage is False
         assert model.policy.net_arch == {"pi": [32, 16], "vf": [32, 16]}
@@ -87,6 +87,8 @@ def test_normalisation_is_vecnormalize_with_the_tasks_clip():
     ("update=gspo", "update"),
     ("loss_agg=seq_mean_token_mean", "loss_agg"),
     ("clip_eps_high=0.3", "clip_eps_high"),
+    ("vf_clip_eps=0.2", "vf_clip_eps"),
+    ("estimator=a2c grad_clip=joint n_steps=8 vf_clip_eps=0.2", "vf_clip_eps"),
     ("kl.beta=0.1", "kl.beta"),
     ("grad_clip=per_network", "grad_clip"),
     ("normalize_advantages=batch", "normalize_advantages"),
@@ -97,7 +99,7 @@ def test_normalisation_is_vecnormalize_with_the_tasks_clip():
 ])
 def test_what_sb3_cannot_do_is_refused_naming_the_field(override, field):
     with pytest.raises(ValueError) as e:
-        validate(cfg_for(override))
+        validate(cfg_for(*override.split()))
     assert str(e.value).startswith(f"{field} must be ")
 
 
@@ -325,3 +327,32 @@ def test_sb3_update_through_the_translation_is_the_harness_update(overrides):
             assert close(stat("policy_loss"), logged["train/policy_gradient_loss"])
             assert close(2 * stat("value_loss"), logged["train/value_loss"])
             assert close(stat("entropy"), -logged["train/entropy_loss"])
+
+
+def test_sb3_normalises_advantages_with_the_bessel_corrected_std():
+    """The one difference in advantage normalisation, by construction (SB3 has no other): SB3's
+    normalised advantages (:func:`_sb3_normalised`) are the harness's (``harness.losses.whiten``)
+    times sqrt((n - 1) / n), up to the 1e-8 in both denominators. The update test above gives the
+    harness SB3's normalised advantages for that reason."""
+    from harness.losses import whiten
+
+    adv = torch.tensor([1.0, 2.0, 4.0, 9.0])  # mean 4, squared deviations 9 + 4 + 0 + 25 = 38
+    ours = whiten(adv.view(1, 1, 4), torch.ones(1, 1, 4)).view(4)
+    torch.testing.assert_close(ours, (adv - 4.0) / (38.0 / 4) ** 0.5)
+    torch.testing.assert_close(_sb3_normalised(adv), (adv - 4.0) / (38.0 / 3) ** 0.5)
+    torch.testing.assert_close(_sb3_normalised(adv), ours * (3 / 4) ** 0.5)
+
+
+def test_sb3s_value_clip_is_another_loss_so_vf_clip_eps_is_refused():
+    """SB3 (2.9.2, ppo/ppo.py ``train``) regresses the clipped prediction alone,
+    ``F.mse_loss(R, V_old + clamp(V - V_old, -c, c))``; the harness's ``vf_clip_eps`` takes the larger
+    of the clipped and unclipped errors (PPO2's). V = 1, V_old = 0, R = 0, c = 0.2 by hand: SB3
+    0.2^2 = 0.04 (so 0.02 on the harness's half-MSE scale), the harness 0.5 x max(1, 0.04) = 0.5."""
+    from harness.losses import value_loss
+
+    ones = torch.ones(1, 1, 1)
+    ours, _ = value_loss(ones, 0 * ones, ones, old_values=0 * ones, clip_eps=0.2)
+    sb3 = torch.nn.functional.mse_loss(torch.zeros(1), torch.zeros(1) + torch.clamp(torch.ones(1), -0.2, 0.2))
+    assert float(ours) == pytest.approx(0.5) and float(sb3) / 2 == pytest.approx(0.02)
+    with pytest.raises(ValueError, match=r"^vf_clip_eps must be None with reference=sb3"):
+        validate(cfg_for("vf_clip_eps=0.2"))
