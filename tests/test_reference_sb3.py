@@ -4,7 +4,11 @@ What is checked against values worked out here: the translation of each setting 
 attributes after building it from a config), the refusals (one line naming the field, exit 2,
 no run folder), the evaluation marks (the same env-step marks as the harness's own run), the run
 folder (read by analysis.load like any other), and that a config without a reference keeps the
-run folder it had before the field existed.
+run folder it had before the field existed. And the translation itself: from the same weights and
+the same batch, one SB3 ``model.train()`` of the model the translation builds leaves the
+parameters where the harness's update step leaves them (PPO and A2C, categorical and Gaussian
+policies), with the two differences by construction stated as tests (SB3's Bessel-corrected
+advantage std; its value clip, another loss, hence refused).
 """
 from __future__ import annotations
 
@@ -155,10 +159,10 @@ def test_a_reference_run_is_a_harness_run_folder_evaluated_at_the_same_marks(tmp
 # the model the translation built (``_model``), the harness's update step (harness.train.update.update)
 # with the learner, settings and optimizer its control trainer builds (ControlSource, Loop) for the same
 # config. Both run in float32; what remains between them is rounding in the forward/backward passes and
-# in Adam (fused here, foreach in SB3), about 1e-6 of a step; the tolerance, 1e-4 x lr, is far above it
-# and far below what a mistranslated coefficient, clip or normalisation moves (a few % of a step and
-# more: doubling SB3's vf_coef moves a parameter by 0.1 x lr, the harness's whitening's biased std
-# (below) 0.007 x lr in these cases).
+# in Adam (fused here, foreach in SB3): at most 6e-6 x lr measured; the tolerance, 1e-4 x lr, is far above it
+# and far below what a mistranslated coefficient, clip or normalisation moves: SB3's vf_coef not
+# halved moves a parameter 0.1-0.3 x lr away, normalisation switched 0.7-3.9 x lr, the clip range x 1.5
+# 2.3-3.1 x lr (PPO), the harness's own whitening (its plain std, below) 0.007 x lr in the first case.
 
 def _harness_layout(policy, agent) -> dict[str, torch.Tensor]:
     """SB3's ``ActorCriticPolicy`` weights in the layout of the harness's ``ControlAgent`` (one
