@@ -13,8 +13,11 @@ harness                           stable-baselines3
 ``gamma``, ``gae_lambda``         the same (A2C: ``gae_lambda=1``, ``n_steps`` = the rollout: SB3's A2C
                                   bootstraps at the rollout's end, the harness's n-step return with
                                   ``n_steps >= task.rollout_steps``)
-``clip_eps``, ``vf_clip_eps``     ``clip_range``, ``clip_range_vf``
-``normalize_advantages``          ``normalize_advantage`` (per minibatch; ``none``: off)
+``clip_eps``                      ``clip_range``
+``normalize_advantages``          ``normalize_advantage`` (per minibatch; ``none``: off). SB3 divides by
+                                  torch's Bessel-corrected std (n - 1), the harness by the plain one
+                                  (:func:`harness.losses.whiten`): SB3's normalised advantages are the
+                                  harness's times ``sqrt((n - 1) / n)`` over a minibatch of n (0.992 at 64)
 ``ent_coef``                      ``ent_coef``
 ``vf_coef``                       ``vf_coef / 2``: SB3's value loss is the mean squared error, the
                                   harness's half of it (:func:`harness.losses.value_loss`), so the
@@ -29,10 +32,13 @@ Adam, eps 1e-5                    A2C: ``use_rms_prop=False`` (Adam, ``rms_prop_
 ================================  ==============================================================
 
 What cannot be translated (another policy loss, aggregation, a KL term, an asymmetric clip,
-per-network clipping, a squashed or state-dependent std, whole-episode batches) is refused by
-:func:`check`. Evaluation is the harness's (:func:`harness.tasks.control.evaluate`: the same greedy
-episodes, the same evaluation seeds, at the same env-step marks, observations normalised with the
-training statistics frozen), with SB3's policy acting greedily (``predict(deterministic=True)``).
+value clipping, per-network clipping, a squashed or state-dependent std, whole-episode batches) is
+refused by :func:`check`. Value clipping: SB3's ``clip_range_vf`` regresses the clipped prediction
+alone, ``mse(R, V_old + clip(V - V_old))``, the harness's ``vf_clip_eps`` the larger of the clipped
+and unclipped errors (:func:`harness.losses.value_loss`, PPO2's), so it has no counterpart there
+(nor in SB3's A2C). Evaluation is the harness's (:func:`harness.tasks.control.evaluate`: the same
+greedy episodes, the same evaluation seeds, at the same env-step marks, observations normalised
+with the training statistics frozen), with SB3's policy acting greedily (``predict(deterministic=True)``).
 A metric row per iteration (one rollout and its update) holds SB3's own training statistics
 (``train/*``; ``value_loss`` halved to the harness's definition).
 """
@@ -66,6 +72,7 @@ def check(cfg: DictConfig) -> None:
         "update": (cfg["update"], _UPDATE[est]),
         "loss_agg": (cfg.loss_agg, "token_mean"),
         "clip_eps_high": (cfg.clip_eps_high, None),
+        "vf_clip_eps": (cfg.vf_clip_eps, None),  # SB3's clip_range_vf is another loss (module docstring)
         "kl.beta": (float(cfg.kl.beta), 0.0),
         "grad_clip": (cfg.grad_clip, "joint"),
         "task.log_std": (t.log_std, "state_independent"),
@@ -145,8 +152,8 @@ def _model(cfg: DictConfig):
     else:
         batch = int(t.num_envs) * int(t.rollout_steps)
         model = sb3.PPO("MlpPolicy", env, batch_size=batch // int(cfg.minibatches), n_epochs=int(cfg.epochs),
-                        gae_lambda=float(cfg.gae_lambda), clip_range=float(cfg.clip_eps),
-                        clip_range_vf=None if cfg.vf_clip_eps is None else float(cfg.vf_clip_eps), **common)
+                        gae_lambda=float(cfg.gae_lambda), clip_range=float(cfg.clip_eps), clip_range_vf=None,
+                        **common)
     return model, env, norm
 
 
