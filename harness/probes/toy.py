@@ -73,7 +73,7 @@ from ..estimators import EstimatorParams, EstimatorSpec, get_estimator, kl_estim
 from ..io import RunDir, atomic_write_bytes
 from ..io.checkpoint import CheckpointError
 from ..io.checkpoint import load as load_checkpoint
-from ..losses import (SEQUENCE_SUM, ClipSettings, PolicyInputs, clipped_surrogate_loss, get_policy_loss, kl_penalty,
+from ..losses import (SEQUENCE_SUM, PolicyInputs, PPOClipSettings, clipped_surrogate_loss, get_policy_loss, kl_penalty,
                       loss_settings, whiten, whitening_plan)
 from ..tasks.toy import DTYPE, ToyBatch, ToyTask, advantage_batch, build_task, time_major, validate_toy
 from . import stats as pstats
@@ -325,7 +325,7 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
 
             def loss_fn(logp, mask):
                 x = PolicyInputs(logp, old_logp, adv_mb, mask, with_metrics=False, **SEQUENCE_SUM)
-                return clipped_surrogate_loss(x, ClipSettings(clip_eps=None))[0]
+                return clipped_surrogate_loss(x, PPOClipSettings(clip_eps=None))[0]
 
             lw = (task.leaf_log_probs(theta) - task.leaf_log_probs(theta_q))[batch.leaf]
             values = (lw.exp() * batch.reward).view(M, batch_size).mean(1).numpy()
