@@ -50,8 +50,8 @@ SHORT = {"area under": "AUC", "KL to the reference": "KL to the reference"}  # t
 
 def table(verdicts: list[dict], claims: dict) -> str:
     """The parity table from the claims report's verdicts (``claims``: harness/conf/claims.yaml's entries)."""
-    rows = ["| claim | what | harness final [95% t] | reference final [95% t] | n per side | difference "
-            "[claim's interval] | margin | verdict | also reported: harness - reference [95% t] |",
+    rows = ["| claim | what | harness final [95%] | reference final [95%] | n per side | difference "
+            "[claim's interval] | margin | verdict | also reported: harness - reference [95%] |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v in verdicts:
         cid = v["claim"]
