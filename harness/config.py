@@ -711,10 +711,8 @@ def check_fields(cfg: DictConfig) -> None:
         value = cfg.kl.get(name)
         if value is not None and not (finite(value) and value > 0):
             bad(f"kl.{name}", "a finite number > 0 or null (no clamp)", value)
-    if cfg.mode == "probe":
-        for name in ("log_ratio_clamp", "value_clamp"):
-            if cfg.kl.get(name) is not None:
-                bad(f"kl.{name}", "null with mode=probe (the probes' KL terms have no clamps)", cfg.kl.get(name))
+        if value is not None and cfg.mode == "probe":
+            bad(f"kl.{name}", "null with mode=probe (the probes' KL terms have no clamps)", value)
     if not isinstance(cfg.kl.get("greedy_penalty", True), bool):
         bad("kl.greedy_penalty", "true or false", cfg.kl.get("greedy_penalty"))
     if not (finite(cfg.group_std_eps) and cfg.group_std_eps > 0):

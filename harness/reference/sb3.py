@@ -57,7 +57,7 @@ from ..config import bad_field
 from ..io.rundir import RunDir
 from ..tasks.control import env_info, evaluate
 from ..train.control import cores_available, evaluation_seeds
-from ..train.loop import common_fields, eval_due
+from ..train.loop import common_fields, eval_due, metric_row
 
 __all__ = ["check", "train"]
 
@@ -199,15 +199,14 @@ def _train_one(run: RunDir) -> None:
             logged = self.model.logger.name_to_value
             stat = lambda k, f=1.0: None if k not in logged else float(logged[k]) * f  # noqa: E731
             ent = stat("train/entropy_loss", -1.0)
-            row = {"run_id": run.run_id, **common, "seed": int(cfg.seed), "iteration": self.iteration,
-                   "env_steps": steps, "wall_time_s": time.time() - t0,
-                   "episode_return": float(np.mean(self.episodes)) if self.episodes else None, "eval_return": ev,
-                   "kl_beta": 0.0, "lr": float(self.model.lr_schedule(self.model._current_progress_remaining)),
-                   "policy_loss": stat("train/policy_gradient_loss") if "train/policy_gradient_loss" in logged
-                   else stat("train/policy_loss"),
-                   "entropy": ent, "approx_kl": stat("train/approx_kl"), "clip_frac": stat("train/clip_fraction"),
-                   "value_loss": stat("train/value_loss", 0.5), "explained_variance": stat("train/explained_variance"),
-                   "episodes": len(self.episodes)}
+            row = metric_row(run.run_id, common, int(cfg.seed), self.iteration, steps, time.time() - t0,
+                             float(np.mean(self.episodes)) if self.episodes else None, ev, 0.0,
+                             float(self.model.lr_schedule(self.model._current_progress_remaining)))
+            row.update({"policy_loss": stat("train/policy_gradient_loss") if "train/policy_gradient_loss" in logged
+                        else stat("train/policy_loss"),
+                        "entropy": ent, "approx_kl": stat("train/approx_kl"), "clip_frac": stat("train/clip_fraction"),
+                        "value_loss": stat("train/value_loss", 0.5),
+                        "explained_variance": stat("train/explained_variance"), "episodes": len(self.episodes)})
             self.episodes = []
             run.log(row)
             run.flush()

@@ -72,7 +72,7 @@ from ..io.rundir import RunDir
 from ..models.lm import positions, response_forward
 from ..tasks.lm.pipeline import LMTask, build_task
 from ..train.lm import evaluate_policy, initial_fields, kl_to_reference
-from ..train.loop import common_fields, eval_due
+from ..train.loop import common_fields, eval_due, metric_row
 from ..train.update import ADAM_EPS
 
 __all__ = ["check", "train", "trl_settings", "trl_config", "trl_prompts", "RewardCounter", "make_trainer"]
@@ -351,17 +351,16 @@ def _train_one(cfg: DictConfig, task: LMTask, run: RunDir) -> None:
                 ev = evaluate()
             wall = time.time() - t0
             kls = holder["kls"]
-            state["pending"] = {
-                "run_id": run.run_id, **common, "seed": int(cfg.seed), "iteration": iteration, "env_steps": tokens,
-                "wall_time_s": wall, "episode_return": b["reward"], "eval_return": None if ev is None else ev["eval_return"],
-                "kl_beta": float(cfg.kl.beta), "lr": float(cfg.lr),
+            state["pending"] = metric_row(run.run_id, common, int(cfg.seed), iteration, tokens, wall, b["reward"],
+                                          None if ev is None else ev["eval_return"], float(cfg.kl.beta), float(cfg.lr))
+            state["pending"].update({
                 "eval_gold_greedy": None if ev is None else ev["eval_gold_greedy"],
                 "pass_at_1": None if ev is None else ev["pass_at_1"], "pass_at_k": None if ev is None else ev["pass_at_k"],
                 "zero_std_frac": b["zero_std_frac"], "reward": b["reward"], "gold_reward": b["gold_reward"],
                 "kl_ref": kls[iteration - 1] if len(kls) >= iteration else None, "response_len": b["response_len"],
                 "tokens": tokens, "score": b["reward"], "no_eos_frac": b["no_eos_frac"],
                 "tokens_per_s": tokens / max(wall, 1e-9), "iter_time_s": time.time() - state["t_iter"],
-            }
+            })
 
         def on_log(self, args, st, control, logs=None, **kw):
             row = state["pending"]

@@ -135,6 +135,19 @@ def common_fields(cfg, uses_groups: bool) -> dict:
     }
 
 
+def metric_row(run_id: str, common: dict, seed: int, iteration: int, steps: int, wall: float,
+               episode_return: float | None, eval_return: float | None, kl_beta: float, lr: float) -> dict:
+    """The columns every trainer's metric row starts with (the harness's loop, ``harness.reference``):
+    which run and iteration, its budget use and wall time, its returns, and its settings
+    (``common``: :func:`common_fields`), in the order ``metrics.parquet`` has always held them."""
+    c = common
+    return {"run_id": run_id, "task": c["task"], "estimator": c["estimator"], "seed": seed, "iteration": iteration,
+            "env_steps": steps, "wall_time_s": wall, "episode_return": episode_return, "eval_return": eval_return,
+            "gamma": c["gamma"], "gae_lambda": c["gae_lambda"], "clip_eps": c["clip_eps"], "kl_beta": kl_beta,
+            "n_steps": c["n_steps"], "group_size": c["group_size"], "lr": lr, "update": c["update"],
+            "loss_agg": c["loss_agg"]}
+
+
 def eval_due(iteration: int, steps: int, last_eval: int, done: bool, eval_every: int,
              eval_every_steps: int | None) -> bool:
     """Whether a run evaluates after ``iteration`` (its budget use now ``steps``, at its last
@@ -320,19 +333,14 @@ class Loop(Checkpoints):
             v = float(stats[k][p])
             return v if math.isfinite(v) or k in ("loss", "policy_loss", "grad_norm") else None
 
-        run = self.runs[p]
-        row = {
-            "run_id": run.run_id, "task": self.common["task"], "estimator": self.common["estimator"],
-            "seed": self.source.seeds[p], "iteration": iteration, "env_steps": int(self.cost[p]),
-            "wall_time_s": float(wall), "episode_return": self.source.episode_return(p, ro),
-            "eval_return": None if ev is None else ev.get("eval_return"),
-            "gamma": self.common["gamma"], "gae_lambda": self.common["gae_lambda"], "clip_eps": self.common["clip_eps"],
-            "kl_beta": beta, "n_steps": self.common["n_steps"], "group_size": self.common["group_size"], "lr": lr,
-            "update": self.common["update"], "loss_agg": self.common["loss_agg"],
+        row = metric_row(self.runs[p].run_id, self.common, self.source.seeds[p], iteration, int(self.cost[p]),
+                         float(wall), self.source.episode_return(p, ro), None if ev is None else ev.get("eval_return"),
+                         beta, lr)
+        row.update({
             "policy_loss": get("policy_loss"), "entropy": get("entropy"), "approx_kl": get("approx_kl"),
             "clip_frac": get("clip_frac"), "grad_norm": get("grad_norm"), "adv_mean": get("adv_mean"),
             "adv_std": get("adv_std"), "value_loss": get("value_loss"), "explained_variance": get("explained_variance"),
             "value_grad_norm": get("value_grad_norm"), "kl_loss": get("kl_loss"), "adv_within_std": get("adv_within_std"),
-        }
+        })
         row.update(self.source.row_extras(p, ro, stats, ev, pre, row))
         return row
