@@ -207,6 +207,46 @@ def test_decoding_writes_into_a_preallocated_cache():
     assert all(layer.keys.shape[-2] == 6 for layer in pre.layers)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("prompts", [[[5, 6, 7, 8, 9, 3], [4, 5], [9, 8, 7, 6]], [[5, 6, 7], [4, 5, 3], [9, 8, 7]]],
+                         ids=["padded", "unpadded"])
+def test_gpt2_decoding_step_is_the_models_own_step_bit_for_bit(prompts, dtype, monkeypatch):
+    """The decode loop's own GPT-2 step (:func:`harness.models.lm._gpt2_decode_step`) is taken for
+    a GPT-2, and decoding with it draws the tokens, log-probabilities and generator state of
+    decoding with ``model(...)`` at every step, bit for bit: with left-padded prompts and without
+    (where transformers gives the attention no mask), with rows that end early (their mask
+    columns 0), in float32 and bfloat16."""
+    from harness.models import lm as lm_mod
+
+    model = _tiny("gpt2").to(dtype)
+    ids, mask = left_pad(prompts, 0)
+    taken = []
+    real_step = lm_mod._gpt2_decode_step
+
+    def spy(model, cache):
+        step = real_step(model, cache)
+        taken.append(step is not None)
+        return step
+
+    def run(step_factory):
+        monkeypatch.setattr(lm_mod, "_gpt2_decode_step", step_factory)
+        gen = torch.Generator().manual_seed(4)
+        out = lm_mod.generate_groups(model, ids, mask, 12, 2, 0, temperature=0.9, samples=3, with_greedy=True,
+                                     generator=gen)
+        return out, gen.get_state()
+
+    (fast_s, fast_g), fast_state = run(spy)
+    (slow_s, slow_g), slow_state = run(lambda model, cache: None)
+    assert taken == [True]
+    assert fast_s.has_eos.any() and (~fast_s.has_eos).any()  # rows end early, others run to the cap
+    for a, b in ((fast_s, slow_s), (fast_g, slow_g)):
+        for name in ("tokens", "mask", "logp", "has_eos"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert torch.equal(fast_state, slow_state)
+    # any other model keeps transformers' step
+    assert real_step(_tiny("llama"), None) is None
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_shared_prompt_teacher_forcing_equals_one_pass_with_its_gradient(arch):
     """``response_forward(share_prompts=True)`` runs each distinct prompt once and gathers its
