@@ -41,6 +41,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -102,15 +103,17 @@ def joblib_sweep(steps: int, seeds: int) -> float:
         return time.perf_counter() - t0
 
 
-def update_floor(steps: int, reps: int = 2000) -> tuple[float, int]:
-    """``(seconds per minibatch, minibatches)``: a plain hand-written PPO update step with
-    :data:`ZOO`'s settings (CartPole's 4 inputs and 2 actions, the zoo's hidden sizes with tanh for
-    actor and critic, one minibatch of ``num_envs x rollout_steps`` samples: clipped policy loss,
-    value loss x ``vf_coef``, backward, gradient clipping at ``max_grad_norm``, Adam at ``lr`` with
-    the harness's eps), timed on one torch thread in this process, and how many of them ``steps``
-    env steps make (``ceil(steps / batch)`` iterations x ``epochs``). What any eager-PyTorch PPO
-    pays for its updates on this CPU written the plain way (the harness's own step is below it: one
-    fused actor-critic pass, fused Adam), before collecting a step."""
+def floor_problem(steps: int, fused_adam: bool = False):
+    """What :func:`update_floor` times, built once: a namespace with ``pi``, ``vf`` (the zoo's
+    64-64 tanh MLPs for CartPole's 4 inputs, 2 actions and the value), ``params``, ``opt`` (Adam at
+    ``lr`` with the harness's eps; ``fused_adam``: ``fused=True``), ``batch`` (one minibatch of
+    ``num_envs x rollout_steps`` samples: ``(obs, act, old_logp, adv, ret)``, seeded), ``loss(*batch)``
+    (clipped policy loss + ``vf_coef`` x value loss), ``step(loss_fn=loss, batch=batch)`` (zero the
+    gradients, ``loss_fn``, backward, clipping at ``max_grad_norm``, Adam; returns the loss),
+    ``n_minibatches`` (``ceil(steps / batch)`` iterations x ``epochs``) and ``new_batch(gen)``.
+    :data:`ZOO`'s settings; weights from ``torch.manual_seed(0)``, so two problems start equal."""
+    from types import SimpleNamespace
+
     import torch
     from torch import nn
 
@@ -118,9 +121,8 @@ def update_floor(steps: int, reps: int = 2000) -> tuple[float, int]:
 
     zoo = dict(a.split("=", 1) for a in ZOO)
     assert zoo["task.activation"] == "tanh" and zoo["minibatches"] == "1", "update_floor times ZOO's step"
-    batch, epochs = int(zoo["task.num_envs"]) * int(zoo["task.rollout_steps"]), int(zoo["epochs"])
+    size, epochs = int(zoo["task.num_envs"]) * int(zoo["task.rollout_steps"]), int(zoo["epochs"])
     clip, vf_coef, max_norm = float(zoo["clip_eps"]), float(zoo["vf_coef"]), float(zoo["max_grad_norm"])
-    torch.set_num_threads(1)  # this process only launches the others: its own threads are this timing's
     torch.manual_seed(0)
 
     def mlp(out: int) -> nn.Module:
@@ -131,26 +133,53 @@ def update_floor(steps: int, reps: int = 2000) -> tuple[float, int]:
 
     pi, vf = mlp(2), mlp(1)
     params = [*pi.parameters(), *vf.parameters()]
-    opt = torch.optim.Adam(params, lr=float(zoo["lr"]), eps=ADAM_EPS)
-    obs, act = torch.randn(batch, 4), torch.randint(0, 2, (batch,))
-    old, adv, ret = torch.randn(batch) * 0.1 - 0.7, torch.randn(batch), torch.randn(batch)
+    opt = torch.optim.Adam(params, lr=float(zoo["lr"]), eps=ADAM_EPS, **({"fused": True} if fused_adam else {}))
 
-    def step() -> None:
+    def new_batch(gen: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
+        return (torch.randn(size, 4, generator=gen), torch.randint(0, 2, (size,), generator=gen),
+                torch.randn(size, generator=gen) * 0.1 - 0.7, torch.randn(size, generator=gen),
+                torch.randn(size, generator=gen))
+
+    def loss(obs, act, old, adv, ret) -> torch.Tensor:
         logp = torch.log_softmax(pi(obs), -1).gather(1, act[:, None]).squeeze(1)
         ratio = torch.exp(logp - old)
-        loss = -torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv).mean()
-        loss = loss + vf_coef * ((vf(obs).squeeze(1) - ret) ** 2).mean()
+        out = -torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv).mean()
+        return out + vf_coef * ((vf(obs).squeeze(1) - ret) ** 2).mean()
+
+    batch = new_batch()
+
+    def step(loss_fn: Callable = loss, batch: tuple = batch) -> torch.Tensor:
+        out = loss_fn(*batch)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        out.backward()
         nn.utils.clip_grad_norm_(params, max_norm)
         opt.step()
+        return out
 
+    return SimpleNamespace(pi=pi, vf=vf, params=params, opt=opt, batch=batch, loss=loss, step=step,
+                           new_batch=new_batch, n_minibatches=-(-steps // size) * epochs)
+
+
+def update_floor(steps: int, reps: int = 2000) -> tuple[float, int]:
+    """``(seconds per minibatch, minibatches)``: a plain hand-written PPO update step with
+    :data:`ZOO`'s settings (CartPole's 4 inputs and 2 actions, the zoo's hidden sizes with tanh for
+    actor and critic, one minibatch of ``num_envs x rollout_steps`` samples: clipped policy loss,
+    value loss x ``vf_coef``, backward, gradient clipping at ``max_grad_norm``, Adam at ``lr`` with
+    the harness's eps; :func:`floor_problem`), timed on one torch thread in this process, and how
+    many of them ``steps`` env steps make (``ceil(steps / batch)`` iterations x ``epochs``). What
+    any eager-PyTorch PPO pays for its updates on this CPU written the plain way (the harness's own
+    step is below it: one fused actor-critic pass, fused Adam), before collecting a step.
+    ``benchmarks/compile_floor.py`` times the same step under ``torch.compile``."""
+    import torch
+
+    torch.set_num_threads(1)  # this process only launches the others: its own threads are this timing's
+    prob = floor_problem(steps)
     for _ in range(reps // 10):  # warm-up
-        step()
+        prob.step()
     t0 = time.perf_counter()
     for _ in range(reps):
-        step()
-    return (time.perf_counter() - t0) / reps, -(-steps // batch) * epochs
+        prob.step()
+    return (time.perf_counter() - t0) / reps, prob.n_minibatches
 
 
 def startup_floor() -> float:
