@@ -211,14 +211,17 @@ def _band(clip_eps: float | None, clip_eps_high: float | None) -> tuple[float, f
 
 
 def _clipped_objective(ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float, delta: float
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""PPO's per-token :math:`\min(\min(r, \delta) A,\ \operatorname{clip}(r, low, high) A)` and the
-    tokens where its gradient in ``r`` is zero: ``A > 0`` and ``r > min(high, delta)``; ``A < 0`` and
-    ``r < low`` or ``r > max(high, delta)``. ``delta = inf`` is the plain clipped surrogate."""
+                       ) -> tuple[torch.Tensor, Callable[[], torch.Tensor]]:
+    r"""PPO's per-token :math:`\min(\min(r, \delta) A,\ \operatorname{clip}(r, low, high) A)` and a
+    function giving the tokens where its gradient in ``r`` is zero: ``A > 0`` and ``r > min(high, delta)``;
+    ``A < 0`` and ``r < low`` or ``r > max(high, delta)``. ``delta = inf`` is the plain clipped surrogate.
+    The mask is built only when called (``clip_frac``, with diagnostics), not in a trainer's hot loop."""
     capped = ratio if delta == float("inf") else torch.clamp(ratio, max=delta)
     objective = torch.minimum(capped * advantages, torch.clamp(ratio, low, high) * advantages)
-    with torch.no_grad():
-        zeroed = ((advantages > 0) & (ratio > min(high, delta))) | (
+
+    @torch.no_grad()
+    def zeroed() -> torch.Tensor:
+        return ((advantages > 0) & (ratio > min(high, delta))) | (
             (advantages < 0) & ((ratio < low) | (ratio > max(high, delta))))
     return objective, zeroed
 
@@ -362,10 +365,10 @@ def clipped_surrogate_loss(x: PolicyInputs, s: PPOClipSettings = PPOClipSettings
              torch.clamp(log_ratio, -s.log_ratio_clamp, s.log_ratio_clamp)).exp()
     if s.clip_eps is None and s.delta is None:
         objective = ratio * x.advantages
-        zeroed = torch.zeros_like(x.mask, dtype=torch.bool)
+        zeroed = lambda: torch.zeros_like(x.mask, dtype=torch.bool)  # noqa: E731
     else:
         objective, zeroed = _clipped_objective(ratio, x.advantages, low, high, s.cap)
-    return _policy_result(objective, log_ratio, x, lambda: zeroed)
+    return _policy_result(objective, log_ratio, x, zeroed)
 
 
 def pg_loss(x: PolicyInputs, s: NoSettings = NoSettings()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -401,7 +404,7 @@ def dual_clip_loss(x: PolicyInputs, s: DualClipSettings = DualClipSettings()) ->
     ppo, zeroed = _clipped_objective(ratio, x.advantages, low, high, float("inf"))
     negative = x.advantages < 0
     objective = torch.where(negative, torch.maximum(ppo, c * x.advantages), ppo)
-    bounded = lambda: zeroed | (negative & (ratio.detach() > c))  # noqa: E731
+    bounded = lambda: zeroed() | (negative & (ratio.detach() > c))  # noqa: E731
     return _policy_result(objective, log_ratio, x, bounded)
 
 
@@ -440,7 +443,7 @@ def gspo_loss(x: PolicyInputs, s: ClipSettings = ClipSettings()) -> tuple[torch.
     seq_log_ratio = sequence_mean(log_ratio.detach(), x.mask, x.seq_id)
     log_s = torch.clamp(x.logp - x.logp.detach() + seq_log_ratio, max=10.0)
     objective, zeroed = _clipped_objective(log_s.exp(), x.advantages, low, high, s.cap)
-    return _policy_result(objective, log_ratio, x, lambda: zeroed)
+    return _policy_result(objective, log_ratio, x, zeroed)
 
 
 def cispo_loss(x: PolicyInputs, s: ClipRange = ClipRange()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -295,13 +295,25 @@ class ToyTask:
         probs = torch.softmax(theta, dim=-1)
         V = torch.zeros(self.n_states, dtype=theta.dtype)
         Q = torch.zeros(self.param_shape, dtype=theta.dtype)
-        ends = self.leaf_of >= 0
-        for states in reversed(self.levels):  # deepest first: children are done before parents
-            cont = float(gamma) * V[self.child[states].clamp(min=0)]
-            q = torch.where(ends[states], self.leaf_reward_sa[states].to(theta.dtype), cont)
+        for states, children, ends, leaf_r in self._value_levels():  # deepest first: children before parents
+            cont = float(gamma) * V[children]
+            q = torch.where(ends, leaf_r.to(theta.dtype), cont)
             Q = Q.index_put((states,), q)
             V = V.index_put((states,), (probs[states] * q).sum(-1))
         return V, Q
+
+    def _value_levels(self) -> list[tuple[torch.Tensor, ...]]:
+        """What :meth:`values` reads of each level, deepest first: its states, their children
+        (clamped to a valid index), where an action ends the response, and the leaf reward there.
+        They depend on the task's tables only, so they are built once, and again when a table is
+        replaced by another tensor (a test that sets ``leaf_reward_sa``); tables are never changed in place."""
+        tables = (self.leaf_reward_sa, self.child, self.leaf_of)
+        cached = getattr(self, "_levels", None)
+        if cached is None or any(a is not b for a, b in zip(cached[0], tables)):
+            ends = self.leaf_of >= 0
+            cached = self._levels = (tables, [(st, self.child[st].clamp(min=0), ends[st], self.leaf_reward_sa[st])
+                                              for st in reversed(self.levels)])
+        return cached[1]
 
     def prompt_rewards(self, theta: torch.Tensor) -> torch.Tensor:
         """``J_x = E_{y ~ pi(.|x)} R(x, y)`` for every prompt, ``[X]``."""
@@ -360,7 +372,10 @@ class ToyTask:
 
     def sequence_kl(self, theta: torch.Tensor, theta_ref: torch.Tensor) -> torch.Tensor:
         """``KL(pi || ref)`` over whole responses, averaged over prompts (exact, differentiable)."""
-        lp, lr = self.leaf_log_probs(theta), self.leaf_log_probs(theta_ref)
+        return self._sequence_kl(self.leaf_log_probs(theta), self.leaf_log_probs(theta_ref))
+
+    def _sequence_kl(self, lp: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+        """:meth:`sequence_kl` from the leaf log-probs ``lp`` (policy) and ``lr`` (reference)."""
         per = torch.zeros(self.n_prompts, dtype=lp.dtype).index_add(0, self.leaf_prompt, lp.exp() * (lp - lr))
         return per.mean()
 
@@ -372,7 +387,10 @@ class ToyTask:
         by enumeration of the complete responses (equal to the sum over reachable states of
         ``P(reach s) H(pi(.|s))``, the chain rule of entropy). The uniform policy of ``n``
         responses has ``log n``; it falls as the policy concentrates (C26's drift)."""
-        lp = self.leaf_log_probs(theta)
+        return self._prompt_entropy(self.leaf_log_probs(theta))
+
+    def _prompt_entropy(self, lp: torch.Tensor) -> torch.Tensor:
+        """:meth:`prompt_entropy` from the leaf log-probs ``lp``."""
         return torch.zeros(self.n_prompts, dtype=lp.dtype).index_add(0, self.leaf_prompt, -lp.exp() * lp)
 
     def prompt_success(self, theta: torch.Tensor) -> list[float | None]:
@@ -393,16 +411,21 @@ class ToyTask:
         sq = (theta_after.detach() - theta_before.detach()).pow(2).sum(-1)  # [S]
         return torch.zeros(self.n_prompts, dtype=sq.dtype).index_add(0, self.state_prompt, sq).sqrt()
 
-    def exact_stats(self, theta: torch.Tensor) -> dict[str, Any]:
+    def exact_stats(self, theta: torch.Tensor, ref_log_probs: torch.Tensor | None = None) -> dict[str, Any]:
         """Exact diagnostics: J, per-prompt J, expected length (all, right, wrong responses), the
-        response entropy averaged over prompts (:meth:`prompt_entropy`)."""
+        response entropy averaged over prompts (:meth:`prompt_entropy`); given the reference's
+        :meth:`leaf_log_probs` ``ref_log_probs``, also ``kl_ref`` = :meth:`sequence_kl` (the
+        policy's leaf log-probs computed once for all of them)."""
         with torch.no_grad():
             J_x = self.prompt_rewards(theta)
-            p = self.leaf_log_probs(theta).exp() / self.n_prompts
+            lp = self.leaf_log_probs(theta)
+            p = lp.exp() / self.n_prompts
             length = self.leaf_len.to(DTYPE)
             out = {"J": float(J_x.mean()), "J_prompt": [float(j) for j in J_x],
                    "response_len": float((p * length).sum()),
-                   "entropy": float(self.prompt_entropy(theta).mean())}
+                   "entropy": float(self._prompt_entropy(lp).mean())}
+            if ref_log_probs is not None:
+                out["kl_ref"] = float(self._sequence_kl(lp, ref_log_probs))
             has = torch.isfinite(self.leaf_correct)
             for name, sel in (("right_len", has & (self.leaf_correct == 1)), ("wrong_len", has & (self.leaf_correct == 0))):
                 w = p * sel.to(DTYPE)

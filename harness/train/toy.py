@@ -78,10 +78,10 @@ class ToyLearner:
 
     def forward(self, batch, idx, need_entropy):
         i = slice(None) if idx is None else idx[0]
-        st, tk, mask = batch.states[i], batch.tokens[i], batch.mask[i]
+        st, tk = batch.states[i], batch.tokens[i]
         logp = gather_logp(self.theta, st, tk).unsqueeze(0)
         entropy = token_entropy(self.theta, st).unsqueeze(0) if need_entropy else None
-        values = None if self.critic is None else (self.critic[st] * mask).T.unsqueeze(0)
+        values = None if self.critic is None else (self.critic[st] * batch.mask[i]).T.unsqueeze(0)
         return logp, entropy, values
 
     def clip_grads(self, max_norm, per_network):
@@ -126,6 +126,7 @@ class ToySource(Source):
         self.sequences = 0
         self.tokens = 0
         self._exact: tuple[dict, float] | None = None
+        self._ref_log_probs: torch.Tensor | None = None
 
     def generators(self):
         return [self.gen]
@@ -222,7 +223,10 @@ class ToySource(Source):
         if self._exact is None:
             with torch.no_grad():
                 theta = self.theta.detach()
-                self._exact = (self.task.exact_stats(theta), float(self.task.sequence_kl(theta, self.theta_ref)))
+                if self._ref_log_probs is None:  # the reference never changes
+                    self._ref_log_probs = self.task.leaf_log_probs(self.theta_ref)
+                stats = self.task.exact_stats(theta, self._ref_log_probs)
+                self._exact = (stats, stats["kl_ref"])
         return self._exact
 
     def kl_to_reference(self, batch):
