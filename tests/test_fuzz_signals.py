@@ -41,11 +41,16 @@ def _env() -> dict:
             "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(module: str, args: list[str], cwd: Path) -> subprocess.Popen:
     """``python -m module args`` in a session of its own (its process group: what a terminal
-    signals on Ctrl-C)."""
+    signals on Ctrl-C), with SIGINT's default action, as a shell's command has it: a test runner's
+    worker process (pytest-xdist's) ignores SIGINT, and a child inherits that."""
     return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_sigint_default)
 
 
 def _wait_for(pattern: str, n: int, proc: subprocess.Popen, timeout: float = 150.0) -> list[str]:
