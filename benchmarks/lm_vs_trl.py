@@ -46,7 +46,8 @@ both take ``log pi_old`` without an extra policy pass (the harness from its samp
 ``num_iterations=1``). TRL samples with ``model.generate`` (each prompt repeated for its
 ``num_generations`` completions and prefilled per completion) and runs its teacher-forced passes
 over every completion's full sequence; the harness prefills each distinct prompt once and shares
-its KV cache with the group, in its own decode loop, and its teacher-forced passes (reference,
+its KV cache with the group, in its own decode loop (a GPT-2's steps through the harness's own
+step, :func:`harness.models.lm._gpt2_decode_step`, bit-identical to the model's), and its teacher-forced passes (reference,
 update) run each distinct prompt once as well; the harness runs GPT-2's ``gelu_new`` as PyTorch's
 fused tanh-GELU (``harness.models.lm.fuse_gelu``, the same function to float rounding), TRL as
 transformers' Python ``NewGELUActivation``.
