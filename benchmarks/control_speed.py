@@ -278,14 +278,14 @@ def main() -> None:
         ratio = tp / sw["wall"]
         print(f"SB3 PPO, {P} seeds, {args.workers} worker processes: {sw['wall']:.1f} s; final returns median "
               f"{med(sw['returns']):.1f} (min {min(sw['returns']):.1f})", flush=True)
-        print(f"-> population={P} / SB3 {args.workers}-worker sweep = {ratio:.2f} (goal <= 0.33: "
-              f"{verdict(ratio <= 1 / 3)}); median final return ours {med(pop['returns']):.1f}, SB3 "
+        print(f"-> population={P} / SB3 {args.workers}-worker sweep = {ratio:.2f} (goal <= 0.20, issue 40; "
+              f"was 0.33: {verdict(ratio <= 0.2)}); median final return ours {med(pop['returns']):.1f}, SB3 "
               f"{med(sw['returns']):.1f}", flush=True)
         rows.append(f"| SB3 PPO, {P} seeds, {args.workers} worker processes at a time | {sw['wall']:.1f} s; final "
                     f"returns median {med(sw['returns']):.1f} (min {min(sw['returns']):.1f}) | |")
         rows.append(f"| population={P} / SB3 {args.workers}-worker sweep, wall time | **{ratio:.2f}** (median "
-                    f"final return {med(pop['returns']):.1f} vs {med(sw['returns']):.1f}) | <= 0.33, equal "
-                    f"median return: {verdict(ratio <= 1 / 3 and med(pop['returns']) >= med(sw['returns']))} |")
+                    f"final return {med(pop['returns']):.1f} vs {med(sw['returns']):.1f}) | <= 0.20 (was 0.33), equal "
+                    f"median return: {verdict(ratio <= 0.2 and med(pop['returns']) >= med(sw['returns']))} |")
     if args.joblib:
         tj = joblib_sweep(steps, P)
         print(f"{P} lone runs as a 2-worker joblib sweep: {tj:.1f} s -> population={P} / joblib = {tp / tj:.2f}",
