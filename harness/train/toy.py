@@ -106,6 +106,8 @@ class ToySource(Source):
         ts = toy_settings(cfg)
         self.theta = task.init_logits(ts["init_scale"], ts["init_seed"]).requires_grad_(True)
         self.theta_ref = self.theta.detach().clone()
+        with torch.no_grad():  # the reference never changes: its leaf log-probs once, for the exact KL
+            self.ref_log_probs = task.leaf_log_probs(self.theta_ref)
         self.critic = torch.zeros(task.n_states, dtype=DTYPE, requires_grad=True) if self.spec.needs_critic else None
         self.learner = ToyLearner(self.theta, self.critic)
         self.k = int(cfg.group_size)
@@ -126,7 +128,6 @@ class ToySource(Source):
         self.sequences = 0
         self.tokens = 0
         self._exact: tuple[dict, float] | None = None
-        self._ref_log_probs: torch.Tensor | None = None
 
     def generators(self):
         return [self.gen]
@@ -222,10 +223,7 @@ class ToySource(Source):
         iteration (evaluation, adaptive KL and the metric row all read them)."""
         if self._exact is None:
             with torch.no_grad():
-                theta = self.theta.detach()
-                if self._ref_log_probs is None:  # the reference never changes
-                    self._ref_log_probs = self.task.leaf_log_probs(self.theta_ref)
-                stats = self.task.exact_stats(theta, self._ref_log_probs)
+                stats = self.task.exact_stats(self.theta.detach(), self.ref_log_probs)
                 self._exact = (stats, stats["kl_ref"])
         return self._exact
 
