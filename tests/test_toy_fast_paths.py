@@ -143,7 +143,14 @@ def test_divergence_guard_reads_one_value_or_all():
 
 
 # The last metric row of two short runs as main at 3ff29ab logged them (float.hex), before the
-# changes above: the trainer must reproduce them exactly.
+# changes above: the trainer must reproduce them, to the last bits the CPU decides. The exact
+# statistics (eval_return, grad_cos, kl_ref) sum over every enumerated response in torch's vectorized
+# reductions, whose order follows the CPU's SIMD width: on another machine (AVX-512, 2026-12-05) they
+# came out 1-5 ulp (about 1e-15 relative) from the pinned values, every other column bit for bit. So
+# the check is to 1e-13 relative: above the reduction order's few ulp, below what a change to the
+# numbers moves (the same runs with lr 1e-9 relative off: every column but clip_frac moved by 2e-12 to
+# 2e-9 relative, 2026-12-05).
+REL = 1e-13
 PINNED = {
     "clip": (["estimator=grpo", "++toy.reward=random", "std_normalize=true", "update=clip", "clip_eps=0.2",
               "epochs=4", "minibatches=2", "lr=0.3", "normalize_advantages=none", "group_size=4",
@@ -170,4 +177,6 @@ def test_short_toy_runs_log_the_numbers_they_logged_before(tmp_path, name):
     assert run(cfg).get("completed") == 1
     (path,) = tmp_path.glob("toy/*/*/metrics.parquet")
     last = pd.read_parquet(path).iloc[-1]
-    assert {k: float.hex(float(last[k])) for k in pinned} == pinned
+    got = {k: float(last[k]) for k in pinned}
+    off = {k: float.hex(v) for k, v in got.items() if not math.isclose(v, float.fromhex(pinned[k]), rel_tol=REL)}
+    assert not off, f"moved from the pinned values: {off} (pinned: {pinned})"
