@@ -93,6 +93,23 @@ def test_mean_interval_widens_the_skewed_side_and_covers_the_t_interval():
     assert hi - x.mean() > x.mean() - lo  # Hall's correction moves the upper end out for right skew
 
 
+def test_equal_values_give_the_point_at_every_level_without_nan():
+    """Ten seed pairs that all differ by exactly 0 (both sides at CartPole's cap of 500, C53): the
+    t interval has zero width, so it is [0, 0] at every level, down to the alpha of 1e-300 where
+    the decision_p bisection starts (there t's quantile is infinite and 0 * inf was NaN)."""
+    import warnings
+
+    est = mean_estimate(np.zeros(10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a NaN made on the way warns
+        for alpha in (0.05, 1e-12, 1e-300):
+            assert est.interval_alpha(alpha) == (0.0, 0.0)
+        # |difference| < 5 is decided by the narrowest interval the bisection tries: p at its floor
+        assert decision_p(est, lambda p, lo, hi: "supported" if -5 < lo and hi < 5 else "undecided") == 1e-300
+    lo, hi = mean_estimate(np.full(10, 3.5)).interval(0.95)
+    assert (lo, hi) == (3.5, 3.5)
+
+
 def test_a_log_ratio_is_a_geometric_mean_ratio():
     a, b = np.array([2.0, 4.0, 8.0]), np.array([1.0, 1.0, 2.0])
     est = mean_estimate(np.log(a / b), scale=LOG)

@@ -108,9 +108,13 @@ def mean_interval(x: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
         gamma = np.where(s > 0, ((x - m[..., None]) ** 3).mean(axis=-1) / np.where(s > 0, s, 1.0) ** 3, 0.0)
     a, b = gamma / (3 * math.sqrt(n)), gamma / (6 * math.sqrt(n))
     # T = (mean - mu) / se and g(T) ~ t: mu in [m - se g^-1(q), m - se g^-1(-q)]
-    lo = np.minimum(m - q * se, m - se * _hall_inverse(q, a, b))
-    hi = np.maximum(m + q * se, m - se * _hall_inverse(-q, a, b))
-    return lo, hi
+    with np.errstate(invalid="ignore"):
+        lo = np.minimum(m - q * se, m - se * _hall_inverse(q, a, b))
+        hi = np.maximum(m + q * se, m - se * _hall_inverse(-q, a, b))
+    # values all equal (se = 0): the interval is the point at every level; at alpha so small that
+    # q is infinite (decision_p goes down to 1e-300) 0 * inf would make it NaN
+    flat = se == 0
+    return np.where(flat, m, lo)[()], np.where(flat, m, hi)[()]
 
 
 def mean_estimate(x, unit: str = "seeds", n_text: str | None = None, scale: str = IDENTITY,
