@@ -15,7 +15,9 @@ are issue 16's:
 2. A lone run (``population=1``) vs one SB3 run: wall time ratio <= 0.5. Beside it, measured
    in the same run, what a plain PPO pays before it collects a step: a hand-written PPO update
    step times the run's minibatches (:func:`update_floor`), plus a process that only imports torch and makes an
-   Adam (:func:`startup_floor`).
+   Adam (:func:`startup_floor`). Beside the population's ratio (issue 40 asks <= 0.20), the same for
+   the population: the plain step written batched for one worker's slice of the members
+   (:func:`population_floor`), times the minibatches, plus that start-up.
 
 ``population=16`` runs with the harness's default layout (one worker process per core, each
 training a slice of the members on one torch thread; the table names the split it used);
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -41,6 +44,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,8 +116,6 @@ def floor_problem(steps: int, fused_adam: bool = False):
     gradients, ``loss_fn``, backward, clipping at ``max_grad_norm``, Adam; returns the loss),
     ``n_minibatches`` (``ceil(steps / batch)`` iterations x ``epochs``) and ``new_batch(gen)``.
     :data:`ZOO`'s settings; weights from ``torch.manual_seed(0)``, so two problems start equal."""
-    from types import SimpleNamespace
-
     import torch
     from torch import nn
 
@@ -180,6 +182,78 @@ def update_floor(steps: int, reps: int = 2000) -> tuple[float, int]:
     for _ in range(reps):
         prob.step()
     return (time.perf_counter() - t0) / reps, prob.n_minibatches
+
+
+def population_problem(members: int, seed: int = 0, dtype=None):
+    """:func:`floor_problem`'s plain PPO update step for ``members`` independent members at once,
+    written the plain batched way: each layer one ``baddbmm`` on ``[members, ...]`` weights (actor and
+    critic apart), the members' losses summed (each member's gradient is its own), gradient clipping
+    per member, one Adam over the stacked weights. A namespace with ``pi``, ``vf`` (lists of
+    ``(weight [M, in, out], bias [M, 1, out])``), ``params``, ``opt``, ``batch`` (``(obs, act, old,
+    adv, ret)``, each ``[M, ...]``, seeded) and ``step()`` (returns each member's loss, ``[M]``);
+    ``dtype``: of the weights and data (default float32; the tests use float64)."""
+    import torch
+
+    dtype = dtype or torch.float32
+
+    from harness.train.update import ADAM_EPS
+
+    zoo = dict(a.split("=", 1) for a in ZOO)
+    size, clip = int(zoo["task.num_envs"]) * int(zoo["task.rollout_steps"]), float(zoo["clip_eps"])
+    vf_coef, max_norm, M = float(zoo["vf_coef"]), float(zoo["max_grad_norm"]), members
+    gen = torch.Generator().manual_seed(seed)
+    sizes = [4, *json.loads(zoo["task.hidden"])]
+
+    def mlp(out: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [((torch.randn(M, a, b, generator=gen, dtype=dtype) / a ** 0.5).requires_grad_(),
+                 (torch.randn(M, 1, b, generator=gen, dtype=dtype) * 0.1).requires_grad_())
+                for a, b in zip(sizes, [*sizes[1:], out])]
+
+    def forward(layers, x):
+        for i, (w, b) in enumerate(layers):
+            x = torch.baddbmm(b, x, w)
+            x = torch.tanh(x) if i < len(layers) - 1 else x
+        return x
+
+    pi, vf = mlp(2), mlp(1)
+    params = [t for layer in (*pi, *vf) for t in layer]
+    opt = torch.optim.Adam(params, lr=float(zoo["lr"]), eps=ADAM_EPS)
+    batch = (torch.randn(M, size, 4, generator=gen, dtype=dtype), torch.randint(0, 2, (M, size, 1), generator=gen),
+             *(torch.randn(M, size, generator=gen, dtype=dtype) for _ in range(3)))
+
+    def step() -> torch.Tensor:
+        obs, act, old, adv, ret = batch
+        logp = torch.log_softmax(forward(pi, obs), -1).gather(2, act).squeeze(2)
+        ratio = torch.exp(logp - old)
+        loss = -torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv).mean(1)
+        loss = loss + vf_coef * ((forward(vf, obs).squeeze(2) - ret) ** 2).mean(1)
+        opt.zero_grad(set_to_none=True)
+        loss.sum().backward()
+        norms = torch.stack([p.grad.pow(2).flatten(1).sum(1) for p in params]).sum(0).sqrt()
+        coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+        for p in params:
+            p.grad.mul_(coef.view(M, 1, 1))
+        opt.step()
+        return loss.detach()
+
+    return SimpleNamespace(pi=pi, vf=vf, params=params, opt=opt, batch=batch, step=step)
+
+
+def population_floor(members: int, reps: int = 500) -> float:
+    """Seconds per minibatch of :func:`population_problem`'s step for ``members`` members, on one
+    torch thread in this process: what one worker of a population pays per minibatch for its slice
+    of the members, before collecting a step (the harness's own population step fuses actor and
+    critic and uses fused Adam)."""
+    import torch
+
+    torch.set_num_threads(1)
+    prob = population_problem(members)
+    for _ in range(reps // 10):  # warm-up
+        prob.step()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        prob.step()
+    return (time.perf_counter() - t0) / reps
 
 
 def startup_floor() -> float:
@@ -286,6 +360,21 @@ def main() -> None:
         rows.append(f"| population={P} / SB3 {args.workers}-worker sweep, wall time | **{ratio:.2f}** (median "
                     f"final return {med(pop['returns']):.1f} vs {med(sw['returns']):.1f}) | <= 0.20 (was 0.33), equal "
                     f"median return: {verdict(ratio <= 0.2 and med(pop['returns']) >= med(sw['returns']))} |")
+        # beside the population ratio: what one worker's slice pays for plain batched updates alone
+        workers = int(re.search(r"(\d+) worker process", pop["layout"]).group(1)) if pop["layout"] else 1
+        per_worker = -(-P // workers)
+        per_mb, n_mb = population_floor(per_worker), floor_problem(steps).n_minibatches
+        t_start = t_start if sb3 else med([startup_floor() for _ in range(3)])  # the lone section's, if it ran
+        floor = per_mb * n_mb + t_start
+        print(f"-> plain batched PPO update step, {per_worker} members: {per_mb * 1e3:.2f} ms x {n_mb} minibatches "
+              f"= {per_mb * n_mb:.1f} s, + start-up {t_start:.1f} s = {floor:.1f} s = {floor / sw['wall']:.2f} of SB3's "
+              f"sweep, {floor / tp:.2f} of our population's whole process", flush=True)
+        rows.append(f"| a plain batched PPO update step for one worker's {per_worker} members (`baddbmm` layers, "
+                    f"per-member clipping, one Adam; 1 thread) x {n_mb} minibatches, + the start-up | "
+                    f"{per_mb * n_mb:.1f} s ({per_mb * 1e3:.2f} ms each) + {t_start:.1f} s | |")
+        rows.append(f"| that / SB3's {args.workers}-worker sweep (the workers run side by side; no env step "
+                    f"collected, no evaluation); / our population's whole process | **{floor / sw['wall']:.2f}**; "
+                    f"{floor / tp:.2f} | |")
     if args.joblib:
         tj = joblib_sweep(steps, P)
         print(f"{P} lone runs as a 2-worker joblib sweep: {tj:.1f} s -> population={P} / joblib = {tp / tj:.2f}",

@@ -1,0 +1,64 @@
+"""The plain floors that benchmarks/control_speed.py reports beside its ratios compute what they say.
+
+``population_problem`` (the population's floor) is the lone plain step of ``floor_problem`` written
+batched: checked against the same step done member by member, by hand, on each member's weights.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from benchmarks.control_speed import ZOO, floor_problem, population_problem
+
+
+def _lone_step(weights, batch, opt_lr, eps):
+    """One member's plain update with torch.nn modules: clipped policy loss + 0.5 x value loss,
+    backward, clip_grad_norm_ at 0.5, Adam (the zoo's settings, as floor_problem)."""
+    zoo = dict(a.split("=", 1) for a in ZOO)
+    clip, vf_coef, max_norm = float(zoo["clip_eps"]), float(zoo["vf_coef"]), float(zoo["max_grad_norm"])
+
+    def net(layers):
+        mods = []
+        for i, (w, b) in enumerate(layers):
+            lin = nn.Linear(w.shape[0], w.shape[1]).double()
+            with torch.no_grad():
+                lin.weight.copy_(w.T)
+                lin.bias.copy_(b[0])
+            mods += [lin] + ([nn.Tanh()] if i < len(layers) - 1 else [])
+        return nn.Sequential(*mods)
+
+    pi, vf = net(weights[0]), net(weights[1])
+    params = [*pi.parameters(), *vf.parameters()]
+    opt = torch.optim.Adam(params, lr=opt_lr, eps=eps)
+    obs, act, old, adv, ret = batch
+    logp = torch.log_softmax(pi(obs), -1).gather(1, act).squeeze(1)
+    ratio = torch.exp(logp - old)
+    loss = -torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv).mean()
+    loss = loss + vf_coef * ((vf(obs).squeeze(1) - ret) ** 2).mean()
+    loss.backward()
+    nn.utils.clip_grad_norm_(params, max_norm)
+    opt.step()
+    return loss.detach(), [(lin.weight.detach().T, lin.bias.detach()) for lin in (*pi[::2], *vf[::2])]
+
+
+def test_the_population_floor_step_is_each_members_lone_plain_step():
+    # float64: the comparison is of the computation, not of float32 summation order
+    prob = population_problem(3, seed=1, dtype=torch.float64)
+    before = [[(w[m].detach().clone(), b[m].detach().clone()) for w, b in layers] for layers in (prob.pi, prob.vf)
+              for m in range(3)]
+    losses = prob.step()
+    for m in range(3):
+        weights = (before[m], before[3 + m])
+        loss, after = _lone_step(weights, tuple(t[m] for t in prob.batch), prob.opt.defaults["lr"],
+                                 prob.opt.defaults["eps"])
+        assert torch.allclose(losses[m], loss, rtol=1e-12, atol=0)
+        batched = [(w[m], b[m][0]) for w, b in (*prob.pi, *prob.vf)]
+        for (w1, b1), (w2, b2) in zip(batched, after):
+            assert torch.allclose(w1, w2, rtol=0, atol=1e-12) and torch.allclose(b1, b2, rtol=0, atol=1e-12)
+    # the members differ (independent weights and data), so the check is not of one member thrice
+    assert not torch.allclose(losses[0], losses[1])
+
+
+def test_the_floors_count_the_same_minibatches():
+    # 100k steps / (8 envs x 32 steps) = 391 iterations x 20 epochs
+    assert floor_problem(100_000).n_minibatches == 391 * 20
