@@ -162,6 +162,16 @@ def floor_problem(steps: int, fused_adam: bool = False):
                            new_batch=new_batch, n_minibatches=-(-steps // size) * epochs)
 
 
+def time_step(step: Callable[[], object], reps: int) -> float:
+    """Seconds per call of ``step`` over ``reps`` calls, after ``reps // 10`` warm-up calls."""
+    for _ in range(reps // 10):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        step()
+    return (time.perf_counter() - t0) / reps
+
+
 def update_floor(steps: int, reps: int = 2000) -> tuple[float, int]:
     """``(seconds per minibatch, minibatches)``: a plain hand-written PPO update step with
     :data:`ZOO`'s settings (CartPole's 4 inputs and 2 actions, the zoo's hidden sizes with tanh for
@@ -176,12 +186,7 @@ def update_floor(steps: int, reps: int = 2000) -> tuple[float, int]:
 
     torch.set_num_threads(1)  # this process only launches the others: its own threads are this timing's
     prob = floor_problem(steps)
-    for _ in range(reps // 10):  # warm-up
-        prob.step()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        prob.step()
-    return (time.perf_counter() - t0) / reps, prob.n_minibatches
+    return time_step(prob.step, reps), prob.n_minibatches
 
 
 def population_problem(members: int, seed: int = 0, dtype=None):
@@ -248,12 +253,7 @@ def population_floor(members: int, reps: int = 500) -> float:
 
     torch.set_num_threads(1)
     prob = population_problem(members)
-    for _ in range(reps // 10):  # warm-up
-        prob.step()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        prob.step()
-    return (time.perf_counter() - t0) / reps
+    return time_step(prob.step, reps)
 
 
 def startup_floor() -> float:
