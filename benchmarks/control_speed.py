@@ -107,6 +107,18 @@ def joblib_sweep(steps: int, seeds: int) -> float:
         return time.perf_counter() - t0
 
 
+def zoo_step_settings(steps: int) -> SimpleNamespace:
+    """:data:`ZOO`'s update-step settings, read once for both floors: ``size`` (the minibatch,
+    ``num_envs x rollout_steps``), ``hidden``, ``clip``, ``vf_coef``, ``max_norm``, ``lr`` and
+    ``n_minibatches`` (``ceil(steps / size)`` iterations x ``epochs``)."""
+    zoo = dict(a.split("=", 1) for a in ZOO)
+    assert zoo["task.activation"] == "tanh" and zoo["minibatches"] == "1", "the floors time ZOO's step"
+    size = int(zoo["task.num_envs"]) * int(zoo["task.rollout_steps"])
+    return SimpleNamespace(size=size, hidden=json.loads(zoo["task.hidden"]), clip=float(zoo["clip_eps"]),
+                           vf_coef=float(zoo["vf_coef"]), max_norm=float(zoo["max_grad_norm"]), lr=float(zoo["lr"]),
+                           n_minibatches=-(-steps // size) * int(zoo["epochs"]))
+
+
 def floor_problem(steps: int, fused_adam: bool = False):
     """What :func:`update_floor` times, built once: a namespace with ``pi``, ``vf`` (the zoo's
     64-64 tanh MLPs for CartPole's 4 inputs, 2 actions and the value), ``params``, ``opt`` (Adam at
@@ -121,21 +133,19 @@ def floor_problem(steps: int, fused_adam: bool = False):
 
     from harness.train.update import ADAM_EPS
 
-    zoo = dict(a.split("=", 1) for a in ZOO)
-    assert zoo["task.activation"] == "tanh" and zoo["minibatches"] == "1", "update_floor times ZOO's step"
-    size, epochs = int(zoo["task.num_envs"]) * int(zoo["task.rollout_steps"]), int(zoo["epochs"])
-    clip, vf_coef, max_norm = float(zoo["clip_eps"]), float(zoo["vf_coef"]), float(zoo["max_grad_norm"])
+    z = zoo_step_settings(steps)
+    size, clip, vf_coef, max_norm = z.size, z.clip, z.vf_coef, z.max_norm
     torch.manual_seed(0)
 
     def mlp(out: int) -> nn.Module:
-        sizes, layers = [4, *json.loads(zoo["task.hidden"])], []
+        sizes, layers = [4, *z.hidden], []
         for a, b in zip(sizes, sizes[1:]):
             layers += [nn.Linear(a, b), nn.Tanh()]
         return nn.Sequential(*layers, nn.Linear(sizes[-1], out))
 
     pi, vf = mlp(2), mlp(1)
     params = [*pi.parameters(), *vf.parameters()]
-    opt = torch.optim.Adam(params, lr=float(zoo["lr"]), eps=ADAM_EPS, **({"fused": True} if fused_adam else {}))
+    opt = torch.optim.Adam(params, lr=z.lr, eps=ADAM_EPS, **({"fused": True} if fused_adam else {}))
 
     def new_batch(gen: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
         return (torch.randn(size, 4, generator=gen), torch.randint(0, 2, (size,), generator=gen),
@@ -159,7 +169,7 @@ def floor_problem(steps: int, fused_adam: bool = False):
         return out
 
     return SimpleNamespace(pi=pi, vf=vf, params=params, opt=opt, batch=batch, loss=loss, step=step,
-                           new_batch=new_batch, n_minibatches=-(-steps // size) * epochs)
+                           new_batch=new_batch, n_minibatches=z.n_minibatches)
 
 
 def time_step(step: Callable[[], object], reps: int) -> float:
@@ -199,15 +209,13 @@ def population_problem(members: int, seed: int = 0, dtype=None):
     ``dtype``: of the weights and data (default float32; the tests use float64)."""
     import torch
 
-    dtype = dtype or torch.float32
-
     from harness.train.update import ADAM_EPS
 
-    zoo = dict(a.split("=", 1) for a in ZOO)
-    size, clip = int(zoo["task.num_envs"]) * int(zoo["task.rollout_steps"]), float(zoo["clip_eps"])
-    vf_coef, max_norm, M = float(zoo["vf_coef"]), float(zoo["max_grad_norm"]), members
+    dtype = dtype or torch.float32
+    z = zoo_step_settings(0)
+    size, clip, vf_coef, max_norm, M = z.size, z.clip, z.vf_coef, z.max_norm, members
     gen = torch.Generator().manual_seed(seed)
-    sizes = [4, *json.loads(zoo["task.hidden"])]
+    sizes = [4, *z.hidden]
 
     def mlp(out: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [((torch.randn(M, a, b, generator=gen, dtype=dtype) / a ** 0.5).requires_grad_(),
@@ -222,7 +230,7 @@ def population_problem(members: int, seed: int = 0, dtype=None):
 
     pi, vf = mlp(2), mlp(1)
     params = [t for layer in (*pi, *vf) for t in layer]
-    opt = torch.optim.Adam(params, lr=float(zoo["lr"]), eps=ADAM_EPS)
+    opt = torch.optim.Adam(params, lr=z.lr, eps=ADAM_EPS)
     batch = (torch.randn(M, size, 4, generator=gen, dtype=dtype), torch.randint(0, 2, (M, size, 1), generator=gen),
              *(torch.randn(M, size, generator=gen, dtype=dtype) for _ in range(3)))
 
@@ -363,7 +371,7 @@ def main() -> None:
         # beside the population ratio: what one worker's slice pays for plain batched updates alone
         workers = int(re.search(r"(\d+) worker process", pop["layout"]).group(1)) if pop["layout"] else 1
         per_worker = -(-P // workers)
-        per_mb, n_mb = population_floor(per_worker), floor_problem(steps).n_minibatches
+        per_mb, n_mb = population_floor(per_worker), zoo_step_settings(steps).n_minibatches
         t_start = t_start if sb3 else med([startup_floor() for _ in range(3)])  # the lone section's, if it ran
         floor = per_mb * n_mb + t_start
         print(f"-> plain batched PPO update step, {per_worker} members: {per_mb * 1e3:.2f} ms x {n_mb} minibatches "
