@@ -6,6 +6,7 @@ task. No test asserts what an experiment concludes: verdicts are outputs."""
 import json
 import math
 import os
+import sys
 
 import numpy as np
 import pandas as pd
@@ -921,6 +922,23 @@ def test_isolated_points_give_the_in_process_results(tmp_path, monkeypatch):
     exp_lines = [ln for ln in lines_own if "claim_c18" in ln]
     assert exp_lines[0] == "[claims] experiment claim_c18: 1 config(s), each in its own process"
     assert "2 completed" in exp_lines[1] and "2 completed" in [ln for ln in lines_shared if "claim_c18" in ln][1]
+
+
+def _what_the_point_sees(cfg):
+    import importlib.util
+    return {"parent_mark": int(getattr(sys, "_pg_harness_parent_mark", 0)),
+            "preloaded": sum(m in sys.modules for m in XR._SERVER_PRELOAD),
+            "importable": sum(importlib.util.find_spec(m) is not None for m in XR._SERVER_PRELOAD)}
+
+
+def test_an_isolated_point_starts_from_the_servers_imports_not_from_this_process(monkeypatch):
+    # what this process holds (here a mark; in a claims run, earlier points' memory) never reaches
+    # the point (a plain fork would carry it), and the point starts with the server's imports
+    # loaded (a spawned process would not have them)
+    monkeypatch.setattr(sys, "_pg_harness_parent_mark", 1, raising=False)
+    seen = XR.run_isolated(None, target=_what_the_point_sees)
+    assert seen["parent_mark"] == 0
+    assert seen["preloaded"] == seen["importable"] >= 3
 
 
 def _die(cfg):
