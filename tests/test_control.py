@@ -450,3 +450,65 @@ def test_lone_grad_clipping_gives_the_bits_of_blockwise_clipping(per_network):
     assert torch.equal(norms, want.view(2, 1))
     for p, gr in zip(params, grads):
         assert torch.equal(p.grad, gr)
+
+
+class _LinearGreedy:
+    """A population of fixed greedy policies, one weight row per member: Discrete: the last
+    category where ``obs @ w > 0``, else the first; Box: ``scale * obs @ w`` (members with a large scale ask for actions out of
+    bounds, one member's are NaN: :meth:`EnvInfo.to_space`'s clipping and zeroing are exercised)."""
+
+    def __init__(self, weights: torch.Tensor, info, scale: torch.Tensor | None = None):
+        self.w, self.discrete, self.categories, self.scale = weights, info.discrete, info.act_dim, scale
+        self.population = weights.shape[0]
+
+    def dist_params(self, obs):  # [P, E, D] -> [P, E, 1]
+        return torch.einsum("ped,pd->pe", obs.double(), self.w).unsqueeze(-1)
+
+    def greedy(self, params):
+        if self.discrete:  # the first or the last category (Acrobot: torque -1 or +1)
+            return (params[..., 0] > 0).long() * (self.categories - 1)
+        a = params * self.scale.view(-1, 1, 1)
+        a[-1] = float("nan")
+        return a.float()
+
+    def env_actions(self, actions):
+        return actions
+
+
+def _vector_env_evaluation(agent, env_id, episodes, max_steps, info, seeds):
+    """Evaluation as it ran before :class:`EpisodeEnvs`: every member's episodes as the sub-envs
+    of one SyncVectorEnv (MemberEnvs), every sub-env stepped (autoreset) until all have ended."""
+    envs = MemberEnvs(env_id, agent.population, episodes, max_steps, info, native=False)
+    obs = torch.from_numpy(envs.reset([[s + i for i in range(episodes)] for s in seeds]))
+    alive = torch.ones(agent.population, episodes, dtype=torch.bool)
+    total, steps = torch.zeros(agent.population, episodes), torch.zeros(agent.population, episodes)
+    while alive.any():
+        actions = agent.greedy(agent.dist_params(obs))
+        if not info.discrete:
+            actions = torch.nan_to_num(actions)
+        o, r, te, tr, _ = envs.step(actions)
+        total += torch.from_numpy(r) * alive
+        steps += alive
+        alive &= ~torch.from_numpy(te | tr)
+        obs = torch.from_numpy(o)
+    envs.close()
+    return total.mean(dim=1).tolist(), steps
+
+
+# (env, time limit, the observation the policies mostly follow: Acrobot: the second joint's velocity pumps
+# energy, MountainCar's velocity pushes it up; CartPole: none, random weights)
+@pytest.mark.parametrize("env_id, max_steps, follow", [("CartPole-v1", 200, None), ("Acrobot-v1", 300, 5),
+                                                        ("MountainCarContinuous-v0", 300, 1)])
+def test_evaluation_gives_the_vector_env_returns_stepping_only_running_episodes(env_id, max_steps, follow):
+    from harness.tasks.control import env_info, evaluate
+
+    info = env_info(env_id)
+    gen = torch.Generator().manual_seed(3)
+    weights = torch.randn(4, info.obs_dim, generator=gen, dtype=torch.float64)
+    if follow is not None:
+        weights = 0.1 * weights + torch.nn.functional.one_hot(torch.tensor(follow), info.obs_dim)
+    agent = _LinearGreedy(weights, info, scale=torch.tensor([0.5, 3.0, 40.0, 1.0]))
+    seeds = [11, 50, 90, 130]
+    expected, steps = _vector_env_evaluation(agent, env_id, 5, max_steps, info, seeds)
+    assert len(set(steps.flatten().tolist())) > 1  # episodes end at different times: ended ones sit out
+    assert evaluate(agent, env_id, 5, max_steps, info, seeds) == expected  # exactly: the same episodes

@@ -265,6 +265,13 @@ def make_member_env(env_id: str, num_envs: int, max_episode_steps: int | None, n
     return env, found
 
 
+def make_env(env_id: str, max_episode_steps: int | None) -> gym.Env:
+    """One env of ``env_id`` (``gym.make``, with ``max_episode_steps`` as its time limit when given):
+    a sub-env of :func:`make_vector_env`'s ``SyncVectorEnv`` and each of :class:`EpisodeEnvs`'."""
+    kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+    return gym.make(registered_id(env_id), **kwargs)
+
+
 def make_vector_env(env_id: str, num_envs: int, max_episode_steps: int | None,
                     native: bool = True) -> gym.vector.VectorEnv:
     """gymnasium's native vector env where it has one (one seed for all sub-envs), else
@@ -274,7 +281,7 @@ def make_vector_env(env_id: str, num_envs: int, max_episode_steps: int | None,
     if native and gym.spec(env_id).vector_entry_point is not None:
         env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
     else:
-        env = SyncVectorEnv([lambda: gym.make(env_id, **kwargs) for _ in range(num_envs)],
+        env = SyncVectorEnv([lambda: make_env(env_id, max_episode_steps) for _ in range(num_envs)],
                             autoreset_mode=AutoresetMode.NEXT_STEP)
     mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     if mode != AutoresetMode.NEXT_STEP:  # the collection below relies on it
@@ -548,6 +555,51 @@ class EpisodeCollector:
         self.envs.close()
 
 
+class EpisodeEnvs:
+    """Evaluation's envs when observations are not normalised: one gymnasium env
+    (:func:`make_env`) per member and episode, ``[P][E]``, stepped only while its episode runs.
+    Each env is reset with its own seed and given the same actions as a sub-env of
+    :class:`MemberEnvs`' ``SyncVectorEnv`` would be (its row of :meth:`EnvInfo.to_space`'s array), so
+    every episode is the same; what is left out is the vector env's bookkeeping and the steps (and
+    autoresets) of episodes that have ended while others run on. :meth:`step` returns, for an ended
+    episode, its last observation again, reward 0 and neither terminated nor truncated."""
+
+    def __init__(self, env_id: str, population: int, episodes: int, max_episode_steps: int | None, info: EnvInfo):
+        self.info = info
+        self.envs = [[make_env(env_id, max_episode_steps) for _ in range(episodes)] for _ in range(population)]
+        self.running = np.ones((population, episodes), dtype=bool)
+        self.obs: np.ndarray | None = None
+
+    def _obs(self, env: gym.Env, o) -> np.ndarray:  # as SyncVectorEnv stores it (its space's dtype)
+        return np.asarray(o, dtype=env.observation_space.dtype)
+
+    def reset(self, seeds: list[list[int]]) -> np.ndarray:
+        self.obs = np.stack([[self._obs(env, env.reset(seed=s)[0]) for env, s in zip(row, ss)]
+                             for row, ss in zip(self.envs, seeds)]).astype(np.float32)
+        self.running[:] = True
+        return self.obs
+
+    def step(self, actions: torch.Tensor):
+        """``(obs, reward, terminated, truncated, env_reward)`` as :meth:`MemberEnvs.step`, for the running episodes."""
+        a = self.info.to_space(actions.numpy())
+        rew = np.zeros(self.running.shape, dtype=np.float32)
+        term, trunc = np.zeros_like(self.running), np.zeros_like(self.running)
+        obs = self.obs.copy()
+        for p, (row, acts) in enumerate(zip(self.envs, a)):
+            for i, (env, act) in enumerate(zip(row, acts)):
+                if self.running[p, i]:
+                    o, r, term[p, i], trunc[p, i], _ = env.step(act)
+                    obs[p, i], rew[p, i] = self._obs(env, o), np.float64(r)
+        self.running &= ~(term | trunc)
+        self.obs = obs
+        return obs, rew, term, trunc, rew
+
+    def close(self) -> None:
+        for row in self.envs:
+            for env in row:
+                env.close()
+
+
 @torch.no_grad()
 def evaluate(agent, env_id: str, episodes: int, max_episode_steps: int | None, info: EnvInfo,
              seeds: list[int], active: torch.Tensor | None = None, train_envs: MemberEnvs | None = None) -> list[float]:
@@ -555,10 +607,11 @@ def evaluate(agent, env_id: str, episodes: int, max_episode_steps: int | None, i
     (not budgeted). With normalised observations (``train_envs.norm``), each member's are
     normalised with a frozen copy of its training statistics."""
     norm = None if train_envs is None or train_envs.norm is None else replace(train_envs.norm, reward=False)
-    envs = MemberEnvs(env_id, agent.population, episodes, max_episode_steps, info, native=False,
-                      norm=norm if norm is not None and norm.obs else None)
-    if envs.norm is not None:
+    if norm is not None and norm.obs:  # gymnasium's vector wrappers, with the training statistics frozen
+        envs = MemberEnvs(env_id, agent.population, episodes, max_episode_steps, info, native=False, norm=norm)
         envs.freeze_observation_statistics(train_envs)
+    else:
+        envs = EpisodeEnvs(env_id, agent.population, episodes, max_episode_steps, info)
     try:
         obs = torch.from_numpy(envs.reset([[s + i for i in range(episodes)] for s in seeds]))
         alive = torch.ones(agent.population, episodes, dtype=torch.bool)
