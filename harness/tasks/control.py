@@ -604,8 +604,10 @@ class EpisodeEnvs:
 def evaluate(agent, env_id: str, episodes: int, max_episode_steps: int | None, info: EnvInfo,
              seeds: list[int], active: torch.Tensor | None = None, train_envs: MemberEnvs | None = None) -> list[float]:
     """Mean undiscounted return (the env's own rewards) of ``episodes`` greedy episodes per member
-    (not budgeted). With normalised observations (``train_envs.norm``), each member's are
-    normalised with a frozen copy of its training statistics."""
+    (not budgeted), episode ``i`` of member ``p`` reset with seed ``seeds[p] + i``. With normalised
+    observations (``train_envs.norm``), each member's are normalised with a frozen copy of its
+    training statistics (gymnasium's vector wrappers on a :class:`MemberEnvs`); without, the
+    episodes run on :class:`EpisodeEnvs`, which steps only those still running (the same returns)."""
     norm = None if train_envs is None or train_envs.norm is None else replace(train_envs.norm, reward=False)
     if norm is not None and norm.obs:  # gymnasium's vector wrappers, with the training statistics frozen
         envs = MemberEnvs(env_id, agent.population, episodes, max_episode_steps, info, native=False, norm=norm)
