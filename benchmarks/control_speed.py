@@ -119,7 +119,7 @@ def zoo_step_settings(steps: int) -> SimpleNamespace:
                            n_minibatches=-(-steps // size) * int(zoo["epochs"]))
 
 
-def floor_problem(steps: int, fused_adam: bool = False):
+def floor_problem(steps: int, fused_adam: bool = False, activation: Callable | None = None):
     """What :func:`update_floor` times, built once: a namespace with ``pi``, ``vf`` (the zoo's
     64-64 tanh MLPs for CartPole's 4 inputs, 2 actions and the value), ``params``, ``opt`` (Adam at
     ``lr`` with the harness's eps; ``fused_adam``: ``fused=True``), ``batch`` (one minibatch of
@@ -127,7 +127,8 @@ def floor_problem(steps: int, fused_adam: bool = False):
     (clipped policy loss + ``vf_coef`` x value loss), ``step(loss_fn=loss, batch=batch)`` (zero the
     gradients, ``loss_fn``, backward, clipping at ``max_grad_norm``, Adam; returns the loss),
     ``n_minibatches`` (``ceil(steps / batch)`` iterations x ``epochs``) and ``new_batch(gen)``.
-    :data:`ZOO`'s settings; weights from ``torch.manual_seed(0)``, so two problems start equal."""
+    :data:`ZOO`'s settings; weights from ``torch.manual_seed(0)``, so two problems start equal.
+    ``activation``: a module class in place of ``nn.Tanh`` (``benchmarks/tanh_floor.py``)."""
     import torch
     from torch import nn
 
@@ -140,7 +141,7 @@ def floor_problem(steps: int, fused_adam: bool = False):
     def mlp(out: int) -> nn.Module:
         sizes, layers = [4, *z.hidden], []
         for a, b in zip(sizes, sizes[1:]):
-            layers += [nn.Linear(a, b), nn.Tanh()]
+            layers += [nn.Linear(a, b), (activation or nn.Tanh)()]
         return nn.Sequential(*layers, nn.Linear(sizes[-1], out))
 
     pi, vf = mlp(2), mlp(1)
@@ -199,14 +200,15 @@ def update_floor(steps: int, reps: int = 2000) -> tuple[float, int]:
     return time_step(prob.step, reps), prob.n_minibatches
 
 
-def population_problem(members: int, seed: int = 0, dtype=None):
+def population_problem(members: int, seed: int = 0, dtype=None, tanh: Callable | None = None):
     """:func:`floor_problem`'s plain PPO update step for ``members`` independent members at once,
     written the plain batched way: each layer one ``baddbmm`` on ``[members, ...]`` weights (actor and
     critic apart), the members' losses summed (each member's gradient is its own), gradient clipping
     per member, one Adam over the stacked weights. A namespace with ``pi``, ``vf`` (lists of
     ``(weight [M, in, out], bias [M, 1, out])``), ``params``, ``opt``, ``batch`` (``(obs, act, old,
     adv, ret)``, each ``[M, ...]``, seeded) and ``step()`` (returns each member's loss, ``[M]``);
-    ``dtype``: of the weights and data (default float32; the tests use float64)."""
+    ``dtype``: of the weights and data (default float32; the tests use float64); ``tanh``: a function
+    in place of ``torch.tanh`` (``benchmarks/tanh_floor.py``)."""
     import torch
 
     from harness.train.update import ADAM_EPS
@@ -225,7 +227,7 @@ def population_problem(members: int, seed: int = 0, dtype=None):
     def forward(layers, x):
         for i, (w, b) in enumerate(layers):
             x = torch.baddbmm(b, x, w)
-            x = torch.tanh(x) if i < len(layers) - 1 else x
+            x = (tanh or torch.tanh)(x) if i < len(layers) - 1 else x
         return x
 
     pi, vf = mlp(2), mlp(1)
