@@ -86,11 +86,12 @@ def main() -> None:
     rel = max(abs(a - b) / abs(a) for a, b in zip(losses["torch"], losses["numpy"]))
     rows = ["| what (one torch thread, float32) | torch's tanh, ms | numpy's tanh, ms | numpy / torch |",
             "| --- | --- | --- | --- |"]
-    for what in [*(f" {k}" for k in shapes), "lone step", "population step (8 members)"]:
-        if what.startswith(" "):
-            a, b, label = med[f"torch.tanh{what}"], med[f"np.tanh{what}"], f"tanh of{what}"
-        else:
-            a, b, label = med[f"{what}, torch tanh"], med[f"{what}, numpy tanh"], f"the plain {what} (floor)"
+    # (the row's label, the timing with torch's tanh, the same with numpy's)
+    pairs = [*((f"tanh of {k}", f"torch.tanh {k}", f"np.tanh {k}") for k in shapes),
+             *((f"the plain {w} (floor)", f"{w}, torch tanh", f"{w}, numpy tanh")
+               for w in ("lone step", "population step (8 members)"))]
+    for label, torch_key, numpy_key in pairs:
+        a, b = med[torch_key], med[numpy_key]
         rows.append(f"| {label} | {a * 1e3:.3f} | {b * 1e3:.3f} | **{b / a:.2f}** |")
     text = "\n".join(rows) + (
         f"\n\nMedians of {args.rounds} interleaved rounds. Largest |torch.tanh - np.tanh| on these inputs: {diff:.2e}; "
