@@ -183,7 +183,22 @@ def time_step(step: Callable[[], object], reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def update_floor(steps: int, reps: int = 2000) -> tuple[float, int]:
+def harness_tanh() -> type:
+    """The harness's control tanh (:func:`harness.models.mlp.tanh`: numpy's on CPU) as a module
+    class, for :func:`floor_problem`'s ``activation``: the floors the harness is held to use the
+    same kernel it does (``benchmarks/tanh_floor.py`` compares it with ``nn.Tanh``)."""
+    from torch import nn
+
+    from harness.models.mlp import tanh
+
+    class HarnessTanh(nn.Module):
+        def forward(self, x):
+            return tanh(x)
+
+    return HarnessTanh
+
+
+def update_floor(steps: int, reps: int = 2000, activation: Callable | None = None) -> tuple[float, int]:
     """``(seconds per minibatch, minibatches)``: a plain hand-written PPO update step with
     :data:`ZOO`'s settings (CartPole's 4 inputs and 2 actions, the zoo's hidden sizes with tanh for
     actor and critic, one minibatch of ``num_envs x rollout_steps`` samples: clipped policy loss,
@@ -192,11 +207,12 @@ def update_floor(steps: int, reps: int = 2000) -> tuple[float, int]:
     many of them ``steps`` env steps make (``ceil(steps / batch)`` iterations x ``epochs``). What
     any eager-PyTorch PPO pays for its updates on this CPU written the plain way (the harness's own
     step is below it: one fused actor-critic pass, fused Adam), before collecting a step.
-    ``benchmarks/compile_floor.py`` times the same step under ``torch.compile``."""
+    ``benchmarks/compile_floor.py`` times the same step under ``torch.compile``. ``activation``: as
+    :func:`floor_problem`'s (``main`` passes :func:`harness_tanh`)."""
     import torch
 
     torch.set_num_threads(1)  # this process only launches the others: its own threads are this timing's
-    prob = floor_problem(steps)
+    prob = floor_problem(steps, activation=activation)
     return time_step(prob.step, reps), prob.n_minibatches
 
 
@@ -254,15 +270,16 @@ def population_problem(members: int, seed: int = 0, dtype=None, tanh: Callable |
     return SimpleNamespace(pi=pi, vf=vf, params=params, opt=opt, batch=batch, step=step)
 
 
-def population_floor(members: int, reps: int = 500) -> float:
+def population_floor(members: int, reps: int = 500, tanh: Callable | None = None) -> float:
     """Seconds per minibatch of :func:`population_problem`'s step for ``members`` members, on one
     torch thread in this process: what one worker of a population pays per minibatch for its slice
     of the members, before collecting a step (the harness's own population step fuses actor and
-    critic and uses fused Adam)."""
+    critic and uses fused Adam). ``tanh``: as :func:`population_problem`'s (``main`` passes the
+    harness's, :func:`harness.models.mlp.tanh`)."""
     import torch
 
     torch.set_num_threads(1)
-    prob = population_problem(members)
+    prob = population_problem(members, tanh=tanh)
     return time_step(prob.step, reps)
 
 
@@ -327,14 +344,14 @@ def main() -> None:
         rows.append(f"| lone run: ours / SB3 wall time, whole process (in-run) | **{ratio:.2f}** ({t1_run / ts_run:.2f}) "
                     f"| <= 0.50: {verdict(ratio <= 0.5)} |")
         # beside the lone ratio: what a plain eager-PyTorch PPO process pays before it collects a step
-        per_mb, n_mb = update_floor(steps)
+        per_mb, n_mb = update_floor(steps, activation=harness_tanh())
         t_start = med([startup_floor() for _ in range(3)])
         floor = per_mb * n_mb + t_start
         print(f"-> plain PPO update step {per_mb * 1e3:.2f} ms x {n_mb} minibatches = {per_mb * n_mb:.1f} s, "
               f"+ start-up (python, import torch, first Adam) {t_start:.1f} s = {floor:.1f} s = {floor / ts:.2f} of "
               f"SB3's whole process, before collecting a step", flush=True)
         rows.append(f"| a plain hand-written PPO update step (same networks, batch, loss terms, clipping, Adam; "
-                    f"1 thread) x {n_mb} minibatches | {per_mb * n_mb:.1f} s ({per_mb * 1e3:.2f} ms each) | |")
+                    f"the harness's tanh, numpy's; 1 thread) x {n_mb} minibatches | {per_mb * n_mb:.1f} s ({per_mb * 1e3:.2f} ms each) | |")
         rows.append(f"| a whole process that only imports torch and makes one Adam (median of 3) | {t_start:.1f} s | |")
         rows.append(f"| the two above / SB3's whole process (no env step collected, no evaluation) | **{floor / ts:.2f}** | |")
 
@@ -373,14 +390,16 @@ def main() -> None:
         # beside the population ratio: what one worker's slice pays for plain batched updates alone
         workers = int(re.search(r"(\d+) worker process", pop["layout"]).group(1)) if pop["layout"] else 1
         per_worker = -(-P // workers)
-        per_mb, n_mb = population_floor(per_worker), zoo_step_settings(steps).n_minibatches
+        from harness.models.mlp import tanh
+
+        per_mb, n_mb = population_floor(per_worker, tanh=tanh), zoo_step_settings(steps).n_minibatches
         t_start = t_start if sb3 else med([startup_floor() for _ in range(3)])  # the lone section's, if it ran
         floor = per_mb * n_mb + t_start
         print(f"-> plain batched PPO update step, {per_worker} members: {per_mb * 1e3:.2f} ms x {n_mb} minibatches "
               f"= {per_mb * n_mb:.1f} s, + start-up {t_start:.1f} s = {floor:.1f} s = {floor / sw['wall']:.2f} of SB3's "
               f"sweep, {floor / tp:.2f} of our population's whole process", flush=True)
         rows.append(f"| a plain batched PPO update step for one worker's {per_worker} members (`baddbmm` layers, "
-                    f"per-member clipping, one Adam; 1 thread) x {n_mb} minibatches, + the start-up | "
+                    f"the harness's tanh, per-member clipping, one Adam; 1 thread) x {n_mb} minibatches, + the start-up | "
                     f"{per_mb * n_mb:.1f} s ({per_mb * 1e3:.2f} ms each) + {t_start:.1f} s | |")
         rows.append(f"| that / SB3's {args.workers}-worker sweep (the workers run side by side; no env step "
                     f"collected, no evaluation); / our population's whole process | **{floor / sw['wall']:.2f}**; "

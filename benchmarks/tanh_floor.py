@@ -9,12 +9,14 @@ kernel, not eager PyTorch's dispatch. Each round times, one torch thread, interl
 1. ``torch.tanh`` and ``np.tanh`` on the lone forward's ``[256, 64]`` and one worker's
    population forward's ``[8, 256, 64]`` (float32), and their largest difference;
 2. the lone plain step (``floor_problem``, as ``update_floor`` times it) with ``nn.Tanh`` and with
-   :class:`NumpyTanh` (forward ``np.tanh``, backward torch's own ``tanh_backward`` of that output);
+   :class:`NumpyTanh` (the harness's :func:`harness.models.mlp.tanh`: forward ``np.tanh``,
+   backward torch's own ``tanh_backward`` of that output);
 3. the population step for 8 members (``population_problem``, as ``population_floor``) the same two ways.
 
 It prints medians over rounds and the ratios numpy / torch, and the first 5 losses of the lone
-step both ways (a different tanh moves them in float32's last digits, not more). Nothing in the
-harness uses numpy's tanh: this measures what such a change could take off the floors.
+step both ways (a different tanh moves them in float32's last digits, not more). The harness's
+control networks use numpy's tanh since this measurement (:func:`harness.models.mlp.tanh`), so the
+numpy column is the floor they are held to.
 
 Usage: python benchmarks/tanh_floor.py [--rounds 3] [--docs]
 """
@@ -25,38 +27,16 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
-from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._docs import write_block  # noqa: E402
-from benchmarks.control_speed import floor_problem, population_problem, time_step  # noqa: E402
+from benchmarks.control_speed import floor_problem, harness_tanh, population_problem, time_step  # noqa: E402
+from harness.models.mlp import tanh as numpy_tanh  # noqa: E402  (np.tanh on CPU tensors)
 
-
-class _NumpyTanhFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        y = torch.from_numpy(np.tanh(x.detach().contiguous().numpy()))
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (y,) = ctx.saved_tensors
-        return torch.ops.aten.tanh_backward(grad, y)  # what torch.tanh's backward computes from its output
-
-
-def numpy_tanh(x: torch.Tensor) -> torch.Tensor:
-    """``tanh`` by ``np.tanh`` (CPU tensors), differentiable like ``torch.tanh``."""
-    return _NumpyTanhFn.apply(x)
-
-
-class NumpyTanh(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return numpy_tanh(x)
+NumpyTanh = harness_tanh()
 
 
 def main() -> None:

@@ -62,21 +62,3 @@ def test_the_population_floor_step_is_each_members_lone_plain_step():
 def test_the_floors_count_the_same_minibatches():
     # 100k steps / (8 envs x 32 steps) = 391 iterations x 20 epochs
     assert floor_problem(100_000).n_minibatches == 391 * 20
-
-
-def test_numpy_tanh_is_tanh_and_its_gradient_is_one_minus_the_square():
-    """benchmarks/tanh_floor.py's numpy tanh: values as torch.tanh's to a float32 ulp near 1, and
-    the gradient of sum(w * tanh(x)) is w * (1 - tanh(x)^2) (worked out in float64 from math.tanh)."""
-    import math
-
-    from benchmarks.tanh_floor import numpy_tanh
-
-    x = (torch.linspace(-6, 6, 241, dtype=torch.float64) + 0.013).float().requires_grad_()
-    w = torch.linspace(-1, 2, 241)
-    y = numpy_tanh(x)
-    exact = torch.tensor([math.tanh(v) for v in x.detach().double().tolist()], dtype=torch.float64)
-    assert (y.double() - exact).abs().max() <= 2 ** -24 * 1.5
-    assert (y - torch.tanh(x)).abs().max() <= 2 ** -23
-    (g,) = torch.autograd.grad((w * y).sum(), x)
-    expected = w.double() * (1 - y.detach().double() ** 2)
-    assert torch.allclose(g.double(), expected, rtol=1e-6, atol=1e-7)

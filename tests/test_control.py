@@ -3,6 +3,7 @@ truncation handled by hand-worked values, identical group starts, resume, popula
 import json
 import logging
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -512,3 +513,50 @@ def test_evaluation_gives_the_vector_env_returns_stepping_only_running_episodes(
     expected, steps = _vector_env_evaluation(agent, env_id, 5, max_steps, info, seeds)
     assert len(set(steps.flatten().tolist())) > 1  # episodes end at different times: ended ones sit out
     assert evaluate(agent, env_id, 5, max_steps, info, seeds) == expected  # exactly: the same episodes
+
+
+def test_numpy_tanh_is_tanh_and_its_gradient_is_one_minus_the_square():
+    """The control networks' tanh (numpy's on CPU): values as torch.tanh's to a float32 ulp near 1,
+    and the gradient of sum(w * tanh(x)) is w * (1 - tanh(x)^2) (worked out in float64 from
+    math.tanh); without autograd (no_grad, or an input that needs no gradient) the same values,
+    also for a strided view."""
+    import math
+
+    from harness.models.mlp import tanh as numpy_tanh
+
+    x = (torch.linspace(-6, 6, 241, dtype=torch.float64) + 0.013).float().requires_grad_()
+    w = torch.linspace(-1, 2, 241)
+    y = numpy_tanh(x)
+    assert torch.equal(y, torch.from_numpy(np.tanh(x.detach().numpy())))  # numpy's, bit for bit
+    exact = torch.tensor([math.tanh(v) for v in x.detach().double().tolist()], dtype=torch.float64)
+    assert (y.double() - exact).abs().max() <= 2 ** -24 * 1.5
+    assert (y - torch.tanh(x)).abs().max() <= 2 ** -23
+    (g,) = torch.autograd.grad((w * y).sum(), x)
+    expected = w.double() * (1 - y.detach().double() ** 2)
+    assert torch.allclose(g.double(), expected, rtol=1e-6, atol=1e-7)
+    with torch.no_grad():
+        assert torch.equal(numpy_tanh(x), y.detach())
+    assert torch.equal(numpy_tanh(x.detach()[::2]), y.detach()[::2])
+
+
+@pytest.mark.parametrize("estimator", ["ppo_gae", "a2c", "reinforce"])
+def test_numpy_tanh_moves_an_update_only_in_float32s_last_digits(estimator, tmp_path, monkeypatch):
+    """The control networks' tanh is numpy's (speed: benchmarks/tanh_floor.py), torch.tanh before.
+    The tolerance and its reason: the two differ by at most a float32 ulp per element, so one
+    rollout and update with each, from the same seed, sample the same actions and end with the
+    same losses and weights to 1e-5 relative (float32 round-off through two 64-unit layers, a
+    loss and Adam); not bitwise, which the last line checks the swap made."""
+    from harness.models import mlp
+
+    common = ["task=cartpole", f"estimator={estimator}", *TINY, "task.hidden=[64,64]",
+              "budget.iterations=1", "eval_every=0", "seed=5"]
+    s_np, ro_np, src_np = one_update(make_cfg(common + [f"results_dir={tmp_path}/numpy"]))
+    monkeypatch.setitem(mlp.ACTIVATIONS, "tanh", torch.tanh)
+    s_t, ro_t, src_t = one_update(make_cfg(common + [f"results_dir={tmp_path}/torch"]))
+    assert torch.equal(ro_np.actions, ro_t.actions) and torch.equal(ro_np.rewards, ro_t.rewards)
+    for key in ("policy_loss", "loss", "grad_norm", "entropy"):
+        assert float(s_np[key][0]) == pytest.approx(float(s_t[key][0]), rel=1e-5, abs=1e-7), key
+    pairs = list(zip(src_np.agent.parameters(), src_t.agent.parameters()))
+    for a, b in pairs:
+        torch.testing.assert_close(a.data, b.data, rtol=1e-5, atol=1e-7)
+    assert not all(torch.equal(a.data, b.data) for a, b in pairs)

@@ -9,10 +9,42 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
-ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
+
+class _NumpyTanh(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        y = torch.from_numpy(np.tanh(x.detach().numpy()))
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)  # grad * (1 - y^2), torch.tanh's own backward
+
+
+def tanh(x: torch.Tensor) -> torch.Tensor:
+    """``tanh`` of a CPU tensor by numpy's SIMD ``np.tanh``; other devices: ``torch.tanh``.
+
+    Why: torch 2.13's CPU float32 ``tanh`` is 5-11x slower than numpy's on the hidden layers'
+    shapes (``benchmarks/tanh_floor.py``; about a quarter of a population update). The two agree
+    to a float32 ulp (5.96e-08 there), so runs differ from ``torch.tanh`` ones in the last digits,
+    not in what they learn. numpy computes each element alone (no reductions), so a member's
+    values do not depend on how many rows are stacked with it: member == lone run still holds
+    exactly. The gradient is torch's own ``tanh_backward`` of the output, ``g (1 - y^2)``, as
+    ``torch.tanh``'s autograd computes it."""
+    if x.device.type != "cpu":
+        return torch.tanh(x)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _NumpyTanh.apply(x)
+    return torch.from_numpy(np.tanh(x.detach().numpy()))
+
+
+ACTIVATIONS = {"tanh": tanh, "relu": torch.relu}
 
 
 class PopulationMLP(nn.Module):
