@@ -14,10 +14,14 @@ import torch
 from torch import nn
 
 
+def _np_tanh(x: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.tanh(x.detach().numpy()))
+
+
 class _NumpyTanh(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        y = torch.from_numpy(np.tanh(x.detach().numpy()))
+        y = _np_tanh(x)
         ctx.save_for_backward(y)
         return y
 
@@ -41,7 +45,7 @@ def tanh(x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x)
     if torch.is_grad_enabled() and x.requires_grad:
         return _NumpyTanh.apply(x)
-    return torch.from_numpy(np.tanh(x.detach().numpy()))
+    return _np_tanh(x)
 
 
 ACTIVATIONS = {"tanh": tanh, "relu": torch.relu}
