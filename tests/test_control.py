@@ -515,6 +515,47 @@ def test_evaluation_gives_the_vector_env_returns_stepping_only_running_episodes(
     assert evaluate(agent, env_id, 5, max_steps, info, seeds) == expected  # exactly: the same episodes
 
 
+@pytest.mark.parametrize("population", [1, 3])
+def test_stacked_cartpole_is_each_members_own_vector_env(population):
+    """MemberEnvs steps CartPole's native vector env once for all members (``_MemberDraws`` gives
+    each member its own reset draws): every observation, reward, termination and truncation must be
+    what each member's own gymnasium ``CartPoleVectorEnv``, seeded alike, returns, bit for bit, over
+    terminations, 25-step truncations and envs ending at once; and a replay from the seeds and the
+    logged actions must land on the same state."""
+    import gymnasium as gym
+
+    P, N, steps = population, 4, 600
+    info = env_info("CartPole-v1")
+    envs = MemberEnvs("CartPole-v1", P, N, 25, info, native=True)
+    assert envs.stacked is not None  # the stacked path is the one under test
+    own = [gym.make_vec("CartPole-v1", num_envs=N, vectorization_mode="vector_entry_point", max_episode_steps=25)
+           for _ in range(P)]
+    seeds = [11 + 7 * p for p in range(P)]
+    obs = envs.reset(seeds)
+    ref = np.stack([e.reset(seed=s)[0] for e, s in zip(own, seeds)])
+    assert obs.dtype == np.float32 and np.array_equal(obs, ref)
+    rng = np.random.default_rng(0)
+    envs.action_log, ends, at_once, all_at_once = [], 0, 0, 0
+    for t in range(steps):
+        # balance most of the time (episodes reach the time limit), act at random otherwise
+        a = (ref[..., 2] + 0.5 * ref[..., 3] > 0).astype(np.int64)
+        a = np.where(rng.random((P, N)) < (0.05 if t < 300 else 0.5), 1 - a, a)
+        got = envs.step(torch.from_numpy(a))
+        outs = [e.step(x) for e, x in zip(own, a)]
+        ref = np.stack([o[0] for o in outs])
+        for i, name in enumerate(["obs", "reward", "terminated", "truncated"]):
+            assert np.array_equal(got[i], np.stack([o[i] for o in outs])), (t, name)
+        assert np.array_equal(got[4], got[1])  # no reward scaling: training sees the env's reward
+        done = np.stack([o[2] | o[3] for o in outs])
+        ends += int(done.sum())
+        at_once += int(done.all(axis=1).any())
+        all_at_once += int(done.all())
+    # resets of some envs, of a whole member, and of every env at once (the draw of all P * N) happened
+    assert ends > 10 * P * N and at_once > 0 and all_at_once > 0
+    last = envs.replay(seeds, np.concatenate(envs.action_log))
+    assert np.array_equal(last, ref)
+
+
 def test_numpy_tanh_is_tanh_and_its_gradient_is_one_minus_the_square():
     """The control networks' tanh (numpy's on CPU): values as torch.tanh's to a float32 ulp near 1,
     and the gradient of sum(w * tanh(x)) is w * (1 - tanh(x)^2) (worked out in float64 from

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from ..config import bad_field, is_finite
@@ -293,9 +294,42 @@ def seeds_from(gen: torch.Generator, n: int) -> list[int]:
     return torch.randint(0, 2**31 - 1, (n,), generator=gen).tolist()
 
 
+class _MemberDraws:
+    """The ``np_random`` of one gymnasium ``CartPoleVectorEnv`` that steps every member's ``N``
+    envs side by side (``P * N`` envs, member-major), so that each member draws what its own
+    ``N``-env vector env would.
+
+    ``CartPoleVectorEnv`` draws its start states as ``np_random.uniform(low, high, size=(4, k))``
+    for the ``k`` envs it resets, in env order: all of them in ``reset``, and in ``step`` those its
+    last step ended (``prev_done``). Here each member's share of the ``k`` comes from the member's
+    own generator, seeded as gymnasium seeds a member's env (``seeding.np_random(seed)``), drawn
+    with the same call, and the shares are joined in member order: the columns of the envs reset.
+    The physics is gymnasium's own step, elementwise, so a member's trajectory is its lone env's bit
+    for bit (``tests/test_control.py::test_stacked_cartpole_is_each_members_own_vector_env``)."""
+
+    def __init__(self, env, population: int):
+        self.env, self.P = env, population
+        self.gens: list[np.random.Generator] = []
+
+    def seed(self, seeds: list[int]) -> None:
+        self.gens = [gym.utils.seeding.np_random(s)[0] for s in seeds]
+
+    def uniform(self, low, high, size):
+        rows, k = size
+        n = self.env.num_envs // self.P
+        # every env (reset; or a step after all of them ended at once) or the ones that ended
+        counts = [n] * self.P if k == self.env.num_envs else self.env.prev_done.reshape(self.P, n).sum(axis=1)
+        return np.concatenate([g.uniform(low=low, high=high, size=(rows, int(c)))
+                               for g, c in zip(self.gens, counts)], axis=1)
+
+
 class MemberEnvs:
     """One vector env per population member; actions/observations stacked as ``[P, N, ...]``.
-    With ``norm``, each member's env carries its own normalisation wrappers (module docstring)."""
+    With ``norm``, each member's env carries its own normalisation wrappers (module docstring).
+
+    gymnasium's native CartPole vector env without normalisation is built once for all members
+    (``P * N`` envs, each member's resets drawn from its own generator: :class:`_MemberDraws`):
+    one step call instead of ``P``, each member still its own env bit for bit."""
 
     def __init__(self, env_id: str, population: int, num_envs: int, max_episode_steps: int | None,
                  info: EnvInfo, native: bool, norm: Normalization | None = None):
@@ -311,11 +345,24 @@ class MemberEnvs:
         self.action_log: list[np.ndarray] | None = None
 
     def _build(self, population: int) -> None:
+        env_id, num_envs, max_episode_steps, native, norm = self._args
+        self.stacked = None
+        if native and norm is None:
+            env = make_vector_env(env_id, population * num_envs, max_episode_steps, native)
+            if type(env) is CartPoleVectorEnv:  # exactly gymnasium's: _MemberDraws relies on its step
+                self.stacked, self.draws = env, _MemberDraws(env, population)
+                env.np_random = self.draws
+                self.envs, self.wrappers = [env], [{} for _ in range(population)]
+                return
+            env.close()
         built = [make_member_env(*self._args) for _ in range(population)]
         self.envs = [env for env, _ in built]
         self.wrappers = [w for _, w in built]
 
     def reset(self, seeds: list[int | list[int]]) -> np.ndarray:
+        if self.stacked is not None:
+            self.draws.seed(seeds)
+            return np.ascontiguousarray(self.stacked.reset()[0].reshape(self.population, self.num_envs, -1))
         return np.stack([env.reset(seed=s)[0] for env, s in zip(self.envs, seeds)]).astype(np.float32)
 
     def step(self, actions: torch.Tensor):
@@ -392,6 +439,11 @@ class MemberEnvs:
         for the policy's actions ``a``, sent as members of the env's action space
         (:meth:`EnvInfo.to_space`): ``reward`` is what training sees (scaled with
         ``task.normalize_reward``), ``env_reward`` the env's own (the same array without reward scaling)."""
+        if self.stacked is not None:
+            P, N = self.population, self.num_envs
+            o, r, te, tr, _ = self.stacked.step(self.info.to_space(a).reshape(P * N))
+            rew = r.reshape(P, N)
+            return np.ascontiguousarray(o.reshape(P, N, -1)), rew, te.reshape(P, N), tr.reshape(P, N), rew
         obs, rew, term, trunc = [], [], [], []
         for env, act in zip(self.envs, self.info.to_space(a)):
             o, r, te, tr, _ = env.step(act)
