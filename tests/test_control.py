@@ -580,24 +580,84 @@ def test_numpy_tanh_is_tanh_and_its_gradient_is_one_minus_the_square():
     assert torch.equal(numpy_tanh(x.detach()[::2]), y.detach()[::2])
 
 
-@pytest.mark.parametrize("estimator", ["ppo_gae", "a2c", "reinforce"])
-def test_numpy_tanh_moves_an_update_only_in_float32s_last_digits(estimator, tmp_path, monkeypatch):
-    """The control networks' tanh is numpy's (speed: benchmarks/tanh_floor.py), torch.tanh before.
-    The tolerance and its reason: the two differ by at most a float32 ulp per element, so one
-    rollout and update with each, from the same seed, sample the same actions and end with the
-    same losses and weights to 1e-5 relative (float32 round-off through two 64-unit layers, a
-    loss and Adam); not bitwise, which the last line checks the swap made."""
+def _update_moves_only_in_last_digits(estimator, tmp_path, monkeypatch, kernel: str, swap) -> None:
+    """One rollout and update of a 64-64 CartPole network from one seed, as the harness computes it
+    and again after ``swap()`` puts the plain torch kernel back: the same actions and rewards, and
+    the same losses and weights to 1e-5 relative (float32 round-off through two 64-unit layers, a
+    loss and Adam). ``kernel`` names the function of harness.models.mlp that the first run must
+    call and the second must not (the swap happened; whether the two runs' bits differ depends on
+    the shapes and the thread count)."""
     from harness.models import mlp
 
+    calls = []
+    real = getattr(mlp, kernel)
+    monkeypatch.setattr(mlp, kernel, lambda *a: calls.append(1) or real(*a))
     common = ["task=cartpole", f"estimator={estimator}", *TINY, "task.hidden=[64,64]",
               "budget.iterations=1", "eval_every=0", "seed=5"]
-    s_np, ro_np, src_np = one_update(make_cfg(common + [f"results_dir={tmp_path}/numpy"]))
-    monkeypatch.setitem(mlp.ACTIVATIONS, "tanh", torch.tanh)
+    s_np, ro_np, src_np = one_update(make_cfg(common + [f"results_dir={tmp_path}/harness"]))
+    used = len(calls)
+    swap()
     s_t, ro_t, src_t = one_update(make_cfg(common + [f"results_dir={tmp_path}/torch"]))
+    assert used > 0 and len(calls) == used
     assert torch.equal(ro_np.actions, ro_t.actions) and torch.equal(ro_np.rewards, ro_t.rewards)
     for key in ("policy_loss", "loss", "grad_norm", "entropy"):
         assert float(s_np[key][0]) == pytest.approx(float(s_t[key][0]), rel=1e-5, abs=1e-7), key
     pairs = list(zip(src_np.agent.parameters(), src_t.agent.parameters()))
     for a, b in pairs:
         torch.testing.assert_close(a.data, b.data, rtol=1e-5, atol=1e-7)
-    assert not all(torch.equal(a.data, b.data) for a, b in pairs)
+
+
+@pytest.mark.parametrize("estimator", ["ppo_gae", "a2c", "reinforce"])
+def test_numpy_tanh_moves_an_update_only_in_float32s_last_digits(estimator, tmp_path, monkeypatch):
+    """The control networks' tanh is numpy's (speed: benchmarks/tanh_floor.py), torch.tanh before.
+    The tolerance and its reason: the two differ by at most a float32 ulp per element."""
+    from harness.models import mlp
+
+    _update_moves_only_in_last_digits(estimator, tmp_path, monkeypatch, "_np_tanh",
+                                      lambda: monkeypatch.setitem(mlp.ACTIVATIONS, "tanh", torch.tanh))
+
+
+@pytest.mark.parametrize("estimator", ["ppo_gae", "a2c", "reinforce"])
+def test_narrow_layer_moves_an_update_only_in_float32s_last_digits(estimator, tmp_path, monkeypatch):
+    """The control networks' output layer (64 -> 2) is computed transposed (narrow_baddbmm, speed),
+    torch.baddbmm before. The tolerance and its reason: the same sums of 64 (256 for the weight's
+    gradient) products in another order, so they differ in float32's last digits."""
+    from harness.models import mlp
+
+    _update_moves_only_in_last_digits(estimator, tmp_path, monkeypatch, "_narrow",
+                                      lambda: monkeypatch.setattr(mlp, "NARROW_OUT", -1.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_narrow_baddbmm_is_baddbmm_with_its_gradients(dtype):
+    """narrow_baddbmm(b, x, w) against torch.baddbmm and torch's own autograd of it (the reference):
+    values and the gradients of b, x and w (to float64 round-off in float64, 1e-5 relative in
+    float32), for every subset of inputs that needs a gradient, for rows sliced out of a stacked
+    weight (the actor rows), and without autograd; torch's gradcheck in float64."""
+    from harness.models.mlp import narrow_baddbmm
+
+    gen = torch.Generator().manual_seed(3)
+    R, N, n_in, n_out = 6, 37, 64, 2
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    W = torch.randn(2 * R, n_in, n_out, generator=gen, dtype=dtype)
+    B = torch.randn(2 * R, 1, n_out, generator=gen, dtype=dtype)
+    X = torch.randn(R, N, n_in, generator=gen, dtype=dtype)
+    G = torch.randn(R, N, n_out, generator=gen, dtype=dtype)
+    for needs in [(True, True, True), (True, False, True), (False, True, False)]:
+        ins = [t.clone().requires_grad_(n) for t, n in zip((B, X, W), needs)]
+        ref = [t.clone().requires_grad_(n) for t, n in zip((B, X, W), needs)]
+        rows = slice(0, R)  # the actor rows of a stacked actor-critic weight: a view
+        y = narrow_baddbmm(ins[0][rows], ins[1], ins[2][rows])
+        y_ref = torch.baddbmm(ref[0][rows], ref[1], ref[2][rows])
+        torch.testing.assert_close(y, y_ref, **tol)
+        (y * G).sum().backward()
+        (y_ref * G).sum().backward()
+        for a, b, n in zip(ins, ref, needs):
+            assert (a.grad is None) == (not n)
+            if n:
+                torch.testing.assert_close(a.grad, b.grad, **tol)
+        with torch.no_grad():
+            assert torch.equal(narrow_baddbmm(B[rows], X, W[rows]), y.detach())
+    if dtype == torch.float64:
+        args = (B[:2, :, :].clone().requires_grad_(), X[:2, :5].clone().requires_grad_(), W[:2].clone().requires_grad_())
+        assert torch.autograd.gradcheck(narrow_baddbmm, args)
