@@ -216,7 +216,8 @@ def update_floor(steps: int, reps: int = 2000, activation: Callable | None = Non
     return time_step(prob.step, reps), prob.n_minibatches
 
 
-def population_problem(members: int, seed: int = 0, dtype=None, tanh: Callable | None = None):
+def population_problem(members: int, seed: int = 0, dtype=None, tanh: Callable | None = None,
+                       layer: Callable | None = None):
     """:func:`floor_problem`'s plain PPO update step for ``members`` independent members at once,
     written the plain batched way: each layer one ``baddbmm`` on ``[members, ...]`` weights (actor and
     critic apart), the members' losses summed (each member's gradient is its own), gradient clipping
@@ -224,7 +225,9 @@ def population_problem(members: int, seed: int = 0, dtype=None, tanh: Callable |
     ``(weight [M, in, out], bias [M, 1, out])``), ``params``, ``opt``, ``batch`` (``(obs, act, old,
     adv, ret)``, each ``[M, ...]``, seeded) and ``step()`` (returns each member's loss, ``[M]``);
     ``dtype``: of the weights and data (default float32; the tests use float64); ``tanh``: a function
-    in place of ``torch.tanh`` (``benchmarks/tanh_floor.py``)."""
+    in place of ``torch.tanh`` (``benchmarks/tanh_floor.py``); ``layer``: a function ``(b, x, w)`` in
+    place of ``torch.baddbmm`` (``main`` passes the harness's,
+    :func:`harness.models.mlp.population_layer`)."""
     import torch
 
     from harness.train.update import ADAM_EPS
@@ -242,7 +245,7 @@ def population_problem(members: int, seed: int = 0, dtype=None, tanh: Callable |
 
     def forward(layers, x):
         for i, (w, b) in enumerate(layers):
-            x = torch.baddbmm(b, x, w)
+            x = (layer or torch.baddbmm)(b, x, w)
             x = (tanh or torch.tanh)(x) if i < len(layers) - 1 else x
         return x
 
@@ -270,16 +273,17 @@ def population_problem(members: int, seed: int = 0, dtype=None, tanh: Callable |
     return SimpleNamespace(pi=pi, vf=vf, params=params, opt=opt, batch=batch, step=step)
 
 
-def population_floor(members: int, reps: int = 500, tanh: Callable | None = None) -> float:
+def population_floor(members: int, reps: int = 500, tanh: Callable | None = None,
+                     layer: Callable | None = None) -> float:
     """Seconds per minibatch of :func:`population_problem`'s step for ``members`` members, on one
     torch thread in this process: what one worker of a population pays per minibatch for its slice
     of the members, before collecting a step (the harness's own population step fuses actor and
-    critic and uses fused Adam). ``tanh``: as :func:`population_problem`'s (``main`` passes the
-    harness's, :func:`harness.models.mlp.tanh`)."""
+    critic and uses fused Adam). ``tanh``, ``layer``: as :func:`population_problem`'s (``main`` passes
+    the harness's, :func:`harness.models.mlp.tanh` and :func:`harness.models.mlp.population_layer`)."""
     import torch
 
     torch.set_num_threads(1)
-    prob = population_problem(members, tanh=tanh)
+    prob = population_problem(members, tanh=tanh, layer=layer)
     return time_step(prob.step, reps)
 
 
@@ -390,16 +394,17 @@ def main() -> None:
         # beside the population ratio: what one worker's slice pays for plain batched updates alone
         workers = int(re.search(r"(\d+) worker process", pop["layout"]).group(1)) if pop["layout"] else 1
         per_worker = -(-P // workers)
-        from harness.models.mlp import tanh
+        from harness.models.mlp import population_layer, tanh
 
-        per_mb, n_mb = population_floor(per_worker, tanh=tanh), zoo_step_settings(steps).n_minibatches
+        per_mb = population_floor(per_worker, tanh=tanh, layer=population_layer)
+        n_mb = zoo_step_settings(steps).n_minibatches
         t_start = t_start if sb3 else med([startup_floor() for _ in range(3)])  # the lone section's, if it ran
         floor = per_mb * n_mb + t_start
         print(f"-> plain batched PPO update step, {per_worker} members: {per_mb * 1e3:.2f} ms x {n_mb} minibatches "
               f"= {per_mb * n_mb:.1f} s, + start-up {t_start:.1f} s = {floor:.1f} s = {floor / sw['wall']:.2f} of SB3's "
               f"sweep, {floor / tp:.2f} of our population's whole process", flush=True)
         rows.append(f"| a plain batched PPO update step for one worker's {per_worker} members (`baddbmm` layers, "
-                    f"the harness's tanh, per-member clipping, one Adam; 1 thread) x {n_mb} minibatches, + the start-up | "
+                    f"the harness's tanh and narrow output layers, per-member clipping, one Adam; 1 thread) x {n_mb} minibatches, + the start-up | "
                     f"{per_mb * n_mb:.1f} s ({per_mb * 1e3:.2f} ms each) + {t_start:.1f} s | |")
         rows.append(f"| that / SB3's {args.workers}-worker sweep (the workers run side by side; no env step "
                     f"collected, no evaluation); / our population's whole process | **{floor / sw['wall']:.2f}**; "

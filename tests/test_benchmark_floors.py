@@ -5,6 +5,7 @@ batched: checked against the same step done member by member, by hand, on each m
 """
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -41,9 +42,13 @@ def _lone_step(weights, batch, opt_lr, eps):
     return loss.detach(), [(lin.weight.detach().T, lin.bias.detach()) for lin in (*pi[::2], *vf[::2])]
 
 
-def test_the_population_floor_step_is_each_members_lone_plain_step():
-    # float64: the comparison is of the computation, not of float32 summation order
-    prob = population_problem(3, seed=1, dtype=torch.float64)
+@pytest.mark.parametrize("layer", ["baddbmm", "harness"])
+def test_the_population_floor_step_is_each_members_lone_plain_step(layer):
+    # float64: the comparison is of the computation, not of float32 summation order. "harness": the
+    # harness's own layer (narrow output layers taken transposed), which control_speed.py's floor uses
+    from harness.models.mlp import population_layer
+
+    prob = population_problem(3, seed=1, dtype=torch.float64, layer=population_layer if layer == "harness" else None)
     before = [[(w[m].detach().clone(), b[m].detach().clone()) for w, b in layers] for layers in (prob.pi, prob.vf)
               for m in range(3)]
     losses = prob.step()

@@ -97,6 +97,12 @@ def narrow_baddbmm(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.T
     return _narrow(b, x, w)
 
 
+def population_layer(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """One layer of :class:`PopulationMLP`, ``b [R, 1, out] + x [R, N, in] @ w [R, in, out]``:
+    :func:`narrow_baddbmm` when ``out <= NARROW_OUT * in``, else ``torch.baddbmm``."""
+    return (narrow_baddbmm if w.shape[2] <= NARROW_OUT * w.shape[1] else torch.baddbmm)(b, x, w)
+
+
 class PopulationMLP(nn.Module):
     def __init__(self, population: int, sizes: list[int], activation: str,
                  out_gains: list[float], generators: list[torch.Generator], ortho_init: bool = True):
@@ -136,7 +142,7 @@ class PopulationMLP(nn.Module):
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
             if rows is not None:
                 w, b = w[rows], b[rows]
-            x = (narrow_baddbmm if w.shape[2] <= NARROW_OUT * w.shape[1] else torch.baddbmm)(b, x, w)
+            x = population_layer(b, x, w)
             if i < n - 1:
                 x = self.act(x)
         return x
