@@ -2,9 +2,15 @@
 
 Ctrl-C (SIGINT) at any moment, imports included, ends the command with one line on stderr,
 :data:`INTERRUPTED`, and exit code 130: nothing finished is lost and nothing half-written is
-read back (atomic writes; the run's lock dies with the process), and the same command resumes."""
+read back (atomic writes; the run's lock dies with the process), and the same command resumes.
+
+Python's cyclic garbage collector is off while the command starts (imports, Hydra, validation)
+and comes back on, with everything start-up made frozen, when a run begins: :func:`end_startup`."""
+import gc
 import re
 import sys
+
+gc.disable()  # until end_startup
 
 from harness.interrupt import INTERRUPTED, exit_interrupted
 
@@ -37,11 +43,30 @@ def expand_results_dir(argv: list[str]) -> list[str]:
     return out
 
 
+def end_startup() -> None:
+    """A valid run is about to train: import ``torch._dynamo`` (which its first ``torch.optim``
+    optimizer imports anyway), freeze every object start-up made (:func:`gc.freeze`: modules,
+    classes, Hydra's config; long-lived, none of them garbage) and turn the cyclic collector back
+    on. Once per process: a sweep's later jobs find it on.
+
+    Why: with the collector on from the first import, start-up's ~350,000 objects were scanned by
+    six full collections while they were made and by one more at exit (0.50 s and 0.17 s of a 12 s
+    zoo CartPole run, timed with ``gc.callbacks``); frozen, no later collection scans them, and a
+    population's forked workers do not write to their pages. Nothing a run computes depends on
+    when unreachable cycles are freed (``tests/test_cli.py::test_the_cli_run_is_the_in_process_run``)."""
+    if gc.isenabled():
+        return
+    import torch._dynamo  # noqa: F401
+
+    gc.freeze()
+    gc.enable()
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg) -> float | None:
     """Train (or skip) the runs of ``cfg``. Under ``hydra/sweeper=optuna`` the job returns the
     value the sweeper maximises (:func:`harness.tune.objective`); otherwise nothing."""
-    main_entry(cfg)
+    main_entry(cfg, on_start=end_startup)
     if not wants_objective():
         return None
     value = objective(cfg)

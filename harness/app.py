@@ -8,6 +8,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -120,8 +121,10 @@ def claim_one(r: RunDir, counts: dict[str, int]) -> bool:
     return True
 
 
-def run(cfg: DictConfig) -> dict[str, int]:
+def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str, int]:
     """Validate, skip finished members, train (or probe) the rest; returns counts by outcome.
+    ``on_start``: called once the config is valid and some member is about to train, before the
+    trainer is built (the CLI's :func:`harness.__main__.end_startup`).
 
     A run that raises is recorded as ``failed`` (with the traceback's last line as reason) and
     the sweep goes on; a non-finite loss or parameter is recorded as ``diverged`` by the trainer.
@@ -153,6 +156,8 @@ def run(cfg: DictConfig) -> dict[str, int]:
         todo[:] = started
         if not todo:
             return counts
+        if on_start is not None:
+            on_start()
         t0 = time.time()
         try:
             worker(cfg, todo)
@@ -213,13 +218,13 @@ def in_sweep() -> bool:
         return False
 
 
-def main_entry(cfg: DictConfig) -> None:
-    """Run ``cfg``; exit 2 with one line for an invalid config or an unusable results path
-    (nothing started), exit 1 when a run failed (in a sweep: at its end, see
+def main_entry(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> None:
+    """Run ``cfg`` (``on_start``: as :func:`run`'s); exit 2 with one line for an invalid config or
+    an unusable results path (nothing started), exit 1 when a run failed (in a sweep: at its end, see
     :class:`harness.callbacks.SweepSummary`, after the other jobs ran) or a write failed at run
     time (one line naming the file: ``cannot write results: <file>: No space left on device``)."""
     try:
-        counts = run(cfg)
+        counts = run(cfg, on_start)
     except ValueError as exc:  # invalid config: nothing was started
         print(f"invalid config: {error_line(exc)}")
         raise SystemExit(2)

@@ -623,7 +623,7 @@ def test_a_leftover_temp_folder_does_not_stop_a_run(tmp_path):
 
 def test_an_os_error_after_validation_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
     """A run-time failure (issue 36): exit code 1, not the bad-input code 2."""
-    def unwritable(cfg):
+    def unwritable(cfg, on_start=None):
         raise PermissionError(13, "Permission denied", str(tmp_path / "res" / "cartpole"))
 
     monkeypatch.setattr(app, "run", unwritable)
