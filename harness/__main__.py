@@ -46,14 +46,14 @@ def expand_results_dir(argv: list[str]) -> list[str]:
 def end_startup() -> None:
     """A valid run is about to train: import ``torch._dynamo`` (which its first ``torch.optim``
     optimizer imports anyway), freeze every object start-up made (:func:`gc.freeze`: modules,
-    classes, Hydra's config; long-lived, none of them garbage) and turn the cyclic collector back
-    on. Once per process: a sweep's later jobs find it on.
+    classes, Hydra's config, all long-lived; a cycle start-up left unreachable is kept, not freed)
+    and turn the cyclic collector back on. Once per process: a sweep's later jobs find it on.
 
     Why: with the collector on from the first import, start-up's ~350,000 objects were scanned by
     six full collections while they were made and by one more at exit (0.50 s and 0.17 s of a 12 s
     zoo CartPole run, timed with ``gc.callbacks``); frozen, no later collection scans them, and a
     population's forked workers do not write to their pages. Nothing a run computes depends on
-    when unreachable cycles are freed (``tests/test_cli.py::test_the_cli_run_is_the_in_process_run``)."""
+    when unreachable cycles are freed (``tests/test_cli_startup.py::test_the_cli_run_is_the_in_process_run``)."""
     if gc.isenabled():
         return
     import torch._dynamo  # noqa: F401
