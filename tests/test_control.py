@@ -632,7 +632,7 @@ def test_narrow_layer_moves_an_update_only_in_float32s_last_digits(estimator, tm
 def test_narrow_baddbmm_is_baddbmm_with_its_gradients(dtype):
     """narrow_baddbmm(b, x, w) against torch.baddbmm and torch's own autograd of it (the reference):
     values and the gradients of b, x and w (to float64 round-off in float64, 1e-5 relative in
-    float32), for every subset of inputs that needs a gradient, for rows sliced out of a stacked
+    float32), for three subsets of the inputs needing a gradient, for rows sliced out of a stacked
     weight (the actor rows), and without autograd; torch's gradcheck in float64."""
     from harness.models.mlp import narrow_baddbmm
 

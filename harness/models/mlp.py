@@ -88,7 +88,8 @@ def narrow_baddbmm(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.T
     float32 rounding differs in the last digits (a different summation order inside MKL), so runs
     differ from ``torch.baddbmm`` ones there, not in what they learn
     (``tests/test_control.py::test_narrow_layer_moves_an_update_only_in_float32s_last_digits``).
-    Each row is its own product, so member == lone run still holds exactly. The gradients are
+    Each row is its own product, as in ``torch.baddbmm``, so member == lone run holds as it did
+    (the same samples, losses to float rounding: ``tests/test_one_path.py``). The gradients are
     baddbmm's own formulas: ``g.sum`` over the rows for ``b``, ``g w^T`` for ``x``, ``x^T g`` for ``w``."""
     if x.device.type != "cpu":
         return torch.baddbmm(b, x, w)
