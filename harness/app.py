@@ -123,8 +123,8 @@ def claim_one(r: RunDir, counts: dict[str, int]) -> bool:
 
 def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str, int]:
     """Validate, skip finished members, train (or probe) the rest; returns counts by outcome.
-    ``on_start``: called once the config is valid and some member is about to train, before the
-    trainer is built (the CLI's :func:`harness.__main__.end_startup`).
+    ``on_start``: called once the config is valid and some member is claimed to train, before its
+    run folder is started and the trainer built (the CLI's :func:`harness.__main__.end_startup`).
 
     A run that raises is recorded as ``failed`` (with the traceback's last line as reason) and
     the sweep goes on; a non-finite loss or parameter is recorded as ``diverged`` by the trainer.
@@ -145,6 +145,10 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
     try:
         worker = get_worker(cfg)
         resumable = cfg.mode == "train" and task_kind(cfg.task.family).resumes
+        # before any run folder starts: what on_start does (the CLI imports torch._dynamo, ~1 s)
+        # is then not inside a run's first seconds, where a Ctrl-C meets it mid-import
+        if on_start is not None:
+            on_start()
         started = []
         for r in todo:
             try:
@@ -156,8 +160,6 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
         todo[:] = started
         if not todo:
             return counts
-        if on_start is not None:
-            on_start()
         t0 = time.time()
         try:
             worker(cfg, todo)

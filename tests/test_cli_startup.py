@@ -49,7 +49,8 @@ def test_on_start_is_called_only_when_a_valid_run_trains(tmp_path):
     with pytest.raises(ValueError):
         run(make_cfg([*args, "lr=-1"]), on_start=lambda: calls.append(1))
     assert calls == []
-    assert run(make_cfg(args), on_start=lambda: calls.append(len(list(tmp_path.rglob("metrics.parquet")))))
-    assert calls == [0]  # once, before any metrics were written
+    assert run(make_cfg(args), on_start=lambda: calls.append(len(list(tmp_path.rglob("config.yaml")))))
+    assert calls == [0]  # once, before the run folder was started (its config.yaml)
+    assert list(tmp_path.rglob("metrics.parquet"))
     counts = run(make_cfg(args), on_start=lambda: calls.append(-1))  # every member finished: nothing trains
     assert counts.get("skipped") == 1 and calls == [0]
