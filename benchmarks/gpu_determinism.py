@@ -15,9 +15,10 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = "cuda"
-TIMING = {"wall_time_s", "tokens_per_s", "iter_time_s", "peak_mem_mb"}
+TIMING = {"wall_time_s", "tokens_per_s", "iter_time_s", "peak_mem_mb", "peak_mem_base_mb"}  # measurements, not results
 TINY = ["lm.data.train_size=256", "lm.arch.n_layer=1", "lm.arch.n_embd=64", "lm.arch.n_head=2", "lm.sft.steps=60",
-        "lm.rm.prompts=64", "lm.rm.epochs=1", "lm.eval_prompts=16", "eval_every=1", "progress=false"]
+        "lm.rm.prompts=64", "lm.rm.epochs=1", "lm.rm.include_reference=true", "lm.eval_prompts=16", "eval_every=1",
+        "progress=false"]
 
 
 def run(results: Path, tag: str, iterations: int, deterministic: bool) -> pd.DataFrame:
@@ -25,7 +26,9 @@ def run(results: Path, tag: str, iterations: int, deterministic: bool) -> pd.Dat
     cmd = [sys.executable, "-m", "harness", "task=lm_summarize", "estimator=ppo_gae", f"device={DEVICE}", "seed=0",
            f"budget.iterations={iterations}", f"deterministic={str(deterministic).lower()}", f"results_dir={out}",
            f"lm.cache_dir={results / 'cache'}", *TINY]
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:  # the run's own last lines say why (the harness logs one line per failure)
+        sys.exit(f"{tag}: exit {done.returncode}: " + " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:]))
     [f] = out.glob("lm_summarize/*/seed*/metrics.parquet")
     df = pd.read_parquet(f)
     return df[[c for c in df.columns if c not in TIMING and c != "run_id"]]
