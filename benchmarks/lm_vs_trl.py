@@ -55,7 +55,16 @@ transformers' Python ``NewGELUActivation``.
 Usage::
 
     python benchmarks/lm_vs_trl.py [--iterations 30] [--warmup 5] [--rounds 3] [--beta 0.05 0]
-        [--lr 1e-4] [--cache DIR] [--out results.json]
+        [--lr 1e-4] [--cache DIR] [--out results.json] [--floor] [--docs]
+
+``--floor`` adds the harness iteration's kernel floor: one more harness run per beta with round 0's
+seed (so the same samples and shapes as round 0's run), profiled (``torch.profiler``, shapes
+recorded) over the timed iterations; each call of its compute kernels (matrix products, attention,
+GELU, layer norm, forward and backward: :data:`FLOOR_KERNELS`) replayed alone on contiguous random
+inputs of its shapes, best of 5, and summed per iteration. That is what the iteration would cost if
+it were these kernels and nothing else; TRL's seconds per iteration over it is the highest ratio
+the harness could reach while it does the same work (the same matrix products: shared prompts,
+responses padded to the batch's longest).
 
 ``--cache`` is the LM pipeline cache (default: a fresh temporary folder, where the SFT stage is
 built first, about a minute or two); the stage used is read, never written, once it exists.
@@ -260,6 +269,103 @@ def run_trl(cache: Path, task, scratch: Path, iterations: int, warmup: int, lr: 
     return r
 
 
+# --------------------------------------------------------------------------- kernel floor
+# The compute kernels of an iteration, each replayed alone at the shapes the harness gave it (--floor):
+# what the iteration would cost if it were these kernels and nothing else (no other op, no Python).
+# Adam's one fused kernel per step (about 0.2 ms) is left out, so the floor is if anything low.
+FLOOR_KERNELS = {
+    "aten::addmm": "matrix products", "aten::mm": "matrix products", "aten::bmm": "matrix products",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "attention",
+    "aten::gelu": "GELU", "aten::gelu_backward": "GELU",
+    "aten::native_layer_norm": "layer norm", "aten::native_layer_norm_backward": "layer norm",
+}
+
+
+def kernel_calls(events) -> dict:
+    """``{(op, input shapes, scalar inputs): [calls, shapes, scalars]}`` over the profiler events of
+    :data:`FLOOR_KERNELS` (``torch.profiler`` with ``record_shapes=True``)."""
+    calls: dict = {}
+    for e in events:
+        if e.name in FLOOR_KERNELS:
+            shapes, scalars = list(e.input_shapes), list(e.concrete_inputs)
+            key = (e.name, repr(shapes), repr(scalars))
+            calls.setdefault(key, [0, shapes, scalars])[0] += 1
+    return calls
+
+
+def replay_args(name: str, shapes: list, scalars: list) -> tuple[list, dict]:
+    """Positional and keyword inputs (by the op's schema) for one recorded call: a random tensor of
+    each recorded shape, the recorded scalars and lists; GELU's ``approximate`` (a string the
+    profiler does not record) is ``"tanh"``, the harness's GPT-2 activation
+    (:func:`harness.models.lm.fuse_gelu`)."""
+    values = [c if c is not None else (torch.randn(s) if s else None) for s, c in zip(shapes, scalars)]
+    if name in ("aten::gelu", "aten::gelu_backward"):
+        values[-1] = "tanh"
+    schema = getattr(torch.ops.aten, name.split("::", 1)[1]).default._schema.arguments
+    args = [v for a, v in zip(schema, values) if not a.kwarg_only]
+    kwargs = {a.name: v for a, v in zip(schema, values) if a.kwarg_only}
+    return args, kwargs
+
+
+def replay_seconds(name: str, shapes: list, scalars: list, repeats: int = 5) -> float:
+    """Best-of-``repeats`` seconds of one call of ``name`` on contiguous inputs of the recorded shapes."""
+    op = getattr(torch.ops.aten, name.split("::", 1)[1])
+    args, kwargs = replay_args(name, shapes, scalars)
+    with torch.no_grad():
+        for _ in range(3):
+            op(*args, **kwargs)
+        t0 = time.perf_counter()
+        op(*args, **kwargs)
+        n = max(1, int(2e-3 / max(time.perf_counter() - t0, 1e-7)))
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                op(*args, **kwargs)
+            best = min(best, (time.perf_counter() - t0) / n)
+    return best
+
+
+def kernel_floor(calls: dict, iterations: int) -> dict:
+    """Seconds per iteration by kernel group (and ``total``): each recorded call's replayed time x its
+    calls / ``iterations``."""
+    floor = dict.fromkeys(dict.fromkeys(FLOOR_KERNELS.values()), 0.0)
+    for (name, _, _), (n, shapes, scalars) in calls.items():
+        floor[FLOOR_KERNELS[name]] += n * replay_seconds(name, shapes, scalars) / iterations
+    floor["total"] = sum(floor.values())
+    return floor
+
+
+def profile_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: float, beta: float, seed: int,
+                    tag: str) -> dict:
+    """The kernel calls of a harness run's iterations ``warmup + 1 ..`` (the config of
+    :func:`run_harness`; with the same seed it is the same run: same samples, same shapes)."""
+    from harness.train.lm import LMSource
+
+    cfg = compose(base_overrides(cache, scratch / "harness_profiled" / tag, iterations, lr, beta, seed))
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+    seen = [0]
+    orig_collect = LMSource.collect
+
+    def collect(self, *a, **k):
+        seen[0] += 1
+        if seen[0] == warmup + 1:
+            prof.start()
+        return orig_collect(self, *a, **k)
+
+    LMSource.collect = collect
+    try:
+        harness_run(cfg)
+    finally:
+        LMSource.collect = orig_collect
+        if seen[0] > warmup:
+            prof.stop()
+    if seen[0] != iterations:
+        raise RuntimeError(f"profiled harness run {tag}: {seen[0]} of {iterations} iterations")
+    return kernel_calls(prof.events())
+
+
 # --------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -271,6 +377,8 @@ def main() -> None:
     ap.add_argument("--cache", default=None, help="LM pipeline cache folder (default: a fresh temporary one)")
     ap.add_argument("--scratch", default=None, help="folder for run outputs (default: a fresh temporary one)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--floor", action="store_true", help="also profile one harness run per beta (round 0's seed, "
+                    "so the same samples) and replay its compute kernels alone at their shapes: the kernel floor")
     ap.add_argument("--docs", action="store_true", help="also write the table and the medians into docs/lm.md's "
                     "lm-vs-trl block, stamped with this command and today's date")
     args = ap.parse_args()
@@ -351,6 +459,20 @@ def main() -> None:
                 s[f"{side}_{key}"] = statistics.median(r[side][key] for r in rows)
         summary[f"{beta:g}"] = s
 
+    floors = {}
+    if args.floor:
+        for beta in args.beta:
+            tag = f"b{beta:g}_r0"
+            calls = profile_harness(cache, scratch, args.iterations, args.warmup, args.lr, beta, 0, tag)
+            [f] = (scratch / "harness_profiled" / tag).glob("lm_summarize/grpo/seed*/metrics.parquet")
+            tokens = pd.read_parquet(f).sort_values("iteration").tokens
+            r0 = next(r for r in runs if r["beta"] == beta and r["round"] == 0)["harness"]
+            floors[f"{beta:g}"] = {**kernel_floor(calls, args.iterations - args.warmup),
+                                   "same_samples": int(tokens.iloc[-1] - tokens.iloc[args.warmup - 1]) == r0["tokens"],
+                                   "harness_s_per_iter": r0["s_per_iter_step"],
+                                   "trl_s_per_iter": summary[f"{beta:g}"]["trl_s_per_iter_step"]}
+            print(f"beta={beta:g} kernel floor: {json.dumps(floors[f'{beta:g}'])}", flush=True)
+
     total = time.time() - t_start
 
     def line(cells) -> str:
@@ -388,12 +510,27 @@ def main() -> None:
         md.append(f"- beta={beta}: harness / TRL tokens/s, median over {args.rounds} rounds: wall {s['ratio_step_median']:.2f}x "
                   f"(range {s['ratio_step_min']:.2f}-{s['ratio_step_max']:.2f}), CPU time {s['ratio_cpu_step_median']:.2f}x "
                   f"(range {s['ratio_cpu_step_min']:.2f}-{s['ratio_cpu_step_max']:.2f}); goal >= 3x (issue 40; was 2x)")
+    if floors:
+        groups = list(dict.fromkeys(FLOOR_KERNELS.values()))
+        md.append("")
+        md.append(f"Kernel floor (`--floor`): one more harness run per beta with round 0's seed (the same samples: "
+                  f"{all(f['same_samples'] for f in floors.values())}), profiled over the same iterations; each call "
+                  f"of its compute kernels replayed alone on contiguous inputs of its shapes (best of 5), summed: the "
+                  f"iteration if it were these kernels and nothing else. ms per iteration.")
+        md.append("")
+        cols = ["beta", *groups, "floor", "harness (round 0)", "floor / harness", "TRL (median)", "TRL / floor"]
+        md.append(line(cols))
+        md.append(line(["---"] * len(cols)))
+        for beta, f in floors.items():
+            md.append(line([beta, *(f"{1e3 * f[g]:.1f}" for g in groups), f"{1e3 * f['total']:.1f}",
+                            f"{1e3 * f['harness_s_per_iter']:.1f}", f"{f['total'] / f['harness_s_per_iter']:.2f}",
+                            f"{1e3 * f['trl_s_per_iter']:.1f}", f"{f['trl_s_per_iter'] / f['total']:.2f}"]))
     print("\n".join(md))
     if args.docs:
         print(f"wrote {write_block('docs/lm.md', 'lm-vs-trl', chr(10).join(md), command=header['command'])}")
     print(f"command: {header['command']}")
     print(f"total wall time: {total:.0f} s")
-    report = {**header, "runs": runs, "summary": summary, "total_wall_s": total}
+    report = {**header, "runs": runs, "summary": summary, "floors": floors, "total_wall_s": total}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))

@@ -4,6 +4,9 @@
 preference pairs for the reward model, and a new measured column made every pair differ); it is
 run here with ``--device cpu``, where runs are bitwise reproducible (docs/scale.md), so both
 pairs must come out identical.
+
+``benchmarks/lm_vs_trl.py --floor`` (the LM iteration's kernel floor): its counting, its rebuilding
+of each recorded call and its sum are checked on small profiled programs.
 """
 from __future__ import annotations
 
@@ -20,3 +23,84 @@ def test_gpu_determinism_script_runs_on_cpu(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[-2:] == ["deterministic=true: two runs bitwise identical: True",
                                              "deterministic=false: two runs bitwise identical: True"], done.stdout
+
+
+def _profiled(fn):
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    return prof.events()
+
+
+def test_lm_kernel_floor_counts_each_kernel_call_by_its_shapes():
+    """``benchmarks/lm_vs_trl.py --floor``: the calls are counted per (kernel, shapes, scalars), and
+    only the listed compute kernels (an add, a view, a softmax are not)."""
+    import torch
+
+    from benchmarks.lm_vs_trl import kernel_calls
+
+    a, w, b = torch.randn(6, 4), torch.randn(4, 5), torch.randn(5)
+    c = torch.randn(3, 4)
+
+    def work():
+        for _ in range(3):
+            torch.addmm(b, a, w)
+        torch.mm(c, w)
+        torch.mm(c, w)
+        torch.nn.functional.gelu(a, approximate="tanh")
+        (a + 1).view(-1).softmax(0)
+
+    calls = kernel_calls(_profiled(work))
+    assert sorted((name, n, shapes) for (name, _, _), (n, shapes, _) in calls.items()) == [
+        ("aten::addmm", 3, [[5], [6, 4], [4, 5], [], []]),
+        ("aten::gelu", 1, [[6, 4], []]),
+        ("aten::mm", 2, [[3, 4], [4, 5]]),
+    ]
+
+
+def test_lm_kernel_floor_replays_each_call_with_its_recorded_inputs():
+    """Each recorded call is rebuilt with tensors of its shapes and its own scalars (attention's
+    keyword-only mask and scale, layer norm's shape and eps), and runs: forward and backward of the
+    kernels a GPT-2 block uses."""
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks.lm_vs_trl import FLOOR_KERNELS, kernel_calls, replay_args, replay_seconds
+
+    ln = torch.nn.LayerNorm(8, eps=1e-4)
+
+    def work():
+        x = torch.randn(2, 3, 8, requires_grad=True)
+        q = torch.randn(2, 2, 3, 4, requires_grad=True)
+        k = torch.randn(2, 2, 5, 4)
+        o = F.scaled_dot_product_attention(q, k, k, attn_mask=torch.ones(2, 1, 3, 5, dtype=torch.bool), scale=0.3)
+        y = F.gelu(ln(x), approximate="tanh") @ torch.randn(8, 6)
+        (o.sum() + y.sum()).backward()
+
+    calls = {name: (shapes, scalars) for (name, _, _), (_, shapes, scalars) in kernel_calls(_profiled(work)).items()}
+    assert set(calls) == set(FLOOR_KERNELS) - {"aten::addmm", "aten::bmm"}  # @ of a 3-D input runs mm
+    args, kwargs = replay_args("aten::_scaled_dot_product_flash_attention_for_cpu",
+                               *calls["aten::_scaled_dot_product_flash_attention_for_cpu"])
+    assert [tuple(t.shape) for t in args[:3]] == [(2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 4)]
+    assert kwargs["scale"] == 0.3 and tuple(kwargs["attn_mask"].shape) == (2, 1, 3, 5)
+    args, _ = replay_args("aten::native_layer_norm", *calls["aten::native_layer_norm"])
+    assert args[1] == [8] and args[4] == 1e-4
+    _, kwargs = replay_args("aten::gelu", *calls["aten::gelu"])
+    assert kwargs == {"approximate": "tanh"}
+    for name, (shapes, scalars) in calls.items():
+        assert 0 < replay_seconds(name, shapes, scalars, repeats=1) < 1, name
+
+
+def test_lm_kernel_floor_is_calls_times_replayed_seconds_per_iteration(monkeypatch):
+    """floor per group = sum over its calls of (calls x replayed seconds) / iterations, by hand."""
+    from benchmarks import lm_vs_trl
+
+    seconds = {"aten::addmm": 2.0, "aten::mm": 1.0, "aten::gelu": 0.5}
+    monkeypatch.setattr(lm_vs_trl, "replay_seconds", lambda name, shapes, scalars: seconds[name])
+    calls = {("aten::addmm", "s1", ""): [3, None, None], ("aten::addmm", "s2", ""): [1, None, None],
+             ("aten::mm", "s3", ""): [2, None, None], ("aten::gelu", "s4", ""): [4, None, None]}
+    floor = lm_vs_trl.kernel_floor(calls, iterations=2)
+    assert floor["matrix products"] == (3 * 2.0 + 1 * 2.0 + 2 * 1.0) / 2
+    assert floor["GELU"] == 4 * 0.5 / 2 and floor["attention"] == 0 and floor["layer norm"] == 0
+    assert floor["total"] == 6.0
