@@ -64,7 +64,10 @@ GELU, layer norm, forward and backward: :data:`FLOOR_KERNELS`) replayed alone on
 inputs of its shapes, best of 5, and summed per iteration. That is what the iteration would cost if
 it were these kernels and nothing else; TRL's seconds per iteration over it is the highest ratio
 the harness could reach while it does the same work (the same matrix products: shared prompts,
-responses padded to the batch's longest).
+responses padded to the batch's longest). It also splits the harness's iteration into parts
+(:data:`PHASES`: sampling, the reference pass, the update and its backward, wrapped with timers in
+every harness run and with profiler ranges in the profiled one) and gives each part's wall time
+(round 0) beside its kernels' floor.
 
 ``--cache`` is the LM pipeline cache (default: a fresh temporary folder, where the SFT stage is
 built first, about a minute or two); the stage used is read, never written, once it exists.
@@ -72,6 +75,7 @@ built first, about a minute or two); the stage used is read, never written, once
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
@@ -156,6 +160,33 @@ def all_rates(tokens, wall_step, wall_ends, cpu_step, cpu_ends, warmup: int) -> 
     return r
 
 
+# --------------------------------------------------------------------------- phases of an iteration
+# Where a harness iteration's time goes (--floor): each is a call the harness makes once per
+# iteration (backward inside update), wrapped while the benchmark runs; nothing in the harness changes.
+PHASES = {"sample": ("harness.train.lm", "generate_groups"), "reference": ("harness.train.lm", "LMSource._ref_logp"),
+          "update": ("harness.train.loop", "update"), "backward": ("torch", "Tensor.backward")}
+
+
+@contextlib.contextmanager
+def phase_hooks(wrap):
+    """Replace each :data:`PHASES` callable ``fn`` by ``wrap(phase, fn)`` for the block's duration."""
+    import importlib
+
+    saved = []
+    try:
+        for phase, (module, attr) in PHASES.items():
+            *path, name = attr.split(".")
+            owner = importlib.import_module(module)
+            for part in path:
+                owner = getattr(owner, part)
+            saved.append((owner, name, owner.__dict__[name]))
+            setattr(owner, name, wrap(phase, owner.__dict__[name]))
+        yield
+    finally:
+        for owner, name, fn in reversed(saved):
+            setattr(owner, name, fn)
+
+
 # --------------------------------------------------------------------------- harness side
 def run_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: float, beta: float, seed: int,
                 tag: str) -> dict:
@@ -178,10 +209,22 @@ def run_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: fl
         cpu_end.append(time.process_time())
         return orig_row(self, *a, **k)
 
+    phase_s: dict[str, list[tuple[int, float]]] = {phase: [] for phase in PHASES}  # (iteration, seconds)
+
+    def timed(phase, fn):
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                phase_s[phase].append((len(cpu_begin), time.perf_counter() - t))
+        return call
+
     LMSource.collect, Loop._row = collect, row
     t0 = time.time()
     try:
-        counts = harness_run(cfg)
+        with phase_hooks(timed):
+            counts = harness_run(cfg)
     finally:
         LMSource.collect, Loop._row = orig_collect, orig_row
     wall = time.time() - t0
@@ -196,6 +239,8 @@ def run_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: fl
     tokens = df.tokens.diff().fillna(df.tokens.iloc[0]).astype(int).tolist()
     r = all_rates(tokens, df.iter_time_s.tolist(), df.wall_time_s.tolist(),
                   [e - b for b, e in zip(cpu_begin, cpu_end)], cpu_end, warmup)
+    r["phase_s_per_iter"] = {phase: sum(dt for i, dt in v if i > warmup) / (iterations - warmup)
+                             for phase, v in phase_s.items()}
     r.update(process_wall_s=wall, gold_first5=float(df.gold_reward.head(5).mean()),
              gold_last5=float(df.gold_reward.tail(5).mean()), kl_ref_last5=float(df.kl_ref.tail(5).mean()))
     return r
@@ -327,12 +372,16 @@ def replay_seconds(name: str, shapes: list, scalars: list, repeats: int = 5) -> 
     return best
 
 
-def kernel_floor(calls: dict, iterations: int) -> dict:
+def kernel_floor(calls: dict, iterations: int, timed: dict | None = None) -> dict:
     """Seconds per iteration by kernel group (and ``total``): each recorded call's replayed time x its
-    calls / ``iterations``."""
+    calls / ``iterations``. ``timed`` keeps each call's replayed time by key, so that floors of
+    parts of the same calls add up to the whole."""
+    timed = {} if timed is None else timed
     floor = dict.fromkeys(dict.fromkeys(FLOOR_KERNELS.values()), 0.0)
-    for (name, _, _), (n, shapes, scalars) in calls.items():
-        floor[FLOOR_KERNELS[name]] += n * replay_seconds(name, shapes, scalars) / iterations
+    for key, (n, shapes, scalars) in calls.items():
+        if key not in timed:
+            timed[key] = replay_seconds(key[0], shapes, scalars)
+        floor[FLOOR_KERNELS[key[0]]] += n * timed[key] / iterations
     floor["total"] = sum(floor.values())
     return floor
 
@@ -340,7 +389,8 @@ def kernel_floor(calls: dict, iterations: int) -> dict:
 def profile_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: float, beta: float, seed: int,
                     tag: str) -> dict:
     """The kernel calls of a harness run's iterations ``warmup + 1 ..`` (the config of
-    :func:`run_harness`; with the same seed it is the same run: same samples, same shapes)."""
+    :func:`run_harness`; with the same seed it is the same run: same samples, same shapes):
+    ``{"iteration": calls, <phase>: calls of the kernels that start inside that phase}``."""
     from harness.train.lm import LMSource
 
     cfg = compose(base_overrides(cache, scratch / "harness_profiled" / tag, iterations, lr, beta, seed))
@@ -354,16 +404,40 @@ def profile_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr
             prof.start()
         return orig_collect(self, *a, **k)
 
+    def ranged(phase, fn):
+        def call(*a, **k):
+            with torch.profiler.record_function(f"phase:{phase}"):
+                return fn(*a, **k)
+        return call
+
     LMSource.collect = collect
     try:
-        harness_run(cfg)
+        with phase_hooks(ranged):
+            harness_run(cfg)
     finally:
         LMSource.collect = orig_collect
         if seen[0] > warmup:
             prof.stop()
     if seen[0] != iterations:
         raise RuntimeError(f"profiled harness run {tag}: {seen[0]} of {iterations} iterations")
-    return kernel_calls(prof.events())
+    events = prof.events()
+    kernels = [e for e in events if e.name in FLOOR_KERNELS]
+    out = {"iteration": kernel_calls(kernels)}
+    for phase in PHASES:
+        spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == f"phase:{phase}"]
+        out[phase] = kernel_calls(k for k in kernels if any(a <= k.time_range.start <= b for a, b in spans))
+    return out
+
+
+def phase_table(wall: dict, iteration_s: float, floor: dict, iteration_floor: float) -> list[tuple[str, float, float]]:
+    """``(part, wall s, kernel floor s)`` per iteration: sampling, the reference pass, the update
+    without its backward (forward, loss, clipping, Adam), the backward, the rest of the iteration,
+    the whole iteration (``backward`` runs inside ``update``)."""
+    parts = [("sample", wall["sample"], floor["sample"]), ("reference", wall["reference"], floor["reference"]),
+             ("update without backward", wall["update"] - wall["backward"], floor["update"] - floor["backward"]),
+             ("backward", wall["backward"], floor["backward"])]
+    parts.append(("rest", iteration_s - sum(w for _, w, _ in parts), iteration_floor - sum(f for _, _, f in parts)))
+    return [*parts, ("iteration", iteration_s, iteration_floor)]
 
 
 # --------------------------------------------------------------------------- main
@@ -467,10 +541,14 @@ def main() -> None:
             [f] = (scratch / "harness_profiled" / tag).glob("lm_summarize/grpo/seed*/metrics.parquet")
             tokens = pd.read_parquet(f).sort_values("iteration").tokens
             r0 = next(r for r in runs if r["beta"] == beta and r["round"] == 0)["harness"]
-            floors[f"{beta:g}"] = {**kernel_floor(calls, args.iterations - args.warmup),
-                                   "same_samples": int(tokens.iloc[-1] - tokens.iloc[args.warmup - 1]) == r0["tokens"],
-                                   "harness_s_per_iter": r0["s_per_iter_step"],
-                                   "trl_s_per_iter": summary[f"{beta:g}"]["trl_s_per_iter_step"]}
+            n, timed = args.iterations - args.warmup, {}
+            whole = kernel_floor(calls["iteration"], n, timed)
+            parts = {ph: kernel_floor(calls[ph], n, timed)["total"] for ph in PHASES}
+            same = int(tokens.iloc[-1] - tokens.iloc[args.warmup - 1]) == r0["tokens"]
+            floors[f"{beta:g}"] = {**whole, "same_samples": same, "harness_s_per_iter": r0["s_per_iter_step"],
+                                   "trl_s_per_iter": summary[f"{beta:g}"]["trl_s_per_iter_step"],
+                                   "phases": phase_table(r0["phase_s_per_iter"], r0["s_per_iter_step"], parts,
+                                                         whole["total"])}
             print(f"beta={beta:g} kernel floor: {json.dumps(floors[f'{beta:g}'])}", flush=True)
 
     total = time.time() - t_start
@@ -525,6 +603,16 @@ def main() -> None:
             md.append(line([beta, *(f"{1e3 * f[g]:.1f}" for g in groups), f"{1e3 * f['total']:.1f}",
                             f"{1e3 * f['harness_s_per_iter']:.1f}", f"{f['total'] / f['harness_s_per_iter']:.2f}",
                             f"{1e3 * f['trl_s_per_iter']:.1f}", f"{f['trl_s_per_iter'] / f['total']:.2f}"]))
+        md.append("")
+        md.append("Where the harness's iteration goes (round 0, ms per iteration; wall from timers around each part, "
+                  "kernels from the profiled run; the update's forward, loss, clipping and Adam are one part):")
+        md.append("")
+        cols = ["beta", "part", "wall", "kernels", "outside kernels"]
+        md.append(line(cols))
+        md.append(line(["---"] * len(cols)))
+        for beta, f in floors.items():
+            for part, w, k in f["phases"]:
+                md.append(line([beta, part, f"{1e3 * w:.1f}", f"{1e3 * k:.1f}", f"{1e3 * (w - k):.1f}"]))
     print("\n".join(md))
     if args.docs:
         print(f"wrote {write_block('docs/lm.md', 'lm-vs-trl', chr(10).join(md), command=header['command'])}")

@@ -104,3 +104,66 @@ def test_lm_kernel_floor_is_calls_times_replayed_seconds_per_iteration(monkeypat
     assert floor["matrix products"] == (3 * 2.0 + 1 * 2.0 + 2 * 1.0) / 2
     assert floor["GELU"] == 4 * 0.5 / 2 and floor["attention"] == 0 and floor["layer norm"] == 0
     assert floor["total"] == 6.0
+
+
+def test_lm_kernel_floor_of_the_parts_adds_up_to_the_whole(monkeypatch):
+    """With one ``timed`` record, each call is replayed once: floors of disjoint parts of the
+    calls add up to the floor of all of them, though every replay gives a different time."""
+    import itertools
+
+    import pytest
+
+    from benchmarks import lm_vs_trl
+
+    clock = itertools.count(1)
+    monkeypatch.setattr(lm_vs_trl, "replay_seconds", lambda name, shapes, scalars: float(next(clock)))
+    a = {("aten::addmm", "s1", ""): [3, None, None], ("aten::gelu", "s2", ""): [1, None, None]}
+    b = {("aten::mm", "s3", ""): [2, None, None]}
+    timed: dict = {}
+    whole = lm_vs_trl.kernel_floor({**a, **b}, 5, timed)["total"]
+    assert whole == pytest.approx((3 * 1 + 1 * 2 + 2 * 3) / 5, abs=1e-12)
+    parts = lm_vs_trl.kernel_floor(a, 5, timed)["total"] + lm_vs_trl.kernel_floor(b, 5, timed)["total"]
+    assert parts == pytest.approx(whole, abs=1e-12)
+    assert lm_vs_trl.kernel_floor(a, 5)["total"] != pytest.approx((3 * 1 + 1 * 2) / 5)  # without it: replayed again
+
+
+def test_lm_phase_hooks_wrap_each_part_and_put_it_back():
+    """``phase_hooks`` replaces each part's callable by the wrapper's, given the original, and
+    puts the originals back afterwards (also when the block raises)."""
+    import pytest
+    import torch
+
+    import harness.train.lm as lm
+    import harness.train.loop as loop
+    from benchmarks.lm_vs_trl import PHASES, phase_hooks
+
+    def target(phase):
+        return {"sample": (lm, "generate_groups"), "reference": (lm.LMSource, "_ref_logp"),
+                "update": (loop, "update"), "backward": (torch.Tensor, "backward")}[phase]
+
+    before = {ph: target(ph)[0].__dict__[target(ph)[1]] for ph in PHASES}
+    seen = {}
+
+    def wrap(phase, fn):
+        seen[phase] = fn
+        return lambda *a, **k: fn(*a, **k)
+
+    with pytest.raises(RuntimeError), phase_hooks(wrap):
+        for ph in PHASES:
+            owner, name = target(ph)
+            assert owner.__dict__[name] is not before[ph]
+        raise RuntimeError
+    assert seen == before
+    assert {ph: target(ph)[0].__dict__[target(ph)[1]] for ph in PHASES} == before
+
+
+def test_lm_phase_table_splits_the_iteration():
+    """The update's own part is the update less its backward; the rest is the iteration less the
+    parts; kernels likewise (numbers by hand)."""
+    from benchmarks.lm_vs_trl import phase_table
+
+    wall = {"sample": 10.0, "reference": 5.0, "update": 20.0, "backward": 12.0}
+    floor = {"sample": 4.0, "reference": 3.0, "update": 15.0, "backward": 10.0}
+    assert phase_table(wall, 40.0, floor, 25.0) == [
+        ("sample", 10.0, 4.0), ("reference", 5.0, 3.0), ("update without backward", 8.0, 5.0),
+        ("backward", 12.0, 10.0), ("rest", 5.0, 3.0), ("iteration", 40.0, 25.0)]
