@@ -436,7 +436,8 @@ def phase_table(wall: dict, iteration_s: float, floor: dict, iteration_floor: fl
     parts = [("sample", wall["sample"], floor["sample"]), ("reference", wall["reference"], floor["reference"]),
              ("update without backward", wall["update"] - wall["backward"], floor["update"] - floor["backward"]),
              ("backward", wall["backward"], floor["backward"])]
-    parts.append(("rest", iteration_s - sum(w for _, w, _ in parts), iteration_floor - sum(f for _, _, f in parts)))
+    rest_floor = round(iteration_floor - sum(f for _, _, f in parts), 12) + 0.0  # kernels outside the parts; no -0.0
+    parts.append(("rest", iteration_s - sum(w for _, w, _ in parts), rest_floor))
     return [*parts, ("iteration", iteration_s, iteration_floor)]
 
 
