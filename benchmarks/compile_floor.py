@@ -23,11 +23,12 @@ loss and gradients of the first step and the loss and parameters after ``--check
 fresh minibatches, ``torch.equal`` or the largest absolute difference, beside eager float32's own
 distance from the same steps in float64 (what rounding alone moves). Then the projection of a lone
 run's floor: compile time + 7,820 x per-minibatch time + start-up (:func:`startup_floor`, measured
-here), over SB3's whole process as ``docs/benchmarks.md`` reports it (:data:`SB3_DOCS_S`; *not*
-measured by this script) and over the eager floor measured here.
+here), over SB3's whole lone process (:func:`benchmarks.control_speed.sb3_process`, timed here
+``--sb3-rounds`` times between the step timings and the start-up; median) and over the eager floor
+measured here.
 
 Usage: python benchmarks/compile_floor.py [--rounds 3] [--reps 1000] [--check-steps 50]
-       [--modes default [max-autotune-no-cudagraphs]] [--whole-step] [--no-cold] [--docs]
+       [--modes default [max-autotune-no-cudagraphs]] [--whole-step] [--no-cold] [--sb3-rounds 1] [--docs]
 ``--docs`` writes the results into docs/benchmarks.md (block ``compile-floor``).
 """
 from __future__ import annotations
@@ -47,7 +48,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SB3_DOCS_S = 25.6  # SB3's whole lone process, docs/benchmarks.md control-speed block (2026-12-02); not measured here
 
 
 def make_variant(name: str, mode: str, steps: int):
@@ -148,6 +148,7 @@ def main() -> None:
                     help="torch.compile modes (e.g. default max-autotune-no-cudagraphs)")
     ap.add_argument("--whole-step", action="store_true", help="also compile the whole step function")
     ap.add_argument("--no-cold", action="store_true", help="skip the fresh-subprocess compile timings")
+    ap.add_argument("--sb3-rounds", type=int, default=1, help="SB3 lone processes to time (median); 0: no SB3 column")
     ap.add_argument("--docs", action="store_true", help="also write the results into docs/benchmarks.md's "
                     "compile-floor block, stamped with this command and today's date")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -166,7 +167,7 @@ def main() -> None:
     import torch
     import torch._dynamo
 
-    from benchmarks.control_speed import startup_floor
+    from benchmarks.control_speed import sb3_process, startup_floor
 
     torch.set_num_threads(1)
     torch._dynamo.config.cache_size_limit = 64  # every variant and check compiles its own closure of one code
@@ -210,6 +211,9 @@ def main() -> None:
             cold[full] = cold_first_call(name, mode, args.steps)
             print(f"cold first call {full}: {cold[full]['first']:.2f} s (second {cold[full]['second'] * 1e3:.1f} ms); "
                   f"next process on its disk cache: {cold[full]['warm_first']:.2f} s", flush=True)
+    sb3 = med([sb3_process(args.steps, 0)["wall"] for _ in range(args.sb3_rounds)]) if args.sb3_rounds else None
+    if sb3:
+        print(f"SB3 lone process (median of {args.sb3_rounds}): {sb3:.1f} s", flush=True)
     t_start = med([startup_floor() for _ in range(3)])
     print(f"start-up (python, import torch, first Adam; median of 3): {t_start:.2f} s", flush=True)
 
@@ -222,15 +226,16 @@ def main() -> None:
         doc.append(line)
 
     say()
-    say(f"{n_mb} minibatches; SB3's whole lone process {SB3_DOCS_S} s is from docs/benchmarks.md "
-        f"(2026-12-02), not measured here; the eager floor measured here: {eager_floor:.1f} s "
+    sb3_text = (f"SB3's whole lone process, timed here (median of {args.sb3_rounds}): {sb3:.1f} s" if sb3 else
+                "SB3 not timed (--sb3-rounds 0)")
+    say(f"{n_mb} minibatches; {sb3_text}; the eager floor measured here: {eager_floor:.1f} s "
         f"(start-up {t_start:.2f} s).")
     say()
     if not cold:
         say("(--no-cold: each compiled variant's projection counts its mode's largest in-process compile time.)")
         say()
     say("| variant | per minibatch (median of rounds) | / eager | compile s: cold; warm disk cache; in-process "
-        "| projected floor s: cold (warm cache) | / SB3 (docs) | / eager floor |")
+        "| projected floor s: cold (warm cache) | / SB3 | / eager floor |")
     say("| --- | --- | --- | --- | --- | --- | --- |")
     # without a cold figure, a variant's compile is its mode's largest in-process one (a later variant
     # of a mode reuses what an earlier one compiled in this process, and would show none)
@@ -246,7 +251,7 @@ def main() -> None:
             cs = "-"
         floor, floor_w = (c + per_mb[full] * n_mb + t_start for c in (comp, warm))
         say(f"| {full} | {per_mb[full] * 1e3:.3f} ms | {per_mb[full] / per_mb['eager']:.3f} | {cs} "
-              f"| {floor:.1f} ({floor_w:.1f}) | {floor / SB3_DOCS_S:.2f} ({floor_w / SB3_DOCS_S:.2f}) "
+              f"| {floor:.1f} ({floor_w:.1f}) | {f'{floor / sb3:.2f} ({floor_w / sb3:.2f})' if sb3 else '-'} "
               f"| {floor / eager_floor:.3f} ({floor_w / eager_floor:.3f}) |")
 
     say()
