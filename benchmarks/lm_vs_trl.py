@@ -545,7 +545,8 @@ def main() -> None:
             n, timed = args.iterations - args.warmup, {}
             whole = kernel_floor(calls["iteration"], n, timed)
             parts = {ph: kernel_floor(calls[ph], n, timed)["total"] for ph in PHASES}
-            same = int(tokens.iloc[-1] - tokens.iloc[args.warmup - 1]) == r0["tokens"]
+            before = int(tokens.iloc[args.warmup - 1]) if args.warmup else 0
+            same = int(tokens.iloc[-1]) - before == r0["tokens"]
             floors[f"{beta:g}"] = {**whole, "same_samples": same, "harness_s_per_iter": r0["s_per_iter_step"],
                                    "trl_s_per_iter": summary[f"{beta:g}"]["trl_s_per_iter_step"],
                                    "phases": phase_table(r0["phase_s_per_iter"], r0["s_per_iter_step"], parts,
