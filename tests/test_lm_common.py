@@ -50,3 +50,40 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def assert_own_decode_step_is_the_models(model, ids, mask, monkeypatch, device: str = "cpu", autocast: bool = False):
+    """``generate_groups`` (12 tokens, 3 samples and a greedy row per prompt, temperature 0.9) twice
+    from the same generator seed: with the decode loop's own GPT-2 step
+    (:func:`harness.models.lm._gpt2_decode_step`) and with it turned off (the model's own step).
+    Asserts the own step was taken and both give the same tokens, mask, log-probabilities, EOS flags
+    and generator state, bit for bit; returns the sampled rows."""
+    import torch
+
+    from harness.models import lm as lm_mod
+
+    taken = []
+    real_step = lm_mod._gpt2_decode_step
+
+    def spy(model, cache):
+        step = real_step(model, cache)
+        taken.append(step is not None)
+        return step
+
+    def run(step_factory):
+        monkeypatch.setattr(lm_mod, "_gpt2_decode_step", step_factory)
+        gen = torch.Generator(device=device).manual_seed(4)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            sampled, greedy = lm_mod.generate_groups(model, ids, mask, 12, 2, 0, temperature=0.9, samples=3,
+                                                     with_greedy=True, generator=gen)
+        return sampled, greedy, gen.get_state()
+
+    (fast_s, fast_g, fast_state), (slow_s, slow_g, slow_state) = run(spy), run(lambda model, cache: None)
+    assert taken == [True]
+    for a, b in ((fast_s, slow_s), (fast_g, slow_g)):
+        for name in ("tokens", "mask", "logp", "has_eos"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert torch.equal(x, y), (name, (x.float() - y.float()).abs().max().item() if x.shape == y.shape else
+                                       (x.shape, y.shape))
+    assert torch.equal(fast_state, slow_state)
+    return fast_s

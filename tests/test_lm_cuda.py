@@ -11,7 +11,8 @@ from harness.app import run
 from harness.models.lm import generate, response_forward, tiny_causal_lm
 from harness.tasks.lm.data import left_pad
 
-from .test_lm_common import compose, one_thread  # noqa: F401  (autouse fixture)
+from .test_lm_common import assert_own_decode_step_is_the_models, compose
+from .test_lm_common import one_thread  # noqa: F401  (autouse fixture)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -61,33 +62,7 @@ def test_gpt2_decoding_step_on_cuda_is_the_models_own_step(autocast, monkeypatch
     (:func:`harness.models.lm._gpt2_decode_step`) draws the tokens, log-probabilities and generator
     state of decoding with ``model(...)`` at every step, bit for bit: in float32 and under the bf16
     autocast the LM task uses on a GPU, with left-padded prompts and rows that end early."""
-    from harness.models import lm as lm_mod
-
     model = tiny_causal_lm(10, pad_token_id=0, eos_token_id=2, n_positions=64, n_layer=2, n_embd=32, n_head=2,
                            seed=0).cuda().eval()
     ids, mask = left_pad([[5, 6, 7, 8, 9, 3], [4, 5], [9, 8, 7, 6]], 0, torch.device("cuda"))
-    taken = []
-    real_step = lm_mod._gpt2_decode_step
-
-    def spy(model, cache):
-        step = real_step(model, cache)
-        taken.append(step is not None)
-        return step
-
-    def run(step_factory):
-        monkeypatch.setattr(lm_mod, "_gpt2_decode_step", step_factory)
-        gen = torch.Generator(device="cuda").manual_seed(4)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            out = lm_mod.generate_groups(model, ids, mask, 12, 2, 0, temperature=0.9, samples=3, with_greedy=True,
-                                         generator=gen)
-        return out, gen.get_state()
-
-    (fast_s, fast_g), fast_state = run(spy)
-    (slow_s, slow_g), slow_state = run(lambda model, cache: None)
-    assert taken == [True]
-    for a, b in ((fast_s, slow_s), (fast_g, slow_g)):
-        for name in ("tokens", "mask", "logp", "has_eos"):
-            x, y = getattr(a, name), getattr(b, name)
-            assert torch.equal(x, y), (name, (x.float() - y.float()).abs().max().item() if x.shape == y.shape else
-                                       (x.shape, y.shape))
-    assert torch.equal(fast_state, slow_state)
+    assert_own_decode_step_is_the_models(model, ids, mask, monkeypatch, device="cuda", autocast=autocast)

@@ -6,7 +6,7 @@ from harness.models.lm import generate, response_forward, tiny_causal_lm
 from harness.tasks.lm import build_word_tokenizer, ensure_special_tokens, make_corpus, vocabulary
 from harness.tasks.lm.data import encode_prompt, encode_response, left_pad, right_pad
 
-from .test_lm_common import one_thread  # noqa: F401  (autouse fixture)
+from .test_lm_common import assert_own_decode_step_is_the_models, one_thread  # noqa: F401  (autouse fixture)
 
 
 def test_word_tokenizer_round_trip_pad_and_eos(tmp_path):
@@ -220,31 +220,10 @@ def test_gpt2_decoding_step_is_the_models_own_step_bit_for_bit(prompts, dtype, m
 
     model = _tiny("gpt2").to(dtype)
     ids, mask = left_pad(prompts, 0)
-    taken = []
-    real_step = lm_mod._gpt2_decode_step
-
-    def spy(model, cache):
-        step = real_step(model, cache)
-        taken.append(step is not None)
-        return step
-
-    def run(step_factory):
-        monkeypatch.setattr(lm_mod, "_gpt2_decode_step", step_factory)
-        gen = torch.Generator().manual_seed(4)
-        out = lm_mod.generate_groups(model, ids, mask, 12, 2, 0, temperature=0.9, samples=3, with_greedy=True,
-                                     generator=gen)
-        return out, gen.get_state()
-
-    (fast_s, fast_g), fast_state = run(spy)
-    (slow_s, slow_g), slow_state = run(lambda model, cache: None)
-    assert taken == [True]
-    assert fast_s.has_eos.any() and (~fast_s.has_eos).any()  # rows end early, others run to the cap
-    for a, b in ((fast_s, slow_s), (fast_g, slow_g)):
-        for name in ("tokens", "mask", "logp", "has_eos"):
-            assert torch.equal(getattr(a, name), getattr(b, name)), name
-    assert torch.equal(fast_state, slow_state)
+    sampled = assert_own_decode_step_is_the_models(model, ids, mask, monkeypatch)
+    assert sampled.has_eos.any() and (~sampled.has_eos).any()  # rows end early, others run to the cap
     # any other model keeps transformers' step
-    assert real_step(_tiny("llama"), None) is None
+    assert lm_mod._gpt2_decode_step(_tiny("llama"), None) is None
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
