@@ -49,7 +49,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-
 def make_variant(name: str, mode: str, steps: int):
     """``(problem, step)``: a fresh :func:`floor_problem` (same initial weights every time) and the
     zero-argument step of variant ``name`` on its fixed minibatch."""
