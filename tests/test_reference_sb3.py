@@ -360,3 +360,16 @@ def test_sb3s_value_clip_is_another_loss_so_vf_clip_eps_is_refused():
     assert float(ours) == pytest.approx(0.5) and float(sb3) / 2 == pytest.approx(0.02)
     with pytest.raises(ValueError, match=r"^vf_clip_eps must be None with reference=sb3"):
         validate(cfg_for("vf_clip_eps=0.2"))
+
+
+def test_a_reference_run_leaves_no_folder_in_the_temp_dir(tmp_path, monkeypatch):
+    """SB3 left to itself makes an empty ``SB3-<time>`` folder in the temp dir for every run
+    (its default logger, which writes nothing there); a reference run leaves nothing behind."""
+    import tempfile
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    for overrides in (["estimator=ppo_gae"], ["estimator=a2c", "task.rollout_steps=4", "n_steps=4", "grad_clip=joint"]):
+        assert run(cfg_for(*overrides, tmp_path=tmp_path / "results")).get("completed") == 1
+    assert [p.name for p in temp.iterdir() if p.name.startswith("SB3-")] == []  # (torch keeps its inductor cache there)

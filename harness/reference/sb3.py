@@ -129,6 +129,7 @@ def _model(cfg: DictConfig):
     """SB3's algorithm for ``cfg`` (:data:`ALGORITHMS`), its vectorised env, and its VecNormalize (or None)."""
     import stable_baselines3 as sb3
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import VecNormalize
 
     t = cfg.task
@@ -154,6 +155,9 @@ def _model(cfg: DictConfig):
         model = sb3.PPO("MlpPolicy", env, batch_size=batch // int(cfg.minibatches), n_epochs=int(cfg.epochs),
                         gae_lambda=float(cfg.gae_lambda), clip_range=float(cfg.clip_eps), clip_range_vf=None,
                         **common)
+    # SB3's logger without outputs, set here: left to learn(), SB3 makes one it writes nothing to,
+    # in a new empty folder /tmp/SB3-<time> per run. The values it records (name_to_value) are the same.
+    model.set_logger(Logger(folder=None, output_formats=[]))
     return model, env, norm
 
 
