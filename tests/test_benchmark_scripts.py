@@ -1,12 +1,13 @@
-"""Benchmark scripts that run on a GPU machine keep working where CI can run them: on CPU.
+"""Benchmark scripts' own parts, checked where CI runs (on CPU).
 
-``benchmarks/gpu_determinism.py`` rotted once unseen (its tiny LM config stopped yielding
+``benchmarks/gpu_determinism.py`` (meant for a GPU machine) rotted once unseen (its tiny LM config stopped yielding
 preference pairs for the reward model, and a new measured column made every pair differ); it is
 run here with ``--device cpu``, where runs are bitwise reproducible (docs/scale.md), so both
 pairs must come out identical.
 
-``benchmarks/lm_vs_trl.py --floor`` (the LM iteration's kernel floor): its counting, its rebuilding
-of each recorded call and its sum are checked on small profiled programs.
+``benchmarks/lm_vs_trl.py --floor`` (the LM iteration's kernel floor and its split into parts): its
+counting, its rebuilding of each recorded call, its sums and its hooks are checked on small
+profiled programs and by hand.
 """
 from __future__ import annotations
 
