@@ -189,8 +189,12 @@ def phase_hooks(wrap):
 
 # --------------------------------------------------------------------------- harness side
 def run_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: float, beta: float, seed: int,
-                tag: str) -> dict:
-    results = scratch / "harness" / tag
+                tag: str, profiler=None, folder: str = "harness") -> dict:
+    """One harness run of this benchmark's config: its rates (:func:`all_rates`), each part's wall time
+    per iteration (:data:`PHASES`) and its outcomes. With a ``torch.profiler`` ``profiler`` (``--floor``),
+    that is started at iteration ``warmup + 1`` and stopped at the end, each part inside a
+    ``phase:<part>`` range."""
+    results = scratch / folder / tag
     cfg = compose(base_overrides(cache, results, iterations, lr, beta, seed))
     # CPU-time probes (the parquet holds wall times only): an iteration starts with collect()
     # and its iter_time_s is taken just before _row() is entered
@@ -203,6 +207,8 @@ def run_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: fl
 
     def collect(self, *a, **k):
         cpu_begin.append(time.process_time())
+        if profiler is not None and len(cpu_begin) == warmup + 1:
+            profiler.start()
         return orig_collect(self, *a, **k)
 
     def row(self, *a, **k):
@@ -211,11 +217,15 @@ def run_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: fl
 
     phase_s: dict[str, list[tuple[int, float]]] = {phase: [] for phase in PHASES}  # (iteration, seconds)
 
+    def span(phase):  # a profiler range around each part, when profiling
+        return torch.profiler.record_function(f"phase:{phase}") if profiler is not None else contextlib.nullcontext()
+
     def timed(phase, fn):
         def call(*a, **k):
             t = time.perf_counter()
             try:
-                return fn(*a, **k)
+                with span(phase):
+                    return fn(*a, **k)
             finally:
                 phase_s[phase].append((len(cpu_begin), time.perf_counter() - t))
         return call
@@ -227,6 +237,8 @@ def run_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: fl
             counts = harness_run(cfg)
     finally:
         LMSource.collect, Loop._row = orig_collect, orig_row
+        if profiler is not None and len(cpu_begin) > warmup:
+            profiler.stop()
     wall = time.time() - t0
     paths = list((results / "lm_summarize" / "grpo").glob("seed*/metrics.parquet"))
     if len(paths) != 1:
@@ -387,46 +399,20 @@ def kernel_floor(calls: dict, iterations: int, timed: dict | None = None) -> dic
 
 
 def profile_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: float, beta: float, seed: int,
-                    tag: str) -> dict:
-    """The kernel calls of a harness run's iterations ``warmup + 1 ..`` (the config of
-    :func:`run_harness`; with the same seed it is the same run: same samples, same shapes):
-    ``{"iteration": calls, <phase>: calls of the kernels that start inside that phase}``."""
-    from harness.train.lm import LMSource
-
-    cfg = compose(base_overrides(cache, scratch / "harness_profiled" / tag, iterations, lr, beta, seed))
+                    tag: str) -> tuple[dict, dict]:
+    """:func:`run_harness` under ``torch.profiler`` (shapes recorded) over iterations ``warmup + 1 ..``
+    (with the same seed it is the same run: same samples, same shapes). Returns its kernel calls,
+    ``{"iteration": calls, <phase>: calls of the kernels that start inside that phase}``, and the
+    run's own result."""
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
-    seen = [0]
-    orig_collect = LMSource.collect
-
-    def collect(self, *a, **k):
-        seen[0] += 1
-        if seen[0] == warmup + 1:
-            prof.start()
-        return orig_collect(self, *a, **k)
-
-    def ranged(phase, fn):
-        def call(*a, **k):
-            with torch.profiler.record_function(f"phase:{phase}"):
-                return fn(*a, **k)
-        return call
-
-    LMSource.collect = collect
-    try:
-        with phase_hooks(ranged):
-            harness_run(cfg)
-    finally:
-        LMSource.collect = orig_collect
-        if seen[0] > warmup:
-            prof.stop()
-    if seen[0] != iterations:
-        raise RuntimeError(f"profiled harness run {tag}: {seen[0]} of {iterations} iterations")
+    r = run_harness(cache, scratch, iterations, warmup, lr, beta, seed, tag, profiler=prof, folder="harness_profiled")
     events = prof.events()
     kernels = [e for e in events if e.name in FLOOR_KERNELS]
     out = {"iteration": kernel_calls(kernels)}
     for phase in PHASES:
         spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == f"phase:{phase}"]
         out[phase] = kernel_calls(k for k in kernels if any(a <= k.time_range.start <= b for a, b in spans))
-    return out
+    return out, r
 
 
 def phase_table(wall: dict, iteration_s: float, floor: dict, iteration_floor: float) -> list[tuple[str, float, float]]:
@@ -538,15 +524,12 @@ def main() -> None:
     if args.floor:
         for beta in args.beta:
             tag = f"b{beta:g}_r0"
-            calls = profile_harness(cache, scratch, args.iterations, args.warmup, args.lr, beta, 0, tag)
-            [f] = (scratch / "harness_profiled" / tag).glob("lm_summarize/grpo/seed*/metrics.parquet")
-            tokens = pd.read_parquet(f).sort_values("iteration").tokens
+            calls, profiled = profile_harness(cache, scratch, args.iterations, args.warmup, args.lr, beta, 0, tag)
             r0 = next(r for r in runs if r["beta"] == beta and r["round"] == 0)["harness"]
             n, timed = args.iterations - args.warmup, {}
             whole = kernel_floor(calls["iteration"], n, timed)
             parts = {ph: kernel_floor(calls[ph], n, timed)["total"] for ph in PHASES}
-            before = int(tokens.iloc[args.warmup - 1]) if args.warmup else 0
-            same = int(tokens.iloc[-1]) - before == r0["tokens"]
+            same = profiled["tokens"] == r0["tokens"]  # sampled tokens of the timed iterations
             floors[f"{beta:g}"] = {**whole, "same_samples": same, "harness_s_per_iter": r0["s_per_iter_step"],
                                    "trl_s_per_iter": summary[f"{beta:g}"]["trl_s_per_iter_step"],
                                    "phases": phase_table(r0["phase_s_per_iter"], r0["s_per_iter_step"], parts,
