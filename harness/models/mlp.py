@@ -139,8 +139,11 @@ class PopulationMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
         """``x [R, N, in] -> [R, N, out]`` for the rows ``rows`` (all by default)."""
-        n = len(self.weights)
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+        # the lists' own parameter dicts: ParameterList's indexing (per item, by string key) was
+        # about 6 us of every forward, a tenth of a lone run's collection step
+        ws, bs = self.weights._parameters.values(), self.biases._parameters.values()
+        n = len(ws)
+        for i, (w, b) in enumerate(zip(ws, bs)):
             if rows is not None:
                 w, b = w[rows], b[rows]
             x = population_layer(b, x, w)
