@@ -208,6 +208,48 @@ def test_member_learning_rates_scale_each_members_step():
     assert learner.w.detach()[:, 0].tolist() == pytest.approx([0.1, 0.05, 0.0], rel=1e-4)  # eps=1e-5 in Adam
 
 
+def test_direct_fused_adam_is_adams_own_step(monkeypatch):
+    """MemberOptimizer's fused Adam step (the kernel called directly once every parameter has
+    state and a gradient) against the same optimizer stepping through ``torch.optim.Adam.step``
+    (``direct`` off): the same weights, moments and step counts bit for bit over steps with a
+    changing learning rate, a frozen member, members' own rates, a parameter without a gradient
+    and a state restored from ``state_dict`` (a checkpoint), and the direct path is the one taken."""
+    P = 3
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(2 * P, 4, 8), (2 * P, 1, 8), (P, 1, 2)]
+    start = [torch.randn(*s, generator=gen) for s in shapes]
+    mine = [torch.nn.Parameter(x.clone()) for x in start]
+    ref = [torch.nn.Parameter(x.clone()) for x in start]
+    opt, via_step = MemberOptimizer(mine, P, 1e-2, fused=True), MemberOptimizer(ref, P, 1e-2, fused=True)
+    assert opt.direct
+    via_step.direct = False
+    calls = []
+    step = torch.optim.Adam.step
+    monkeypatch.setattr(torch.optim.Adam, "step", lambda self, *a, **k: calls.append(self) or step(self, *a, **k))
+    no = torch.zeros(P, dtype=torch.bool)
+    plan = [(torch.full((P,), 1e-2), no, None), (torch.full((P,), 5e-3), no, None),
+            (torch.tensor([4e-3, 2e-3, 1e-3]), no, None),  # members' own rates (annealing)
+            (torch.full((P,), 2e-3), torch.tensor([False, True, False]), None),  # a frozen member
+            (torch.full((P,), 1e-3), no, 2)]  # parameter 2 has no gradient: Adam skips it
+    for k, (lr, frozen, skip) in enumerate(plan * 2):
+        if k == len(plan):  # a checkpoint restore rebuilds both optimizers' state
+            for o in (opt, via_step):
+                o.optim.load_state_dict(o.optim.state_dict())
+        grads = [torch.randn(*s, generator=gen) for s in shapes]
+        for i, (p, q, g) in enumerate(zip(mine, ref, grads)):
+            p.grad, q.grad = (None, None) if i == skip else (g.clone(), g.clone())
+        opt.step(lr.double(), frozen)
+        via_step.step(lr.double(), frozen)
+        for p, q in zip(mine, ref):
+            assert torch.equal(p, q), k
+    for p, q in zip(mine, ref):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(opt.optim.state[p][key], via_step.optim.state[q][key]), key
+    assert not torch.equal(mine[0], start[0])
+    own = [c for c in calls if c is opt.optim]
+    assert len(own) == 3  # the first step (no state yet) and the two without a gradient
+
+
 @pytest.mark.parametrize("family", ["control", "toy", "lm"])
 def test_every_family_uses_the_one_optimizer_and_logs_the_same_columns(family, tmp_path):
     """Adam eps 1e-5 everywhere (main: 1e-8 on the toy task), and every row carries the policy
