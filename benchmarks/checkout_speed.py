@@ -76,7 +76,8 @@ def main() -> None:
     args = ap.parse_args()
     cache = args.cache or Path(tempfile.mkdtemp(prefix="lm-cache-"))
     sides = {"base": args.base.resolve(), "this": ROOT}
-    lm_time(ROOT, args.lm_estimators[0], 1, 0, cache)  # build the pipeline once
+    if args.lm_estimators:  # build the pipeline once (``--lm-estimators`` with none: control only)
+        lm_time(ROOT, args.lm_estimators[0], 1, 0, cache)
     times: dict[tuple[str, str], list[float]] = {}
     for r in range(args.rounds):
         order = ["base", "this"] if r % 2 == 0 else ["this", "base"]
