@@ -15,7 +15,9 @@ are issue 16's:
 2. A lone run (``population=1``) vs one SB3 run: wall time ratio <= 0.5. Beside it, measured
    in the same run, what a plain PPO pays before it collects a step: a hand-written PPO update
    step times the run's minibatches (:func:`update_floor`), plus a process that only imports torch and makes an
-   Adam (:func:`startup_floor`). Beside the population's ratio (issue 40 asks <= 0.20), the same for
+   Adam (:func:`startup_floor`); and the lone floor: that start-up, the same step with fused Adam (the
+   harness's), and the run's collection and evaluation written the plainest way (CartPole's own
+   vector env and one plain actor forward per step, :func:`collection_floor`). Beside the population's ratio (issue 40 asks <= 0.20), the same for
    the population: the plain step written batched for one worker's slice of the members
    (:func:`population_floor`), times the minibatches, plus that start-up.
 
@@ -198,7 +200,8 @@ def harness_tanh() -> type:
     return HarnessTanh
 
 
-def update_floor(steps: int, reps: int = 2000, activation: Callable | None = None) -> tuple[float, int]:
+def update_floor(steps: int, reps: int = 2000, activation: Callable | None = None,
+                 fused_adam: bool = False) -> tuple[float, int]:
     """``(seconds per minibatch, minibatches)``: a plain hand-written PPO update step with
     :data:`ZOO`'s settings (CartPole's 4 inputs and 2 actions, the zoo's hidden sizes with tanh for
     actor and critic, one minibatch of ``num_envs x rollout_steps`` samples: clipped policy loss,
@@ -208,12 +211,96 @@ def update_floor(steps: int, reps: int = 2000, activation: Callable | None = Non
     any eager-PyTorch PPO pays for its updates on this CPU written the plain way (the harness's own
     step is below it: one fused actor-critic pass, fused Adam), before collecting a step.
     ``benchmarks/compile_floor.py`` times the same step under ``torch.compile``. ``activation``: as
-    :func:`floor_problem`'s (``main`` passes :func:`harness_tanh`)."""
+    :func:`floor_problem`'s (``main`` passes :func:`harness_tanh`); ``fused_adam``: Adam's fused kernel
+    (the harness's Adam), which ``main`` times too."""
     import torch
 
     torch.set_num_threads(1)  # this process only launches the others: its own threads are this timing's
-    prob = floor_problem(steps, activation=activation)
+    prob = floor_problem(steps, fused_adam=fused_adam, activation=activation)
     return time_step(prob.step, reps), prob.n_minibatches
+
+
+def collection_problem(steps: int, eval_episodes: int = 10, seed: int = 0):
+    """What :func:`collection_floor` times, built once: a namespace with ``run()`` (collect and
+    evaluate once; returns the vector steps taken and the actions sent), ``iterations``,
+    ``rollout_steps``, ``eval_steps`` and the env counts. :data:`ZOO`'s collection written the plainest
+    way: gymnasium's own CartPole vector env (as the harness makes it, ``num_envs`` envs) stepped
+    ``rollout_steps`` times per iteration for ``ceil(steps / batch)`` iterations, each step the
+    zoo's 64-64 actor as three ``addmm`` with the harness's tanh (numpy's), a Gumbel-max sample
+    from uniforms drawn once per rollout, and the sample's log-probability; per rollout one critic
+    pass over its observations and one over the next ones (the values GAE needs); then the final
+    evaluation: ``eval_episodes`` envs stepped greedily for a CartPole-v1 episode's 500 steps (both
+    sides' runs end at return 500). No bookkeeping, no buffers beyond the observations."""
+    import numpy as np
+    import torch
+
+    from harness.models.mlp import tanh
+    from harness.tasks.control import make_vector_env
+
+    z = zoo_step_settings(steps)
+    zoo = dict(a.split("=", 1) for a in ZOO)
+    n_envs, T = int(zoo["task.num_envs"]), int(zoo["task.rollout_steps"])
+    iterations, eval_steps = -(-steps // z.size), 500
+    gen = torch.Generator().manual_seed(seed)
+    sizes = [4, *z.hidden]
+
+    def mlp(out: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(torch.randn(a, b, generator=gen) / a ** 0.5, torch.zeros(b)) for a, b in zip(sizes, [*sizes[1:], out])]
+
+    pi, vf = mlp(2), mlp(1)
+
+    def forward(layers, x):
+        for i, (w, b) in enumerate(layers):
+            x = torch.addmm(b, x, w)
+            x = tanh(x) if i < len(layers) - 1 else x
+        return x
+
+    @torch.no_grad()
+    def run() -> tuple[int, list[np.ndarray]]:
+        sent = []
+        env = make_vector_env("CartPole-v1", n_envs, None, native=True)
+        obs, _ = env.reset(seed=seed)
+        for _ in range(iterations):
+            gumbel = -torch.log(-torch.log(torch.rand(T, n_envs, 2, generator=gen).clamp(1e-20, 1.0 - 1e-7)))
+            seen, nxt = [], []
+            for t in range(T):
+                o = torch.from_numpy(obs)
+                logits = forward(pi, o)
+                a = (logits + gumbel[t]).argmax(-1)
+                torch.log_softmax(logits, -1).gather(1, a[:, None])
+                obs, *_ = env.step(a.numpy())
+                sent.append(a.numpy())
+                seen.append(o)
+                nxt.append(torch.from_numpy(obs))
+            forward(vf, torch.cat(seen))
+            forward(vf, torch.cat(nxt))
+        env.close()
+        env = make_vector_env("CartPole-v1", eval_episodes, None, native=True)
+        obs, _ = env.reset(seed=seed + 1)
+        for _ in range(eval_steps):
+            obs, *_ = env.step(forward(pi, torch.from_numpy(obs)).argmax(-1).numpy())
+        env.close()
+        return iterations * T + eval_steps, sent
+
+    return SimpleNamespace(run=run, iterations=iterations, rollout_steps=T, eval_steps=eval_steps, num_envs=n_envs,
+                           eval_episodes=eval_episodes)
+
+
+def collection_floor(steps: int, rounds: int = 3) -> tuple[float, int]:
+    """``(seconds, vector steps)``: :func:`collection_problem`'s collection and evaluation, best of
+    ``rounds``, on one torch thread in this process: what any PPO run of :data:`ZOO` pays, beyond its
+    updates and start-up, to collect its env steps and evaluate, at the least (CartPole's own
+    steps and the plainest actor forward each)."""
+    import torch
+
+    torch.set_num_threads(1)
+    prob = collection_problem(steps)
+    best, n = float("inf"), 0
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        n, _ = prob.run()
+        best = min(best, time.perf_counter() - t0)
+    return best, n
 
 
 def population_problem(members: int, seed: int = 0, dtype=None, tanh: Callable | None = None,
@@ -350,18 +437,33 @@ def main() -> None:
                     f"`learn`; final return {med([x['return'] for x in sb3]):.1f} | |")
         rows.append(f"| lone run: ours / SB3 wall time, whole process (in-run) | **{ratio:.2f}** ({t1_run / ts_run:.2f}) "
                     f"| <= 0.50: {verdict(ratio <= 0.5)} |")
-        # beside the lone ratio: what a plain eager-PyTorch PPO process pays before it collects a step
+        # beside the lone ratio: what a plain eager-PyTorch PPO process pays before it collects a step,
+        # and with the cheapest step measured (fused Adam) and the least collection and evaluation
         per_mb, n_mb = update_floor(steps, activation=harness_tanh())
+        per_mb_f, _ = update_floor(steps, activation=harness_tanh(), fused_adam=True)
         t_start = med([startup_floor() for _ in range(3)])
+        t_collect, n_vec = collection_floor(steps)
         floor = per_mb * n_mb + t_start
+        least = per_mb_f * n_mb + t_start + t_collect
         print(f"-> plain PPO update step {per_mb * 1e3:.2f} ms x {n_mb} minibatches = {per_mb * n_mb:.1f} s, "
               f"+ start-up (python, import torch, first Adam) {t_start:.1f} s = {floor:.1f} s = {floor / ts:.2f} of "
               f"SB3's whole process, before collecting a step", flush=True)
+        print(f"-> with fused Adam {per_mb_f * 1e3:.2f} ms a step, + collection and evaluation at the least "
+              f"({n_vec} vector steps) {t_collect:.1f} s: {least:.1f} s = {least / ts:.2f} of SB3's whole process; "
+              f"ours = {t1 / least:.2f}x that", flush=True)
         rows.append(f"| a plain hand-written PPO update step (same networks, batch, loss terms, clipping, Adam; "
                     f"the harness's tanh, numpy's; 1 thread) x {n_mb} minibatches | {per_mb * n_mb:.1f} s ({per_mb * 1e3:.2f} ms each) | |")
         rows.append(f"| a whole process that only imports torch and makes one Adam, the collector paused over the "
                     f"imports as in `python -m harness` (median of 3) | {t_start:.1f} s | |")
         rows.append(f"| the two above / SB3's whole process (no env step collected, no evaluation) | **{floor / ts:.2f}** | |")
+        rows.append(f"| the same step with fused Adam (the harness's Adam), x {n_mb} | {per_mb_f * n_mb:.1f} s "
+                    f"({per_mb_f * 1e3:.2f} ms each) | |")
+        rows.append(f"| collecting the run's steps and evaluating at the least: CartPole's own vector env "
+                    f"({n_vec} steps: 8 envs x 32 steps per iteration, then 500 steps of the 10 evaluation envs), each "
+                    f"with the plainest actor forward (three `addmm`, numpy's tanh) and sample, a critic pass per "
+                    f"rollout (best of 3) | {t_collect:.1f} s | |")
+        rows.append(f"| the lone floor: start-up + fused-Adam steps + that collection, / SB3's whole process; ours "
+                    f"over it | **{least / ts:.2f}**; {t1 / least:.2f}x | |")
 
     pop = ours_process(steps, P)
     tp, tp_run = pop["wall"], max(pop["run_s"])

@@ -67,3 +67,35 @@ def test_the_population_floor_step_is_each_members_lone_plain_step(layer):
 def test_the_floors_count_the_same_minibatches():
     # 100k steps / (8 envs x 32 steps) = 391 iterations x 20 epochs
     assert floor_problem(100_000).n_minibatches == 391 * 20
+
+
+def test_the_collection_floor_steps_the_runs_envs_and_evaluation(monkeypatch):
+    """collection_problem steps CartPole's vector env as the zoo run does: 1,000 env steps are
+    ceil(1000 / 256) = 4 iterations of 8 envs x 32 steps, then 500 steps of the 10 evaluation envs
+    (counted here on the envs themselves), each action a valid one from the actor's sample."""
+    import harness.tasks.control as control
+    from benchmarks.control_speed import collection_problem
+
+    made = []
+    make = control.make_vector_env
+
+    def counting(env_id, num_envs, max_episode_steps, native=True):
+        env = make(env_id, num_envs, max_episode_steps, native)
+        made.append([num_envs, 0])
+        step = env.step
+
+        def counted(a):
+            assert a.shape == (num_envs,) and set(a.tolist()) <= {0, 1}
+            made[-1][1] += 1
+            return step(a)
+
+        env.step = counted
+        return env
+
+    monkeypatch.setattr(control, "make_vector_env", counting)
+    prob = collection_problem(1000)
+    n, sent = prob.run()
+    assert made == [[8, 4 * 32], [10, 500]]
+    assert n == 4 * 32 + 500 and len(sent) == 4 * 32
+    # the samples are the actor's, not one action throughout
+    assert 0 < sum(a.sum() for a in sent) < 4 * 32 * 8
