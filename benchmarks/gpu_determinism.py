@@ -14,8 +14,10 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from harness.train.lm import MEASURED_COLUMNS  # noqa: E402  (measurements, not results)
 DEVICE = "cuda"
-TIMING = {"wall_time_s", "tokens_per_s", "iter_time_s", "peak_mem_mb", "peak_mem_base_mb"}  # measurements, not results
 TINY = ["lm.data.train_size=256", "lm.arch.n_layer=1", "lm.arch.n_embd=64", "lm.arch.n_head=2", "lm.sft.steps=60",
         "lm.rm.prompts=64", "lm.rm.epochs=1", "lm.rm.include_reference=true", "lm.eval_prompts=16", "eval_every=1",
         "progress=false"]
@@ -31,7 +33,7 @@ def run(results: Path, tag: str, iterations: int, deterministic: bool) -> pd.Dat
         sys.exit(f"{tag}: exit {done.returncode}: " + " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:]))
     [f] = out.glob("lm_summarize/*/seed*/metrics.parquet")
     df = pd.read_parquet(f)
-    return df[[c for c in df.columns if c not in TIMING and c != "run_id"]]
+    return df[[c for c in df.columns if c not in MEASURED_COLUMNS and c != "run_id"]]
 
 
 def main() -> None:

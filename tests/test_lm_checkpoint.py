@@ -17,12 +17,11 @@ import torch
 from harness.app import run
 from harness.validation import validate
 from harness.io import checkpoint as ckpt
-from harness.train.lm import LMSource
+from harness.train.lm import MEASURED_COLUMNS, LMSource
 from harness.train.loop import Loop
 
 from .test_lm_common import compose, one_thread  # noqa: F401  (autouse fixture)
 
-WALL_CLOCK = ["wall_time_s", "iter_time_s", "tokens_per_s", "peak_mem_mb", "peak_mem_base_mb"]
 SUMMARY_KEYS = ["status", "reason", "iterations", "tokens", "prompts_truncated", "eval_return_init",
                 "eval_gold_greedy_init"]
 
@@ -60,7 +59,7 @@ def run_dirs(root) -> list:
 
 
 def metrics(d) -> pd.DataFrame:
-    return pq.read_table(d / "metrics.parquet").to_pandas().drop(columns=WALL_CLOCK)
+    return pq.read_table(d / "metrics.parquet").to_pandas().drop(columns=list(MEASURED_COLUMNS))
 
 
 def summary(d) -> dict:

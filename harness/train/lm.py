@@ -65,6 +65,10 @@ from .sampling import cat_rows, dynamic_sample, overlong_penalty, take_groups
 from .update import UpdateBatch, clip_grad_groups
 
 
+#: The row's columns that measure the machine (time, throughput, memory), not the run: two runs of
+#: one config (resumed or not, on a GPU with deterministic kernels) differ in these alone
+#: (tests/test_lm_checkpoint.py, benchmarks/gpu_determinism.py leave them out of their comparisons).
+MEASURED_COLUMNS = ("wall_time_s", "iter_time_s", "tokens_per_s", "peak_mem_mb", "peak_mem_base_mb")
 EVAL_SEED_OFFSET = 7919  # eval noise: seeded by lm.pipeline_seed only, shared by every run and estimator
 
 
