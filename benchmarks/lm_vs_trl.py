@@ -398,33 +398,65 @@ def kernel_floor(calls: dict, iterations: int, timed: dict | None = None) -> dic
     return floor
 
 
+def top_level_ops(events) -> list:
+    """The ``aten::`` events that no other ``aten::`` op called: one per op the harness's Python
+    (or autograd's engine, in the backward) asked torch for, whatever it did inside."""
+    out = []
+    for e in events:
+        if e.name.startswith("aten::"):
+            parent = e.cpu_parent
+            while parent is not None and not parent.name.startswith("aten::"):
+                parent = parent.cpu_parent
+            if parent is None:
+                out.append(e)
+    return out
+
+
+def bare_op_seconds(repeats: int = 5, n: int = 20000) -> float:
+    """Best-of-``repeats`` seconds of one ``torch.add`` of two one-element tensors called from
+    Python: what an eager op costs with next to no kernel, the dispatch alone."""
+    a, b = torch.ones(1), torch.ones(1)
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                torch.add(a, b)
+            best = min(best, (time.perf_counter() - t0) / n)
+    return best
+
+
 def profile_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: float, beta: float, seed: int,
-                    tag: str) -> tuple[dict, dict]:
+                    tag: str) -> tuple[dict, dict, dict]:
     """:func:`run_harness` under ``torch.profiler`` (shapes recorded) over iterations ``warmup + 1 ..``
     (with the same seed it is the same run: same samples, same shapes). Returns its kernel calls,
-    ``{"iteration": calls, <phase>: calls of the kernels that start inside that phase}``, and the
-    run's own result."""
+    ``{"iteration": calls, <phase>: calls of the kernels that start inside that phase}``, its op
+    calls (:func:`top_level_ops`) counted the same way, and the run's own result."""
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
     r = run_harness(cache, scratch, iterations, warmup, lr, beta, seed, tag, profiler=prof, folder="harness_profiled")
     events = prof.events()
     kernels = [e for e in events if e.name in FLOOR_KERNELS]
-    out = {"iteration": kernel_calls(kernels)}
+    tops = top_level_ops(events)
+    out, ops = {"iteration": kernel_calls(kernels)}, {"iteration": len(tops)}
     for phase in PHASES:
         spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == f"phase:{phase}"]
-        out[phase] = kernel_calls(k for k in kernels if any(a <= k.time_range.start <= b for a, b in spans))
-    return out, r
+        inside = lambda x: any(a <= x.time_range.start <= b for a, b in spans)  # noqa: E731
+        out[phase] = kernel_calls(k for k in kernels if inside(k))
+        ops[phase] = sum(1 for o in tops if inside(o))
+    return out, ops, r
 
 
-def phase_table(wall: dict, iteration_s: float, floor: dict, iteration_floor: float) -> list[tuple[str, float, float]]:
-    """``(part, wall s, kernel floor s)`` per iteration: sampling, the reference pass, the update
-    without its backward (forward, loss, clipping, Adam), the backward, the rest of the iteration,
-    the whole iteration (``backward`` runs inside ``update``)."""
-    parts = [("sample", wall["sample"], floor["sample"]), ("reference", wall["reference"], floor["reference"]),
-             ("update without backward", wall["update"] - wall["backward"], floor["update"] - floor["backward"]),
-             ("backward", wall["backward"], floor["backward"])]
-    rest_floor = round(iteration_floor - sum(f for _, _, f in parts), 12) + 0.0  # kernels outside the parts; no -0.0
-    parts.append(("rest", iteration_s - sum(w for _, w, _ in parts), rest_floor))
-    return [*parts, ("iteration", iteration_s, iteration_floor)]
+def phase_table(wall: dict, iteration_s: float, floor: dict, iteration_floor: float, ops: dict,
+                iteration_ops: float) -> list[tuple[str, float, float, float]]:
+    """``(part, wall s, kernel floor s, op calls)`` per iteration: sampling, the reference pass, the
+    update without its backward (forward, loss, clipping, Adam), the backward, the rest of the
+    iteration, the whole iteration (``backward`` runs inside ``update``)."""
+    parts = [(part, wall[a] - (wall[b] if b else 0.0), floor[a] - (floor[b] if b else 0.0), ops[a] - (ops[b] if b else 0))
+             for part, a, b in [("sample", "sample", None), ("reference", "reference", None),
+                                ("update without backward", "update", "backward"), ("backward", "backward", None)]]
+    rest_floor = round(iteration_floor - sum(p[2] for p in parts), 12) + 0.0  # kernels outside the parts; no -0.0
+    parts.append(("rest", iteration_s - sum(p[1] for p in parts), rest_floor, iteration_ops - sum(p[3] for p in parts)))
+    return [*parts, ("iteration", iteration_s, iteration_floor, iteration_ops)]
 
 
 # --------------------------------------------------------------------------- main
@@ -524,7 +556,7 @@ def main() -> None:
     if args.floor:
         for beta in args.beta:
             tag = f"b{beta:g}_r0"
-            calls, profiled = profile_harness(cache, scratch, args.iterations, args.warmup, args.lr, beta, 0, tag)
+            calls, ops, profiled = profile_harness(cache, scratch, args.iterations, args.warmup, args.lr, beta, 0, tag)
             r0 = next(r for r in runs if r["beta"] == beta and r["round"] == 0)["harness"]
             n, timed = args.iterations - args.warmup, {}
             whole = kernel_floor(calls["iteration"], n, timed)
@@ -532,8 +564,10 @@ def main() -> None:
             same = profiled["tokens"] == r0["tokens"]  # sampled tokens of the timed iterations
             floors[f"{beta:g}"] = {**whole, "same_samples": same, "harness_s_per_iter": r0["s_per_iter_step"],
                                    "trl_s_per_iter": summary[f"{beta:g}"]["trl_s_per_iter_step"],
+                                   "bare_op_s": bare_op_seconds(),
                                    "phases": phase_table(r0["phase_s_per_iter"], r0["s_per_iter_step"], parts,
-                                                         whole["total"])}
+                                                         whole["total"], {ph: ops[ph] / n for ph in PHASES},
+                                                         ops["iteration"] / n)}
             print(f"beta={beta:g} kernel floor: {json.dumps(floors[f'{beta:g}'])}", flush=True)
 
     total = time.time() - t_start
@@ -590,14 +624,25 @@ def main() -> None:
                             f"{1e3 * f['trl_s_per_iter']:.1f}", f"{f['trl_s_per_iter'] / f['total']:.2f}"]))
         md.append("")
         md.append("Where the harness's iteration goes (round 0, ms per iteration; wall from timers around each part, "
-                  "kernels from the profiled run; the update's forward, loss, clipping and Adam are one part):")
+                  "kernels from the profiled run; the update's forward, loss, clipping and Adam are one part; ops: "
+                  "the torch ops the part calls per iteration, each counted once whatever it calls inside; per op: "
+                  "the time outside kernels over them):")
         md.append("")
-        cols = ["beta", "part", "wall", "kernels", "outside kernels"]
+        cols = ["beta", "part", "wall", "kernels", "outside kernels", "ops", "outside kernels per op, us"]
         md.append(line(cols))
         md.append(line(["---"] * len(cols)))
         for beta, f in floors.items():
-            for part, w, k in f["phases"]:
-                md.append(line([beta, part, f"{1e3 * w:.1f}", f"{1e3 * k:.1f}", f"{1e3 * (w - k):.1f}"]))
+            for part, w, k, o in f["phases"]:
+                md.append(line([beta, part, f"{1e3 * w:.1f}", f"{1e3 * k:.1f}", f"{1e3 * (w - k):.1f}", f"{o:.0f}",
+                                f"{1e6 * (w - k) / o:.1f}" if o else "-"]))
+        md.append("")
+        for beta, f in floors.items():
+            it = f["phases"][-1]
+            budget = f["trl_s_per_iter"] / 3 - f["total"]
+            md.append(f"- beta={beta}: 3x TRL is {1e3 * f['trl_s_per_iter'] / 3:.1f} ms an iteration, the kernel floor "
+                      f"{1e3 * f['total']:.1f} ms of it; the {it[3]:.0f} ops would have {1e6 * budget / it[3]:.1f} us "
+                      f"each outside kernels (now {1e6 * (it[1] - it[2]) / it[3]:.1f}); a bare op call from Python "
+                      f"(`torch.add` of two one-element tensors, best of 5) takes {1e6 * f['bare_op_s']:.1f} us")
     print("\n".join(md))
     if args.docs:
         print(f"wrote {write_block('docs/lm.md', 'lm-vs-trl', chr(10).join(md), command=header['command'])}")

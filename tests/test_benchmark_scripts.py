@@ -160,11 +160,35 @@ def test_lm_phase_hooks_wrap_each_part_and_put_it_back():
 
 def test_lm_phase_table_splits_the_iteration():
     """The update's own part is the update less its backward; the rest is the iteration less the
-    parts; kernels likewise (numbers by hand)."""
+    parts; kernels and op counts likewise (numbers by hand)."""
     from benchmarks.lm_vs_trl import phase_table
 
     wall = {"sample": 10.0, "reference": 5.0, "update": 20.0, "backward": 12.0}
     floor = {"sample": 4.0, "reference": 3.0, "update": 15.0, "backward": 10.0}
-    assert phase_table(wall, 40.0, floor, 25.0) == [
-        ("sample", 10.0, 4.0), ("reference", 5.0, 3.0), ("update without backward", 8.0, 5.0),
-        ("backward", 12.0, 10.0), ("rest", 5.0, 3.0), ("iteration", 40.0, 25.0)]
+    ops = {"sample": 100, "reference": 30, "update": 80, "backward": 50}
+    assert phase_table(wall, 40.0, floor, 25.0, ops, 260) == [
+        ("sample", 10.0, 4.0, 100), ("reference", 5.0, 3.0, 30), ("update without backward", 8.0, 5.0, 30),
+        ("backward", 12.0, 10.0, 50), ("rest", 5.0, 3.0, 50), ("iteration", 40.0, 25.0, 260)]
+
+
+def test_lm_top_level_ops_are_the_calls_made_not_what_they_call():
+    """An op counts once whatever it calls inside (``linear`` calls ``t`` and ``addmm``;
+    ``softmax`` its ``_softmax``), ops inside a ``record_function`` range count, and the ops
+    autograd's engine runs for a backward count (they are not called by another op)."""
+    import torch
+
+    from benchmarks.lm_vs_trl import top_level_ops
+
+    x, w = torch.randn(3, 4), torch.randn(5, 4, requires_grad=True)
+
+    def work():
+        torch.nn.functional.linear(x, w)  # 1 (aten::linear; its t and addmm inside)
+        with torch.profiler.record_function("phase:test"):
+            x.softmax(0)  # 1
+            x.view(-1)  # 1
+        (x @ w.T).sum().backward()  # matmul and sum: 2, then the engine's backward ops
+
+    names = [e.name for e in top_level_ops(_profiled(work))]
+    assert names[:6] == ["aten::linear", "aten::softmax", "aten::view", "aten::numpy_T", "aten::matmul", "aten::sum"]
+    assert "aten::_softmax" not in names and "aten::transpose" not in names and "aten::as_strided" not in names
+    assert "aten::ones_like" in names[6:] and "aten::mm" in names[6:]  # the backward's: seed gradient, matmul's
