@@ -160,7 +160,7 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
         todo[:] = started
         if not todo:
             return counts
-        t0 = time.time()
+        t0 = time.perf_counter()
         try:
             worker(cfg, todo)
         except Exception as exc:  # record, never drop
@@ -168,7 +168,7 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
             log.error("run failed: %s\n%s", reason, traceback.format_exc())
             for r in todo:
                 if r.status() is None:
-                    r.finish("failed", reason, time.time() - t0)
+                    r.finish("failed", reason, time.perf_counter() - t0)
         for r in todo:
             status = r.status() or "failed"
             counts[status] = counts.get(status, 0) + 1

@@ -284,6 +284,36 @@ def test_every_family_uses_the_one_optimizer_and_logs_the_same_columns(family, t
     assert df["lr"].notna().all() and df["kl_beta"].notna().all()
 
 
+@pytest.mark.parametrize("family", ["control", "toy", "lm"])
+def test_wall_times_are_durations_on_a_clock_that_never_steps(family, tmp_path, monkeypatch):
+    """``wall_time_s`` (and the LM's ``iter_time_s`` and ``tokens_per_s``) are measured with
+    ``time.perf_counter``: a wall clock that steps (here ``time.time`` jumps 10,000 s forward at
+    every call, as an NTP step would once) moves none of them. With ``time.time`` they took every
+    jump: a control-speed run's members once logged more in-run seconds than their process lasted."""
+    import itertools
+    import json
+    import time
+
+    jumps, real = itertools.count(1), time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 1e4 * next(jumps))
+    if family == "lm":
+        from tests.test_lm_common import compose
+
+        cfg = compose("estimator=grpo", "budget.iterations=2", "eval_every=0", results_dir=tmp_path / "r")
+    else:
+        task = ["task=cartpole", *TINY] if family == "control" else ["task=toy", "budget.iterations=2"]
+        cfg = make_cfg(task + ["estimator=grpo", f"results_dir={tmp_path}/r"])
+    t0 = time.perf_counter()
+    assert run(cfg)["completed"] == 1
+    elapsed = time.perf_counter() - t0
+    (path,) = (tmp_path / "r").rglob("seed0-*/metrics.parquet")
+    df = pd.read_parquet(path)
+    wall = json.loads((path.parent / "summary.json").read_text())["wall_time_s"]
+    assert 0 < wall <= elapsed and df["wall_time_s"].between(0, elapsed).all()
+    if family == "lm":
+        assert df["iter_time_s"].between(0, elapsed).all() and (df["tokens_per_s"] > 1 / elapsed).all()
+
+
 def test_a_diverging_member_stops_alone_and_its_neighbours_equal_their_lone_runs(tmp_path):
     """Pendulum a2c at lr 30: seed 1 diverges at iteration 2, seeds 0 and 2 finish; in a
     population the diverged member is frozen and recorded as its lone run is, and the others

@@ -62,12 +62,12 @@ def run_isolated(cfg: Any, target: Callable[[Any], dict[str, int]] = run) -> dic
             return future.result()
         except BrokenProcessPool:
             reason = "the run's process died without an exception (killed, or out of memory)"
-    t0 = time.time()
+    t0 = time.perf_counter()
     for m in member_configs(cfg):
         r = RunDir(m)
         if r.status() is None and r.blocker() is None and r.claim():
             try:
-                r.finish("failed", reason, time.time() - t0)
+                r.finish("failed", reason, time.perf_counter() - t0)
             finally:
                 r.release()
     raise WorkerDied(reason)
@@ -93,7 +93,7 @@ def run_points(points: list[Point], progress: Callable[[str], None] = print,
             progress(f"{head}: done already")
             totals["done already"] = totals.get("done already", 0) + 1
             continue
-        t0 = time.time()
+        t0 = time.perf_counter()
         try:
             counts = runner(p.cfg)
             desc = describe(counts)
@@ -104,7 +104,7 @@ def run_points(points: list[Point], progress: Callable[[str], None] = print,
             desc = f"error: {p.error}"
             totals["error"] = totals.get("error", 0) + 1
             traceback.print_exc(file=sys.stderr)
-        progress(f"{head}: {desc} ({time.time() - t0:.1f} s)")
+        progress(f"{head}: {desc} ({time.perf_counter() - t0:.1f} s)")
     return totals
 
 
@@ -114,7 +114,7 @@ def run_exact_tests(claims: Iterable[str], out: Path, progress: Callable[[str], 
     their outcomes per exact claim into ``out`` (JSON), which :mod:`analysis.claims` reads."""
     exact = [c for c in claims if c in EXACT_CLAIMS]
     xml = Path(out).with_suffix(".xml")
-    t0 = time.time()
+    t0 = time.perf_counter()
     results: dict[str, Any] = {c: {"nodes": [], "outcomes": []} for c in exact}
     unavailable = None
     if exact and not (Path(repo) / tests_dir).is_dir():  # an installed wheel: the tests are the clone's
@@ -146,11 +146,11 @@ def run_exact_tests(claims: Iterable[str], out: Path, progress: Callable[[str], 
                     if prop.get("name") == "claim" and cid in results:
                         results[cid]["nodes"].append(node)
                         results[cid]["outcomes"].append(outcome)
-    payload = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": time.time() - t0, "claims": results}
+    payload = {"ran_at": time.strftime("%Y-%m-%d %H:%M:%S"), "duration_s": time.perf_counter() - t0, "claims": results}
     if unavailable:
         payload["unavailable"] = unavailable
     atomic_write_json(Path(out), payload)
-    progress(f"[claims] exact tests done ({time.time() - t0:.1f} s)")
+    progress(f"[claims] exact tests done ({time.perf_counter() - t0:.1f} s)")
     return payload
 
 
@@ -170,10 +170,10 @@ def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None =
     if extensions is None and any(c in EXACT_CLAIMS for c in claims):
         # every exact claim, whatever --only asks: one pytest run covers them all, and the results
         # file is shared by every report of the folder (a subset would turn the others "not run")
-        t_exact = time.time()
+        t_exact = time.perf_counter()
         run_exact_tests(EXACT_CLAIMS, root / "exact_tests.json", progress)
         if timings is not None:
-            timings["exact tests"] = timings.get("exact tests", 0.0) + time.time() - t_exact
+            timings["exact tests"] = timings.get("exact tests", 0.0) + time.perf_counter() - t_exact
     names = experiments_for(claims)
     if extensions is not None:
         names = [n for n in names if n in extensions]
@@ -193,14 +193,14 @@ def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None =
             progress(f"[claims] experiment {name}: cannot compose: {type(exc).__name__}: {exc}".splitlines()[0])
             totals["error"] = totals.get("error", 0) + 1
             continue
-        t0 = time.time()
+        t0 = time.perf_counter()
         progress(f"[claims] experiment {name}: {len(points)} config(s)"
                  f"{', each in its own process' if ex.isolate else ''}")
         for k, v in run_points(points, progress, isolate=ex.isolate).items():
             totals[k] = totals.get(k, 0) + v
         if timings is not None:
-            timings[name] = timings.get(name, 0.0) + time.time() - t0
-        progress(f"[claims] experiment {name} done in {time.time() - t0:.1f} s")
+            timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+        progress(f"[claims] experiment {name} done in {time.perf_counter() - t0:.1f} s")
     return totals
 
 
@@ -242,9 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, BadExperimentFile) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    t0 = time.time()
+    t0 = time.perf_counter()
     totals = run_claims(args.results, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print)
-    print(f"[claims] runs: {describe(totals) or 'nothing to run'} ({time.time() - t0:.0f} s)")
+    print(f"[claims] runs: {describe(totals) or 'nothing to run'} ({time.perf_counter() - t0:.0f} s)")
     print(f"verdicts: python -m analysis claims {args.results}{' --quick' if args.quick else ''}"
           f"{' --only ' + args.only if args.only else ''}")
     return 0

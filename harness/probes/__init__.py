@@ -45,12 +45,12 @@ def run_probe(cfg: DictConfig, runs) -> None:
     validate_probe(cfg)
     probe_run = entry_point(task_kind(cfg.task.family).probe)
     for r in runs:
-        t0 = time.time()
+        t0 = time.perf_counter()
         try:
             probe_run(r.cfg, r)
         except Exception as exc:  # record, never drop
             log.error("probe %s failed: %s", r.run_id, traceback.format_exc())
             if r.status() is None:
-                r.finish("failed", f"{type(exc).__name__}: {exc}", time.time() - t0)
+                r.finish("failed", f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
             if len(runs) == 1:
                 raise

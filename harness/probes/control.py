@@ -172,7 +172,7 @@ def _fit_critic(cfg, info, agent1: ControlAgent, s: ProbeSettings, gamma: float)
 
 def probe_run(cfg, run: RunDir) -> None:
     """``mode=probe`` for ``task.family=control``: probe.parquet (+ probe_batches.parquet)."""
-    t0 = time.time()
+    t0 = time.perf_counter()
     s = settings_from_config(cfg)
     validate_control_probe(cfg, s)
     torch.set_num_threads(int(cfg.threads or 1))
@@ -230,7 +230,7 @@ def probe_run(cfg, run: RunDir) -> None:
     row.update(pstats.value_summary(rets, float(ref_rets.mean()), W))
     row["adv_within_std"] = float(spread.mean())
     row.update(pstats.bootstrap_columns("adv_within_std", W @ spread / M))
-    wall = time.time() - t0
+    wall = time.perf_counter() - t0
     ident = {"run_id": run.run_id, "task": str(cfg.task.name), "estimator": str(cfg.estimator),
              "seed": int(cfg.seed), "policy": f"initial (init_seed={s.init_seed})", "wall_time_s": wall}
     atomic_write_bytes(run.path / "probe.parquet", _parquet_bytes(pd.DataFrame([{**ident, **row}])))

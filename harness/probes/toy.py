@@ -465,7 +465,7 @@ def _parquet_bytes(df: pd.DataFrame) -> bytes:
 
 def probe_run(cfg, run: RunDir) -> None:
     """``mode=probe`` for ``task.family=toy``: probe.parquet (+ probe_batches.parquet) in the run dir."""
-    t0 = time.time()
+    t0 = time.perf_counter()
     validate_toy(cfg)
     s = settings_from_config(cfg)
     task = build_task(cfg)
@@ -477,7 +477,7 @@ def probe_run(cfg, run: RunDir) -> None:
                     theta_ref=theta_ref, kl_name=str(cfg.kl.estimator), update=str(cfg["update"]),
                     loss_knobs=loss_settings(cfg), kl_beta=float(cfg.kl.beta), kl_in_reward=bool(cfg.kl.in_reward),
                     minibatches=int(cfg.minibatches))
-    wall = time.time() - t0
+    wall = time.perf_counter() - t0
     ident = {"run_id": run.run_id, "task": str(cfg.task.name), "estimator": str(cfg.estimator),
              "seed": int(cfg.seed), "policy": policy, "wall_time_s": wall}
     df = pd.DataFrame([{**ident, **r} for r in res.rows])

@@ -172,7 +172,7 @@ def _train_one(run: RunDir) -> None:
     common = common_fields(cfg, uses_groups=False)
     budget = int(cfg.budget.env_steps)
     evaluating = int(cfg.eval_every) > 0 or bool(cfg.eval_every_steps)
-    t0 = time.time()
+    t0 = time.perf_counter()
 
     class Rows(BaseCallback):
         """One metric row per iteration, written when its update is done (the next rollout's start, or the end)."""
@@ -203,7 +203,7 @@ def _train_one(run: RunDir) -> None:
             logged = self.model.logger.name_to_value
             stat = lambda k, f=1.0: None if k not in logged else float(logged[k]) * f  # noqa: E731
             ent = stat("train/entropy_loss", -1.0)
-            row = metric_row(run.run_id, common, int(cfg.seed), self.iteration, steps, time.time() - t0,
+            row = metric_row(run.run_id, common, int(cfg.seed), self.iteration, steps, time.perf_counter() - t0,
                              float(np.mean(self.episodes)) if self.episodes else None, ev, 0.0,
                              float(self.model.lr_schedule(self.model._current_progress_remaining)))
             row.update({"policy_loss": stat("train/policy_gradient_loss") if "train/policy_gradient_loss" in logged
@@ -219,16 +219,16 @@ def _train_one(run: RunDir) -> None:
         model.learn(total_timesteps=budget, callback=Rows(), log_interval=None)
     finally:
         env.close()
-    run.finish("completed", None, time.time() - t0)
+    run.finish("completed", None, time.perf_counter() - t0)
 
 
 def _train_member(cfg: DictConfig) -> None:
     """One member, in whichever process: its RunDir again from its config (the parent holds the lock)."""
-    run, t0 = RunDir(cfg), time.time()
+    run, t0 = RunDir(cfg), time.perf_counter()
     try:
         _train_one(run)
     except Exception as exc:  # record, never drop (as harness.app.run does for a whole worker)
-        run.finish("failed", f"{type(exc).__name__}: {exc}", time.time() - t0)
+        run.finish("failed", f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
 
 
 def train(cfg: DictConfig, runs: list[RunDir]) -> None:

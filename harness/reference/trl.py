@@ -313,7 +313,7 @@ def max_steps_for(cfg: DictConfig) -> int:
 def _train_one(cfg: DictConfig, task: LMTask, run: RunDir) -> None:
     from transformers import TrainerCallback
 
-    t0 = time.time()
+    t0 = time.perf_counter()
     lm = cfg.lm
     epochs = int(cfg.epochs)
     budget = None if cfg.budget.tokens is None else int(cfg.budget.tokens)
@@ -332,7 +332,7 @@ def _train_one(cfg: DictConfig, task: LMTask, run: RunDir) -> None:
 
         def on_step_begin(self, args, st, control, **kw):
             if st.global_step % epochs == 0:
-                state["t_iter"] = time.time()
+                state["t_iter"] = time.perf_counter()
 
         def on_step_end(self, args, st, control, **kw):
             if st.global_step % epochs:
@@ -349,7 +349,7 @@ def _train_one(cfg: DictConfig, task: LMTask, run: RunDir) -> None:
                                        cfg.eval_every_steps):
                 state["last_eval"] = tokens
                 ev = evaluate()
-            wall = time.time() - t0
+            wall = time.perf_counter() - t0
             kls = holder["kls"]
             state["pending"] = metric_row(run.run_id, common, int(cfg.seed), iteration, tokens, wall, b["reward"],
                                           None if ev is None else ev["eval_return"], float(cfg.kl.beta), float(cfg.lr))
@@ -359,7 +359,7 @@ def _train_one(cfg: DictConfig, task: LMTask, run: RunDir) -> None:
                 "zero_std_frac": b["zero_std_frac"], "reward": b["reward"], "gold_reward": b["gold_reward"],
                 "kl_ref": kls[iteration - 1] if len(kls) >= iteration else None, "response_len": b["response_len"],
                 "tokens": tokens, "score": b["reward"], "no_eos_frac": b["no_eos_frac"],
-                "tokens_per_s": tokens / max(wall, 1e-9), "iter_time_s": time.time() - state["t_iter"],
+                "tokens_per_s": tokens / max(wall, 1e-9), "iter_time_s": time.perf_counter() - state["t_iter"],
             })
 
         def on_log(self, args, st, control, logs=None, **kw):
@@ -385,7 +385,7 @@ def _train_one(cfg: DictConfig, task: LMTask, run: RunDir) -> None:
         _emit()
     extra = {"tokens": counter.tokens, "prompts_truncated": None, "pipeline": task.meta,
              "eval_return_init": None, "eval_gold_greedy_init": None, **init}
-    run.finish("completed", None, time.time() - t0, extra=extra)
+    run.finish("completed", None, time.perf_counter() - t0, extra=extra)
 
 
 def train(cfg: DictConfig, runs: list[RunDir]) -> None:
@@ -396,10 +396,10 @@ def train(cfg: DictConfig, runs: list[RunDir]) -> None:
     torch.set_num_threads(int(cfg.threads or 1))
     task = build_task(cfg)
     for run in runs:
-        t0 = time.time()
+        t0 = time.perf_counter()
         try:
             _train_one(run.cfg, task, run)
         except Exception as exc:  # record, never drop (as harness.app.run does for a whole worker)
-            run.finish("failed", f"{type(exc).__name__}: {exc}", time.time() - t0)
+            run.finish("failed", f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
         finally:
             shutil.rmtree(run.path / ".trl", ignore_errors=True)

@@ -404,7 +404,7 @@ class LMSource(Source):
 
     # ------------------------------------------------------------------ collect
     def collect(self) -> Rollout:
-        self.t_iteration = time.time()
+        self.t_iteration = time.perf_counter()
         self.iteration += 1
         try:
             ro = self._collect()
@@ -566,7 +566,7 @@ class LMSource(Source):
             "greedy_reward": None if ro.greedy_rewards is None else float(ro.greedy_rewards.mean()),
             "prompts_truncated": int(ro.prompts_truncated),
             "tokens_per_s": float(self.tokens / max(row["wall_time_s"], 1e-9)),
-            "iter_time_s": float(time.time() - self.t_iteration),
+            "iter_time_s": float(time.perf_counter() - self.t_iteration),
             # peak memory above the member's baseline (PeakMemory), and that baseline
             "peak_mem_mb": float(self.memory.above_base_mb), "peak_mem_base_mb": float(self.memory.base),
         }

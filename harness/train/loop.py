@@ -212,7 +212,7 @@ class Loop(Checkpoints):
     def run(self, resume: dict | None = None) -> None:
         cfg, src = self.cfg, self.source
         budget, max_iters = src.budget, self.max_iters
-        t0 = time.time() - (resume["wall_time_s"] if resume else 0.0)
+        t0 = time.perf_counter() - (resume["wall_time_s"] if resume else 0.0)
         iteration = resume["iteration"] if resume else 0
         if not resume:
             self.init = src.initial_evaluation() if (self.eval_every > 0 or self.eval_every_steps) else {}
@@ -228,7 +228,7 @@ class Loop(Checkpoints):
                 try:
                     ro = src.collect()
                 except Diverged as exc:  # the last update left weights that cannot be sampled
-                    self._stop_all(f"{exc} at iteration {iteration}", time.time() - t0)
+                    self._stop_all(f"{exc} at iteration {iteration}", time.perf_counter() - t0)
                     break
                 self.cost += ro.cost.long() * self.active
                 batch = src.advantage_batch(ro)
@@ -253,7 +253,7 @@ class Loop(Checkpoints):
                         evals = src.evaluate(flags)
                     except Diverged as exc:
                         reasons = [f"{exc} (evaluation)" if f else r for f, r in zip(flags, reasons)]
-                wall = time.time() - t0
+                wall = time.perf_counter() - t0
                 rows = []
                 for p, r in enumerate(self.runs):
                     if not self.active[p]:

@@ -141,14 +141,14 @@ def _slice_worker(cfg: DictConfig, runs: list[RunDir], make_source, family: str,
     if progress != cfg.progress:
         cfg = cfg.copy()
         cfg.progress = progress
-    t0 = time.time()
+    t0 = time.perf_counter()
     try:
         train_slice(cfg, runs, make_source, family)
     except Exception as exc:
         log.exception("%s population worker (seeds %s-%s) failed", family, runs[0].cfg.seed, runs[-1].cfg.seed)
         for r in runs:  # a shadow's finish writes nothing
             if r.status() is None:
-                r.finish("failed", f"{type(exc).__name__}: {exc}", time.time() - t0)
+                r.finish("failed", f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
         raise
 
 
@@ -156,7 +156,7 @@ def train_one_by_one(cfg: DictConfig, runs: list[RunDir], make_source, family: s
     """Train the members one after another, each a lone run of its own seed (``P = 1``); a
     member that raises is recorded as failed and the next one goes on."""
     for r in runs:
-        t0 = time.time()
+        t0 = time.perf_counter()
         loop = None  # the previous member's trainer is freed before this one is built (and measured)
         try:
             loop, resume = start(r.cfg, lambda: Loop(r.cfg, make_source(r.cfg, [r]), [r], family), [r])
@@ -166,6 +166,6 @@ def train_one_by_one(cfg: DictConfig, runs: list[RunDir], make_source, family: s
             loop = None
             log.exception("%s run %s failed", family, r.run_id)
             if r.status() is None:
-                r.finish("failed", f"{type(exc).__name__}: {exc}", time.time() - t0)
+                r.finish("failed", f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
             if len(runs) == 1:
                 raise

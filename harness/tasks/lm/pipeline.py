@@ -181,10 +181,10 @@ def _build_stage(cache_dir: Path, name: str, key: str, final: Path, material: di
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     log.info("lm: building %s stage -> %s", name, final)
-    t0 = time.time()
+    t0 = time.perf_counter()
     try:
         meta = build(tmp)
-        meta.update(build_seconds=time.time() - t0, key=key, material=material)
+        meta.update(build_seconds=time.perf_counter() - t0, key=key, material=material)
         (tmp / "stage.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
         try:
             os.rename(tmp, final)
