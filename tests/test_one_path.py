@@ -250,6 +250,17 @@ def test_direct_fused_adam_is_adams_own_step(monkeypatch):
     assert len(own) == 3  # the first step (no state yet) and the two without a gradient
 
 
+def _family_cfg(family: str, results, lm_iterations: int = 1):
+    """A grpo run of ``family``, its results under ``results``: control (CartPole at TINY), toy (2
+    iterations) or LM (the LM tests' tiny config, ``lm_iterations`` iterations)."""
+    if family == "lm":
+        from tests.test_lm_common import compose
+
+        return compose("estimator=grpo", f"budget.iterations={lm_iterations}", "eval_every=0", results_dir=results)
+    task = ["task=cartpole", *TINY] if family == "control" else ["task=toy", "budget.iterations=2"]
+    return make_cfg(task + ["estimator=grpo", f"results_dir={results}"])
+
+
 @pytest.mark.parametrize("family", ["control", "toy", "lm"])
 def test_every_family_uses_the_one_optimizer_and_logs_the_same_columns(family, tmp_path):
     """Adam eps 1e-5 everywhere (main: 1e-8 on the toy task), and every row carries the policy
@@ -263,13 +274,7 @@ def test_every_family_uses_the_one_optimizer_and_logs_the_same_columns(family, t
         original(self, cfg, source, runs, fam)
         built.append(self)
 
-    if family == "lm":
-        from tests.test_lm_common import compose
-
-        cfg = compose("estimator=grpo", "budget.iterations=1", "eval_every=0", results_dir=tmp_path / "r")
-    else:
-        task = ["task=cartpole", *TINY] if family == "control" else ["task=toy", "budget.iterations=2"]
-        cfg = make_cfg(task + ["estimator=grpo", f"results_dir={tmp_path}/r"])
+    cfg = _family_cfg(family, tmp_path / "r")
     mp = pytest.MonkeyPatch()
     mp.setattr(Loop, "__init__", spy)
     try:
@@ -296,13 +301,7 @@ def test_wall_times_are_durations_on_a_clock_that_never_steps(family, tmp_path, 
 
     jumps, real = itertools.count(1), time.time
     monkeypatch.setattr(time, "time", lambda: real() + 1e4 * next(jumps))
-    if family == "lm":
-        from tests.test_lm_common import compose
-
-        cfg = compose("estimator=grpo", "budget.iterations=2", "eval_every=0", results_dir=tmp_path / "r")
-    else:
-        task = ["task=cartpole", *TINY] if family == "control" else ["task=toy", "budget.iterations=2"]
-        cfg = make_cfg(task + ["estimator=grpo", f"results_dir={tmp_path}/r"])
+    cfg = _family_cfg(family, tmp_path / "r", lm_iterations=2)
     t0 = time.perf_counter()
     assert run(cfg)["completed"] == 1
     elapsed = time.perf_counter() - t0
