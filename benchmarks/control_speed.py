@@ -111,12 +111,14 @@ def joblib_sweep(steps: int, seeds: int) -> float:
 
 def zoo_step_settings(steps: int) -> SimpleNamespace:
     """:data:`ZOO`'s update-step settings, read once for both floors: ``size`` (the minibatch,
-    ``num_envs x rollout_steps``), ``hidden``, ``clip``, ``vf_coef``, ``max_norm``, ``lr`` and
-    ``n_minibatches`` (``ceil(steps / size)`` iterations x ``epochs``)."""
+    ``num_envs x rollout_steps``, both given too), ``hidden``, ``clip``, ``vf_coef``, ``max_norm``, ``lr``
+    and ``n_minibatches`` (``ceil(steps / size)`` iterations x ``epochs``)."""
     zoo = dict(a.split("=", 1) for a in ZOO)
     assert zoo["task.activation"] == "tanh" and zoo["minibatches"] == "1", "the floors time ZOO's step"
-    size = int(zoo["task.num_envs"]) * int(zoo["task.rollout_steps"])
-    return SimpleNamespace(size=size, hidden=json.loads(zoo["task.hidden"]), clip=float(zoo["clip_eps"]),
+    num_envs, rollout_steps = int(zoo["task.num_envs"]), int(zoo["task.rollout_steps"])
+    size = num_envs * rollout_steps
+    return SimpleNamespace(size=size, num_envs=num_envs, rollout_steps=rollout_steps,
+                           hidden=json.loads(zoo["task.hidden"]), clip=float(zoo["clip_eps"]),
                            vf_coef=float(zoo["vf_coef"]), max_norm=float(zoo["max_grad_norm"]), lr=float(zoo["lr"]),
                            n_minibatches=-(-steps // size) * int(zoo["epochs"]))
 
@@ -238,8 +240,7 @@ def collection_problem(steps: int, eval_episodes: int = 10, seed: int = 0):
     from harness.tasks.control import make_vector_env
 
     z = zoo_step_settings(steps)
-    zoo = dict(a.split("=", 1) for a in ZOO)
-    n_envs, T = int(zoo["task.num_envs"]), int(zoo["task.rollout_steps"])
+    n_envs, T = z.num_envs, z.rollout_steps
     iterations, eval_steps = -(-steps // z.size), 500
     gen = torch.Generator().manual_seed(seed)
     sizes = [4, *z.hidden]

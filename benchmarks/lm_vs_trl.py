@@ -365,10 +365,10 @@ def replay_args(name: str, shapes: list, scalars: list) -> tuple[list, dict]:
     return args, kwargs
 
 
-def replay_seconds(name: str, shapes: list, scalars: list, repeats: int = 5) -> float:
-    """Best-of-``repeats`` seconds of one call of ``name`` on contiguous inputs of the recorded shapes."""
-    op = getattr(torch.ops.aten, name.split("::", 1)[1])
-    args, kwargs = replay_args(name, shapes, scalars)
+def best_seconds(op, args: tuple | list, kwargs: dict | None = None, repeats: int = 5) -> float:
+    """Best-of-``repeats`` seconds of one call ``op(*args, **kwargs)`` without autograd, after 3
+    warm-up calls, each repeat about 2 ms of calls."""
+    kwargs = kwargs or {}
     with torch.no_grad():
         for _ in range(3):
             op(*args, **kwargs)
@@ -382,6 +382,12 @@ def replay_seconds(name: str, shapes: list, scalars: list, repeats: int = 5) -> 
                 op(*args, **kwargs)
             best = min(best, (time.perf_counter() - t0) / n)
     return best
+
+
+def replay_seconds(name: str, shapes: list, scalars: list, repeats: int = 5) -> float:
+    """Best-of-``repeats`` seconds of one call of ``name`` on contiguous inputs of the recorded shapes."""
+    args, kwargs = replay_args(name, shapes, scalars)
+    return best_seconds(getattr(torch.ops.aten, name.split("::", 1)[1]), args, kwargs, repeats)
 
 
 def kernel_floor(calls: dict, iterations: int, timed: dict | None = None) -> dict:
@@ -412,18 +418,10 @@ def top_level_ops(events) -> list:
     return out
 
 
-def bare_op_seconds(repeats: int = 5, n: int = 20000) -> float:
+def bare_op_seconds(repeats: int = 5) -> float:
     """Best-of-``repeats`` seconds of one ``torch.add`` of two one-element tensors called from
-    Python: what an eager op costs with next to no kernel, the dispatch alone."""
-    a, b = torch.ones(1), torch.ones(1)
-    best = float("inf")
-    with torch.no_grad():
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                torch.add(a, b)
-            best = min(best, (time.perf_counter() - t0) / n)
-    return best
+    Python (:func:`best_seconds`): what an eager op costs with next to no kernel, the dispatch alone."""
+    return best_seconds(torch.add, (torch.ones(1), torch.ones(1)), repeats=repeats)
 
 
 def profile_harness(cache: Path, scratch: Path, iterations: int, warmup: int, lr: float, beta: float, seed: int,
