@@ -15,8 +15,8 @@ are issue 16's:
 2. A lone run (``population=1``) vs one SB3 run: wall time ratio <= 0.5. Beside it, measured
    in the same run, what a plain PPO pays before it collects a step: a hand-written PPO update
    step times the run's minibatches (:func:`update_floor`), plus a process that only imports torch and makes an
-   Adam (:func:`startup_floor`); and the lone floor: that start-up, the same step with fused Adam (the
-   harness's), and the run's collection and evaluation written the plainest way (CartPole's own
+   Adam (:func:`startup_floor`); and the lone floor: that start-up with the Adam made without importing
+   ``torch._dynamo`` (as the harness makes it), the same step with fused Adam (the harness's), and the run's collection and evaluation written the plainest way (CartPole's own
    vector env and one plain actor forward per step, :func:`collection_floor`). Beside the population's ratio (issue 40 asks <= 0.20), the same for
    the population: the plain step written batched for one worker's slice of the members
    (:func:`population_floor`), times the minibatches, plus that start-up.
@@ -375,15 +375,20 @@ def population_floor(members: int, reps: int = 500, tanh: Callable | None = None
     return time_step(prob.step, reps)
 
 
-def startup_floor() -> float:
-    """Seconds of a whole ``python -c`` process that imports torch and makes one Adam (whose first
-    use imports ``torch._dynamo``): what any torch PPO process pays before its first step, started
-    as ``python -m harness`` starts (:func:`harness.__main__.end_startup`: the cyclic collector off
+def startup_floor(dynamo: bool = True) -> float:
+    """Seconds of a whole ``python -c`` process that imports torch and makes one Adam, started as
+    ``python -m harness`` starts (:func:`harness.__main__.end_startup`: the cyclic collector off
     over the imports, then what they made frozen; with it on, the same process took 1.7-2.1 s
-    against 1.1-1.2 s on 2026-12-05)."""
+    against 1.1-1.2 s on 2026-12-05). ``dynamo``: the Adam as torch makes it, which imports
+    ``torch._dynamo`` (what a torch PPO process such as SB3's pays before its first step);
+    otherwise made as the harness makes it, without that import
+    (:func:`harness.train.update.adam_without_dynamo`): the least start-up."""
+    code = ("import gc; gc.disable(); import torch, torch._dynamo; gc.freeze(); gc.enable(); "
+            "torch.optim.Adam([torch.zeros(1, requires_grad=True)])") if dynamo else (
+            "import gc; gc.disable(); import torch; from harness.train.update import adam_without_dynamo; "
+            "gc.freeze(); gc.enable(); adam_without_dynamo([torch.zeros(1, requires_grad=True)])")
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import gc; gc.disable(); import torch, torch._dynamo; gc.freeze(); "
-                    "gc.enable(); torch.optim.Adam([torch.zeros(1, requires_grad=True)])"], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
     return time.perf_counter() - t0
 
 
@@ -443,13 +448,15 @@ def main() -> None:
         per_mb, n_mb = update_floor(steps, activation=harness_tanh())
         per_mb_f, _ = update_floor(steps, activation=harness_tanh(), fused_adam=True)
         t_start = med([startup_floor() for _ in range(3)])
+        t_least_start = med([startup_floor(dynamo=False) for _ in range(3)])
         t_collect, n_vec = collection_floor(steps)
         floor = per_mb * n_mb + t_start
-        least = per_mb_f * n_mb + t_start + t_collect
+        least = per_mb_f * n_mb + t_least_start + t_collect
         print(f"-> plain PPO update step {per_mb * 1e3:.2f} ms x {n_mb} minibatches = {per_mb * n_mb:.1f} s, "
               f"+ start-up (python, import torch, first Adam) {t_start:.1f} s = {floor:.1f} s = {floor / ts:.2f} of "
               f"SB3's whole process, before collecting a step", flush=True)
-        print(f"-> with fused Adam {per_mb_f * 1e3:.2f} ms a step, + collection and evaluation at the least "
+        print(f"-> with fused Adam {per_mb_f * 1e3:.2f} ms a step, start-up without torch._dynamo "
+              f"{t_least_start:.1f} s, + collection and evaluation at the least "
               f"({n_vec} vector steps) {t_collect:.1f} s: {least:.1f} s = {least / ts:.2f} of SB3's whole process; "
               f"ours = {t1 / least:.2f}x that", flush=True)
         rows.append(f"| a plain hand-written PPO update step (same networks, batch, loss terms, clipping, Adam; "
@@ -459,11 +466,13 @@ def main() -> None:
         rows.append(f"| the two above / SB3's whole process (no env step collected, no evaluation) | **{floor / ts:.2f}** | |")
         rows.append(f"| the same step with fused Adam (the harness's Adam), x {n_mb} | {per_mb_f * n_mb:.1f} s "
                     f"({per_mb_f * 1e3:.2f} ms each) | |")
+        rows.append(f"| the start-up above with the Adam made as the harness makes it, without importing "
+                    f"`torch._dynamo` (median of 3) | {t_least_start:.1f} s | |")
         rows.append(f"| collecting the run's steps and evaluating at the least: CartPole's own vector env "
                     f"({n_vec} steps: 8 envs x 32 steps per iteration, then 500 steps of the 10 evaluation envs), each "
                     f"with the plainest actor forward (three `addmm`, numpy's tanh) and sample, a critic pass per "
                     f"rollout (best of 3) | {t_collect:.1f} s | |")
-        rows.append(f"| the lone floor: start-up + fused-Adam steps + that collection, / SB3's whole process; ours "
+        rows.append(f"| the lone floor: that start-up + fused-Adam steps + that collection, / SB3's whole process; ours "
                     f"over it | **{least / ts:.2f}**; {t1 / least:.2f}x | |")
 
     pop = ours_process(steps, P)

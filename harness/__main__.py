@@ -17,7 +17,7 @@ from harness.interrupt import INTERRUPTED, exit_interrupted
 try:
     import hydra
 
-    from harness.app import main_entry
+    from harness.app import imports_dynamo, main_entry
     from harness.config import expand_path, register_configs
     from harness.plugins import preload
     from harness.tune import objective, wants_objective
@@ -43,11 +43,12 @@ def expand_results_dir(argv: list[str]) -> list[str]:
     return out
 
 
-def end_startup() -> None:
-    """A valid run is about to train: import ``torch._dynamo`` (which its first ``torch.optim``
-    optimizer imports anyway), freeze every object start-up made (:func:`gc.freeze`: modules,
-    classes, Hydra's config, all long-lived; a cycle start-up left unreachable is kept, not freed)
-    and turn the cyclic collector back on. Once per process: a sweep's later jobs find it on.
+def end_startup(import_dynamo: bool = True) -> None:
+    """A valid run is about to train: import ``torch._dynamo`` if the run will
+    (``import_dynamo``: :func:`harness.app.imports_dynamo`; a ``torch.optim`` optimizer imports
+    it when made), freeze every object start-up made (:func:`gc.freeze`: modules, classes,
+    Hydra's config, all long-lived; a cycle start-up left unreachable is kept, not freed) and turn
+    the cyclic collector back on. Once per process: a sweep's later jobs find it on.
 
     Why: with the collector on from the first import, start-up's ~350,000 objects were scanned by
     six full collections while they were made and by one more at exit (0.50 s and 0.17 s of a 12 s
@@ -56,8 +57,8 @@ def end_startup() -> None:
     when unreachable cycles are freed (``tests/test_cli_startup.py::test_the_cli_run_is_the_in_process_run``)."""
     if gc.isenabled():
         return
-    import torch._dynamo  # noqa: F401
-
+    if import_dynamo:  # with the collector off: imported later, with it on, 0.25-0.3 s more
+        import torch._dynamo  # noqa: F401
     gc.freeze()
     gc.enable()
 
@@ -66,7 +67,7 @@ def end_startup() -> None:
 def main(cfg) -> float | None:
     """Train (or skip) the runs of ``cfg``. Under ``hydra/sweeper=optuna`` the job returns the
     value the sweeper maximises (:func:`harness.tune.objective`); otherwise nothing."""
-    main_entry(cfg, on_start=end_startup)
+    main_entry(cfg, on_start=lambda: end_startup(imports_dynamo(cfg)))
     if not wants_objective():
         return None
     value = objective(cfg)

@@ -22,7 +22,7 @@ from .probes import run_probe
 from .reference import reference_trainer
 from .validation import validate
 
-__all__ = ["run", "main_entry", "describe"]
+__all__ = ["run", "main_entry", "describe", "imports_dynamo"]
 
 log = logging.getLogger("harness")
 
@@ -40,6 +40,16 @@ def get_worker(cfg: DictConfig):
     if cfg.get("reference"):
         return reference_trainer(cfg)
     return get_trainer(cfg.task.family)
+
+
+def imports_dynamo(cfg: DictConfig) -> bool:
+    """Whether the runs of ``cfg`` import ``torch._dynamo`` (most of a second of a process; the
+    CLI imports it before they start, with the collector paused: :func:`harness.__main__.end_startup`):
+    a probe or a reference library's trainer (their ``torch.optim`` optimizers import it), or a
+    task kind whose training does (:attr:`harness.config.TaskKind.imports_dynamo`). Training a
+    control task does not (``tests/test_startup.py``). ``deterministic=true`` imports it before
+    start-up ends (``torch.use_deterministic_algorithms``: :func:`set_determinism`)."""
+    return cfg.mode != "train" or bool(cfg.get("reference")) or task_kind(cfg.task.family).imports_dynamo
 
 
 def set_determinism(on: bool) -> dict:
@@ -145,7 +155,7 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
     try:
         worker = get_worker(cfg)
         resumable = cfg.mode == "train" and task_kind(cfg.task.family).resumes
-        # before any run folder starts: what on_start does (the CLI imports torch._dynamo, ~1 s)
+        # before any run folder starts: what on_start does (the CLI may import torch._dynamo, ~1 s)
         # is then not inside a run's first seconds, where a Ctrl-C meets it mid-import
         if on_start is not None:
             on_start()

@@ -295,12 +295,17 @@ class TaskKind:
     node: str | None = None  # its own settings node (lm.*, toy.*), refused on the other kinds
     budget: str = "env_steps"  # the budget.* field that counts its budget: env_steps | tokens
     control_keys: bool = False  # reads the task.* keys of CONTROL_ONLY (refused off their defaults elsewhere)
+    # its training imports torch._dynamo (most of a second: a torch.optim optimizer's step, transformers'
+    # import), which the CLI then imports at start-up with the collector paused (harness.__main__.end_startup);
+    # False: it does not (control: fused Adam made and stepped without it, harness.train.update.MemberOptimizer)
+    imports_dynamo: bool = True
 
 
 TASK_KINDS: dict[str, TaskKind] = {k.name: k for k in (
     TaskKind("control", population=True, resumes=True, trainer="harness.train.control:train",
              validate="harness.validation:check_control", probe="harness.probes.control:probe_run",
-             probe_validate="harness.probes.control:validate_control_probe", control_keys=True),
+             probe_validate="harness.probes.control:validate_control_probe", control_keys=True,
+             imports_dynamo=False),
     TaskKind("lm", population=False, resumes=True, trainer="harness.train.lm:train",
              validate="harness.validation:check_lm", node="lm", budget="tokens"),
     TaskKind("toy", population=False, resumes=True, trainer="harness.train.toy:train",

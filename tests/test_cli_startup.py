@@ -30,13 +30,14 @@ def test_the_cli_run_is_the_in_process_run(extra, tmp_path):
     assert_same_runs(tmp_path / "cli", tmp_path / "inproc")
 
 
-def test_startup_pauses_the_collector_until_end_startup():
+@pytest.mark.parametrize("dynamo", [True, False])
+def test_startup_pauses_the_collector_until_end_startup(dynamo):
     code = ("import gc, sys\n"
             "import harness.__main__ as m\n"
             "assert not gc.isenabled() and gc.get_freeze_count() == 0\n"
-            "m.end_startup()\n"
+            f"m.end_startup({dynamo})\n"
             "n = gc.get_freeze_count()\n"
-            "assert gc.isenabled() and n > 10_000 and 'torch._dynamo' in sys.modules, n\n"
+            f"assert gc.isenabled() and n > 10_000 and ('torch._dynamo' in sys.modules) is {dynamo}, n\n"
             "m.end_startup()\n"  # a sweep's next job: nothing more is frozen
             "assert gc.get_freeze_count() == n\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -54,3 +55,16 @@ def test_on_start_is_called_only_when_a_valid_run_trains(tmp_path):
     assert list(tmp_path.rglob("metrics.parquet"))
     counts = run(make_cfg(args), on_start=lambda: calls.append(-1))  # every member finished: nothing trains
     assert counts.get("skipped") == 1 and calls == [0]
+
+
+@pytest.mark.parametrize("args, imports", [
+    (["task=cartpole", "estimator=ppo_gae"], False),  # fused Adam, made and stepped without it
+    (["task=lm_summarize", "estimator=grpo"], True),  # transformers' import
+    (["task=toy", "estimator=grpo"], True),  # torch.optim.Adam's own step
+    (["task=cartpole", "estimator=ppo_gae", "mode=probe"], True),  # the probe's critic fit
+    (["task=cartpole", "estimator=ppo_gae", "reference=sb3"], True),  # SB3's own optimizer
+])
+def test_the_cli_imports_dynamo_at_start_up_for_the_runs_that_will(args, imports):
+    from harness.app import imports_dynamo
+
+    assert imports_dynamo(make_cfg(args)) is imports

@@ -242,12 +242,29 @@ def test_direct_fused_adam_is_adams_own_step(monkeypatch):
         via_step.step(lr.double(), frozen)
         for p, q in zip(mine, ref):
             assert torch.equal(p, q), k
-    for p, q in zip(mine, ref):
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            assert torch.equal(opt.optim.state[p][key], via_step.optim.state[q][key]), key
+            assert opt.optim.state[p].keys() == via_step.optim.state[q].keys(), k
+            for key, a in opt.optim.state[p].items():  # a state Adam made itself or one we made
+                b = via_step.optim.state[q][key]
+                assert torch.equal(a, b) and (a.dtype, a.shape, a.device) == (b.dtype, b.shape, b.device), (k, key)
     assert not torch.equal(mine[0], start[0])
     own = [c for c in calls if c is opt.optim]
-    assert len(own) == 3  # the first step (no state yet) and the two without a gradient
+    assert len(own) == 2  # the two steps with a parameter without a gradient (the first one is direct)
+    mine_groups, their_groups = opt.optim.state_dict()["param_groups"], via_step.optim.state_dict()["param_groups"]
+    assert mine_groups == their_groups
+
+
+def test_adam_made_without_dynamo_is_adams_own():
+    """:func:`adam_without_dynamo` is ``torch.optim.Adam``'s constructor: the same groups and
+    settings, fused or not (that it imports nothing and leaves torch's wrapper as it was:
+    ``tests/test_startup.py::test_a_control_run_trains_without_importing_torch_dynamo``)."""
+    from harness.train.update import adam_without_dynamo
+
+    params = [torch.nn.Parameter(torch.ones(2, 3)), torch.nn.Parameter(torch.zeros(4))]
+    for kwargs in ({"lr": 3e-4, "eps": 1e-5}, {"lr": 1e-3, "eps": 1e-5, "fused": True}):
+        made, plain = adam_without_dynamo(params, **kwargs), torch.optim.Adam(params, **kwargs)
+        assert type(made) is torch.optim.Adam
+        assert made.state_dict() == plain.state_dict() and made.defaults == plain.defaults
+        assert [g["params"] for g in made.param_groups] == [g["params"] for g in plain.param_groups]
 
 
 def _family_cfg(family: str, results, lm_iterations: int = 1):

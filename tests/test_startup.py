@@ -27,3 +27,25 @@ def test_restoring_unchanged_determinism_does_not_import_torch_dynamo():
             "restore_determinism(set_determinism(True))\n"
             "print(torch.are_deterministic_algorithms_enabled())\n")
     assert _fresh(code).splitlines() == ["False False", "False"]
+
+
+def test_a_control_run_trains_without_importing_torch_dynamo(tmp_path):
+    """Making a ``torch.optim.Adam`` imports ``torch._dynamo`` (0.85-0.92 s of a process, beside a
+    ~9 s CartPole run) for ``add_param_group``'s dynamo wrapper, and so does ``Adam.step``; the
+    harness's fused Adam is made without it and steps without ``Adam.step``
+    (:func:`harness.train.update.adam_without_dynamo`), and the CLI does not import it at start-up
+    for a control run (:func:`harness.app.imports_dynamo`). A whole CLI run, in a fresh process,
+    must not import it, and leaves the wrapper as torch made it (the next plain Adam imports it)."""
+    args = ["task=cartpole", "estimator=ppo_gae", "task.num_envs=2", "task.rollout_steps=8", "budget.iterations=3",
+            "progress=false", f"results_dir={tmp_path / 'r'}", f"hydra.run.dir={tmp_path / 'h'}"]
+    code = ("import sys, torch\n"
+            "from harness.__main__ import cli\n"
+            "fn = torch.optim.Optimizer.add_param_group.__wrapped__\n"
+            f"sys.argv = ['harness', *{args!r}]\n"
+            "cli()\n"
+            "print('torch._dynamo' in sys.modules, hasattr(fn, '__dynamo_disable'))\n"
+            "torch.optim.Adam([torch.zeros(1, requires_grad=True)])\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    out = _fresh(code)
+    assert out.splitlines()[-2:] == ["False False", "True"], out[-2000:]
+    assert list((tmp_path / "r").rglob("metrics.parquet"))

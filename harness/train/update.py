@@ -21,6 +21,7 @@ on in this update (weights and Adam state kept); the caller marks it diverged.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -100,6 +101,28 @@ class Learner(Protocol):
         policy, row 1: critic)."""
 
 
+def adam_without_dynamo(params: list[torch.Tensor], **kwargs) -> torch.optim.Adam:
+    """``torch.optim.Adam(params, **kwargs)``, made without importing ``torch._dynamo``.
+
+    ``Optimizer.add_param_group`` is wrapped in ``torch._disable_dynamo``, which imports
+    ``torch._dynamo`` on its first call (to mark the function as not traced), and that import is
+    most of a second of a process (0.85-0.92 s here, beside a CartPole run's ~9 s). Nothing here
+    is traced, so the wrapper's function is called as itself, by handing it the one it would
+    make and cache (its ``__dynamo_disable`` attribute) for the duration of the constructor and
+    taking it back after, so that the wrapper works as before for everything else. Where torch
+    has no such wrapper or ``torch._dynamo`` is imported already, the plain constructor.
+    The parameter groups and settings are the constructor's own
+    (``tests/test_one_path.py::test_adam_made_without_dynamo_is_adams_own``)."""
+    fn = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__", None)
+    if fn is None or "torch._dynamo" in sys.modules or hasattr(fn, "__dynamo_disable"):
+        return torch.optim.Adam(params, **kwargs)
+    setattr(fn, "__dynamo_disable", fn)
+    try:
+        return torch.optim.Adam(params, **kwargs)
+    finally:
+        delattr(fn, "__dynamo_disable")
+
+
 def _all_finite(x: torch.Tensor) -> bool:
     """Every entry of ``x`` finite; one value (a lone run's loss or norm) read as a Python float,
     which spares the two tensor ops of ``isfinite(x).all()`` on every minibatch."""
@@ -125,30 +148,37 @@ class MemberOptimizer:
 
     def __init__(self, params: list[torch.Tensor], population: int, lr: float, fused: bool = False):
         self.params, self.P = params, population
-        self.optim = torch.optim.Adam(params, lr=lr, eps=ADAM_EPS, **({"fused": True} if fused else {}))
         # fused Adam over tensors of one device and dtype: its kernel called as Adam.step calls it
         self.direct = fused and len({(p.device, p.dtype) for p in params}) == 1
+        self.optim = adam_without_dynamo(params, lr=lr, eps=ADAM_EPS, **({"fused": True} if fused else {}))
 
     def _adam_step(self) -> None:
         """``self.optim.step()``. With fused Adam over one device and dtype, once every parameter
-        has its state and a gradient: what ``torch.optim.Adam.step`` does then (``_fused_adam``:
+        has a gradient: what ``torch.optim.Adam.step`` does then (``_init_group``: a parameter
+        without state gets a step of 0, float32 on its device, and zero moments; ``_fused_adam``:
         each state step + 1, then ``torch._fused_adam_`` with the group's settings), without its
-        wrappers (profiler scope, hooks, state and device checks, grouping by device), which cost
-        about 20 us a step on the CPU (a lone control minibatch is about 800 us). The same kernel
-        with the same arguments: the same weights and moments bit for bit
-        (``tests/test_one_path.py::test_direct_fused_adam_is_adams_own_step``)."""
-        if self.direct:
+        wrappers (profiler scope, hooks, state and device checks, grouping by device, and the
+        import of ``torch._dynamo`` for its graph breaks: :func:`adam_without_dynamo`), which
+        cost about 20 us a step on the CPU (a lone control minibatch is about 800 us). The same
+        kernel with the same arguments: the same weights and moments bit for bit, from the first
+        step (``tests/test_one_path.py::test_direct_fused_adam_is_adams_own_step``)."""
+        if self.direct and all(p.grad is not None for p in self.params):
             state = self.optim.state
-            if len(state) == len(self.params) and all(p.grad is not None for p in self.params):
-                g = self.optim.param_groups[0]
+            g = self.optim.param_groups[0]
+            with torch.no_grad():
+                if len(state) != len(self.params):  # Adam's lazy initialisation (_init_group, fused)
+                    for p in self.params:
+                        if not state.get(p):
+                            state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
+                                        "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                                        "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
                 sts = [state[p] for p in self.params]
                 steps = [st["step"] for st in sts]
-                with torch.no_grad():
-                    torch._foreach_add_(steps, 1)
-                    torch._fused_adam_(self.params, [p.grad for p in self.params], [st["exp_avg"] for st in sts],
-                                       [st["exp_avg_sq"] for st in sts], [], steps, amsgrad=False, lr=g["lr"],
-                                       beta1=g["betas"][0], beta2=g["betas"][1], weight_decay=g["weight_decay"],
-                                       eps=g["eps"], maximize=False, grad_scale=None, found_inf=None)
+                torch._foreach_add_(steps, 1)
+                torch._fused_adam_(self.params, [p.grad for p in self.params], [st["exp_avg"] for st in sts],
+                                   [st["exp_avg_sq"] for st in sts], [], steps, amsgrad=False, lr=g["lr"],
+                                   beta1=g["betas"][0], beta2=g["betas"][1], weight_decay=g["weight_decay"],
+                                   eps=g["eps"], maximize=False, grad_scale=None, found_inf=None)
                 return
         self.optim.step()
 
