@@ -661,3 +661,63 @@ def test_narrow_baddbmm_is_baddbmm_with_its_gradients(dtype):
     if dtype == torch.float64:
         args = (B[:2, :, :].clone().requires_grad_(), X[:2, :5].clone().requires_grad_(), W[:2].clone().requires_grad_())
         assert torch.autograd.gradcheck(narrow_baddbmm, args)
+
+
+def test_row_views_follow_the_parameters_through_steps_restores_and_conversions():
+    """PopulationMLP keeps the row views of a no-grad forward (:meth:`PopulationMLP._rows`): it
+    must give what slicing the parameters afresh gives, after in-place optimizer steps, a
+    checkpoint-style ``copy_`` and a conversion (``.double()``: new tensors), and a forward with
+    grad must still reach the parameters."""
+    from harness.models.mlp import PopulationMLP, population_layer, tanh
+
+    gens = [torch.Generator().manual_seed(s) for s in (1, 2, 1, 2)]
+    net = PopulationMLP(4, [3, 16, 16, 2], "tanh", [0.01, 0.01, 1.0, 1.0], gens)
+    x = torch.randn(2, 5, 3)
+    rows = slice(0, 2)
+
+    def fresh(x):  # the rows sliced now, the layers as forward applies them
+        ws, bs = list(net.weights), list(net.biases)
+        for i, (w, b) in enumerate(zip(ws, bs)):
+            x = population_layer(b[rows], x, w[rows])
+            x = tanh(x) if i < len(ws) - 1 else x
+        return x
+
+    opt = torch.optim.Adam(net.parameters(), lr=0.1)
+    with torch.no_grad():
+        assert torch.equal(net(x, rows), fresh(x))
+    for _ in range(2):  # in-place steps (the critic rows 2:4 move too)
+        net(x, rows).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            assert torch.equal(net(x, rows), fresh(x))
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn_like(p))
+        assert torch.equal(net(x, rows), fresh(x))
+    net.double()
+    with torch.no_grad():
+        out = net(x.double(), rows)
+        assert out.dtype == torch.float64 and torch.equal(out, fresh(x.double()))
+    net(x.double(), rows).sum().backward()
+    assert all(p.grad is not None and p.grad[rows].abs().sum() > 0 for p in net.weights)
+
+
+def test_discrete_sampling_is_gumbel_max_on_the_pre_drawn_uniforms():
+    """A discrete action is ``argmax(logits + g)``, ``g = -log(-log u)`` on the pre-drawn uniform
+    ``u`` (clamped away from 0 and 1), written here as the textbook formula: the same actions for
+    every draw, including near-ties; and its frequencies are the softmax's."""
+    from harness.models.control import ControlAgent
+
+    agent = ControlAgent(1, 3, 4, True, [8], "tanh", False, [torch.Generator().manual_seed(0)])
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.tensor([[[0.0, 1.0, -1.0, 0.5]]]).expand(1, 50_000, 4).contiguous()
+    logits[0, :100] = 0.25  # four-way ties: decided by the noise alone
+    u = torch.rand(1, 50_000, 4, generator=gen)
+    u[0, :5] = 0.0  # the clamp's ends
+    u[0, 5:10] = 1.0
+    want = (logits + -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))).argmax(dim=-1)
+    got = agent.sample(logits, u)
+    assert torch.equal(got, want)
+    freq = torch.bincount(got[0, 100:], minlength=4).double() / got[0, 100:].numel()
+    assert torch.allclose(freq, torch.softmax(logits[0, 100].double(), -1), atol=0.01)

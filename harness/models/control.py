@@ -96,9 +96,8 @@ class ControlAgent(nn.Module):
     def sample(self, params: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """Sample with pre-drawn noise: uniforms (Gumbel-max) or standard normals. Box actions are
         the Gaussian sample ``u`` (pre-squash with ``tanh``; :meth:`env_actions` maps them)."""
-        if self.discrete:
-            gumbel = -torch.log(-torch.log(noise.clamp(1e-20, 1.0 - 1e-7)))
-            return (params + gumbel).argmax(dim=-1)
+        if self.discrete:  # argmax(params + g), Gumbel g = -log(-log u): params - log(-log u), in place
+            return torch.sub(params, noise.clamp(1e-20, 1.0 - 1e-7).log_().neg_().log_()).argmax(dim=-1)
         mean, log_std = self.mean_log_std(params)
         return mean + log_std.exp() * noise
 

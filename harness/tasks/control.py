@@ -315,6 +315,8 @@ class _MemberDraws:
         self.gens = [gym.utils.seeding.np_random(s)[0] for s in seeds]
 
     def uniform(self, low, high, size):
+        if self.P == 1:  # a lone run's k are all its own: its generator's one draw
+            return self.gens[0].uniform(low=low, high=high, size=size)
         rows, k = size
         n = self.env.num_envs // self.P
         # every env (reset; or a step after all of them ended at once) or the ones that ended
