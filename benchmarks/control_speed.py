@@ -412,6 +412,10 @@ def main() -> None:
     args = ap.parse_args()
     import torch  # after the harness's settings would apply; only for the versions printed
 
+    from harness.allocator import tune_allocator
+
+    tune_allocator()  # the floors timed in this process, with the allocator as `python -m harness` sets it
+
     P, steps = args.population, args.steps
     med = statistics.median
     print(f"torch {torch.__version__}, {steps} env steps per seed; whole processes (start-up included)", flush=True)

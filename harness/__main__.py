@@ -5,13 +5,15 @@ Ctrl-C (SIGINT) at any moment, imports included, ends the command with one line 
 read back (atomic writes; the run's lock dies with the process), and the same command resumes.
 
 Python's cyclic garbage collector is off while the command starts (imports, Hydra, validation)
-and comes back on, with everything start-up made frozen, when a run begins: :func:`end_startup`."""
+and comes back on, with everything start-up made frozen, when a run begins: :func:`end_startup`.
+glibc's allocator keeps big blocks and free heap for reuse (:func:`harness.allocator.tune_allocator`)."""
 import gc
 import re
 import sys
 
 gc.disable()  # until end_startup
 
+from harness.allocator import tune_allocator
 from harness.interrupt import INTERRUPTED, exit_interrupted
 
 try:
@@ -78,6 +80,7 @@ def main(cfg) -> float | None:
 def cli() -> None:
     """``python -m harness`` and the ``pg-harness`` console script (pyproject.toml)."""
     try:
+        tune_allocator()
         sys.argv[1:] = expand_results_dir(sys.argv[1:])
         main()
     except KeyboardInterrupt:

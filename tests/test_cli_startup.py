@@ -68,3 +68,31 @@ def test_the_cli_imports_dynamo_at_start_up_for_the_runs_that_will(args, imports
     from harness.app import imports_dynamo
 
     assert imports_dynamo(make_cfg(args)) is imports
+
+
+_MMAPPED = ("import ctypes, sys\n"
+            "class M(ctypes.Structure):\n"
+            "    _fields_ = [(n, ctypes.c_size_t) for n in ('arena', 'ordblks', 'smblks', 'hblks', 'hblkhd',\n"
+            "                'usmblks', 'fsmblks', 'uordblks', 'fordblks', 'keepcost')]\n"
+            "libc = ctypes.CDLL(None)\n"
+            "libc.mallinfo2.restype = M\n"
+            "from harness.allocator import tune_allocator\n"
+            "tuned = tune_allocator()\n"
+            "before = libc.mallinfo2().hblkhd\n"
+            "block = bytearray(4 * 2**20)\n"  # 4 MiB: mmapped at glibc's start (128 KiB), heap when tuned
+            "print(tuned, libc.mallinfo2().hblkhd - before >= 4 * 2**20)\n")
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's allocator only")
+@pytest.mark.parametrize("user_env, expected", [({}, "True False"), ({"MALLOC_TRIM_THRESHOLD_": "131072"}, "False True")])
+def test_the_cli_keeps_big_blocks_on_glibcs_heap_unless_the_user_tuned_it(user_env, expected):
+    """:func:`harness.allocator.tune_allocator` (the CLI calls it first): a 4 MiB block, which
+    glibc maps on its own at its start-up settings, comes from the heap once it ran (``mallinfo2``'s
+    mmapped bytes do not grow); a user's own ``MALLOC_*`` setting is left alone."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    r = subprocess.run([sys.executable, "-c", _MMAPPED], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**env, **user_env})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == expected
