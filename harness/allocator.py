@@ -16,8 +16,8 @@ def tune_allocator() -> bool:
 
     Why: glibc starts with both at 128 KiB and raises them only when a big mmapped block is freed.
     A population's activations and gradients are such blocks (``[8, 256, 64]`` float32 is 512 KiB),
-    so every minibatch mapped and unmapped them afresh, and each new page faulted: 4-6 s of system
-    time over a population=16 zoo run's two workers (about 30 s), against 0.6-0.7 s with these
+    so every minibatch mapped and unmapped them afresh, and each new page faulted: 4-7 s of system
+    time over a population=16 zoo run's two workers (about 30 s), against 0.7-0.8 s with these
     settings (and 1.3-2.4 s when an early import, ``torch._dynamo``'s, had happened to raise them).
     Where memory comes from changes no number a run computes
     (``tests/test_cli_startup.py::test_the_cli_run_is_the_in_process_run``); ``python -m harness``
