@@ -186,6 +186,7 @@ class Loop(Checkpoints):
         self.eval_every = int(cfg.eval_every)
         self.eval_every_steps = cfg.eval_every_steps
         self.common = common_fields(cfg, source.uses_groups)
+        self.kl_adaptive = bool(cfg.kl.adaptive)
 
     # ------------------------------------------------------------------ schedules
     def member_lr(self) -> torch.Tensor:
@@ -316,7 +317,7 @@ class Loop(Checkpoints):
 
     def _adapt_kl(self, ro, stats: dict, reasons: list[str | None]) -> None:
         """The PPO paper's adaptive beta, per member, from the KL to the penalty's target."""
-        if not self.cfg.kl.adaptive:
+        if not self.kl_adaptive:
             return
         measured = self.source.kl_to_reference(ro) if self.cfg.kl.target == "ref" else stats.get("approx_kl")
         if measured is None:
