@@ -239,6 +239,24 @@ def clip_per_member(params, max_norm, population, per_network):
 
     return ControlLearner.clip_grads(SimpleNamespace(params=params, population=population), max_norm, per_network)
 
+@pytest.mark.parametrize("value, member, expected", [
+    (float("nan"), 1, [True, False, True]), (float("inf"), 2, [True, True, False]),
+    (float("-inf"), 0, [False, True, True]), (3e38, 1, [True, True, True]), (None, None, [True, True, True])],
+    ids=["nan", "inf", "-inf", "huge-finite", "all-finite"])
+def test_finite_members_names_the_members_with_a_non_finite_weight(value, member, expected):
+    """:meth:`~harness.train.control.ControlLearner.finite_members`: a member is finite when every
+    weight of its actor and critic rows is. Huge finite weights (3e38: their norm overflows to inf,
+    which the fast check reads as "look member by member") still count as finite."""
+    from harness.train.control import ControlLearner
+
+    agent, _, _ = agent_for("CartPole-v1", population=3)
+    learner = ControlLearner(agent)
+    if value is not None:
+        with torch.no_grad():  # a weight of member p's critic (rows P..2P-1) in the output layer
+            agent.net.weights[1][3 + member, 5, 1] = value
+    assert learner.finite_members().tolist() == expected
+
+
 def test_grad_clipping_is_per_member_and_per_network():
     """Hand-set gradients: member 0 actor norm 5 (clipped to 1), critic norm 0.6 (kept);
     member 1 actor norm 0.5 (kept), critic norm 10 (clipped to 1)."""

@@ -72,7 +72,13 @@ class ControlLearner:
 
     @torch.no_grad()
     def finite_members(self) -> torch.Tensor:
+        """``[P]``: whether every weight of member ``p`` is finite. First one fused norm per tensor:
+        a norm is finite only when every entry is (a NaN or an infinity makes it non-finite), so
+        finite norms answer for every member at once (about 20 us against 130 for the member by
+        member check, once an iteration); a non-finite norm (or one that overflows) falls back to it."""
         ok = torch.ones(self.population, dtype=torch.bool)
+        if bool(torch.isfinite(torch.stack(torch._foreach_norm(self.params))).all()):
+            return ok
         for prm in self.params:
             v = member_view(prm.data, self.population)
             ok &= torch.isfinite(v.transpose(0, 1).reshape(self.population, -1)).all(dim=1)
