@@ -3,6 +3,7 @@ when a run begins (:func:`harness.__main__.end_startup`): what the runs compute 
 the collector is back on, with start-up frozen, whenever a run trains."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,39 @@ def test_the_cli_keeps_big_blocks_on_glibcs_heap_unless_the_user_tuned_it(user_e
                        env={**env, **user_env})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == expected
+
+
+@pytest.mark.parametrize("thread", [False, True], ids=["ends-in-command", "waits-for-a-thread"])
+def test_a_command_ends_as_a_normal_exit_would_less_the_teardown(thread, tmp_path):
+    """``python -m harness`` (:func:`harness.__main__.command`) ends its process after the command
+    without the interpreter's teardown: what a normal exit does before it still happens (``atexit``
+    handlers, buffered output flushed, status 0) and an object's finalizer, which only the teardown
+    would run, does not. A thread that is not a daemon and still runs makes it return instead, and
+    the normal exit waits for the thread."""
+    args = ["task=cartpole", "estimator=ppo_gae", *TINY, "budget.iterations=1", f"results_dir={tmp_path / 'r'}",
+            f"hydra.run.dir={tmp_path / 'h'}"]
+    code = ("import atexit, os, sys, threading\n"
+            "import harness.__main__ as m\n"
+            "class Teardown:\n"
+            "    def __del__(self, write=os.write):\n"
+            "        write(1, b'teardown\\n')\n"
+            "keep = Teardown()\n"
+            "atexit.register(print, 'atexit', end='', file=sys.stderr)\n"  # registered last, so run first: before logging's handlers flush stdout, so only exit_now's flush sends it
+            f"sys.argv = ['harness', *{args!r}]\n"
+            "print('buffered', end=' ')\n"  # in stdout's buffer (a pipe) when the command ends
+            "go = threading.Event()\n"
+            + ("threading.Thread(target=go.wait).start()\n" if thread else "")
+            + "m.command()\n"
+            "print('after')\n"
+            "go.set()\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout block-buffered, as piped
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert list((tmp_path / "r").rglob("summary.json"))
+    lines = r.stdout.split()
+    assert lines[0] == "buffered" and "completed" in lines, r.stdout
+    assert r.stderr.endswith("atexit"), r.stderr[-2000:]
+    if thread:  # command() returned: the script went on, the thread was waited for, the teardown ran
+        assert lines[-2:] == ["after", "teardown"], r.stdout
+    else:
+        assert "after" not in lines and "teardown" not in lines, r.stdout
