@@ -111,8 +111,8 @@ def joblib_sweep(steps: int, seeds: int) -> float:
 
 def zoo_step_settings(steps: int) -> SimpleNamespace:
     """:data:`ZOO`'s update-step settings, read once for both floors: ``size`` (the minibatch,
-    ``num_envs x rollout_steps``, both given too), ``hidden``, ``clip``, ``vf_coef``, ``max_norm``, ``lr``
-    and ``n_minibatches`` (``ceil(steps / size)`` iterations x ``epochs``)."""
+    ``num_envs x rollout_steps``, both given too), ``hidden``, ``clip``, ``vf_coef``, ``max_norm``, ``lr``,
+    ``epochs`` and ``n_minibatches`` (``ceil(steps / size)`` iterations x ``epochs``)."""
     zoo = dict(a.split("=", 1) for a in ZOO)
     assert zoo["task.activation"] == "tanh" and zoo["minibatches"] == "1", "the floors time ZOO's step"
     num_envs, rollout_steps = int(zoo["task.num_envs"]), int(zoo["task.rollout_steps"])
@@ -120,7 +120,7 @@ def zoo_step_settings(steps: int) -> SimpleNamespace:
     return SimpleNamespace(size=size, num_envs=num_envs, rollout_steps=rollout_steps,
                            hidden=json.loads(zoo["task.hidden"]), clip=float(zoo["clip_eps"]),
                            vf_coef=float(zoo["vf_coef"]), max_norm=float(zoo["max_grad_norm"]), lr=float(zoo["lr"]),
-                           n_minibatches=-(-steps // size) * int(zoo["epochs"]))
+                           epochs=int(zoo["epochs"]), n_minibatches=-(-steps // size) * int(zoo["epochs"]))
 
 
 def floor_problem(steps: int, fused_adam: bool = False, activation: Callable | None = None):
@@ -224,7 +224,8 @@ def update_floor(steps: int, reps: int = 2000, activation: Callable | None = Non
 
 def collection_problem(steps: int, eval_episodes: int = 10, seed: int = 0):
     """What :func:`collection_floor` times, built once: a namespace with ``run()`` (collect and
-    evaluate once; returns the vector steps taken and the actions sent), ``iterations``,
+    evaluate once; returns the vector steps taken and the actions sent; ``run(between)`` calls
+    ``between()`` after each iteration's rollout, with grad on: :func:`interleaved_floor`), ``iterations``,
     ``rollout_steps``, ``eval_steps`` and the env counts. :data:`ZOO`'s collection written the plainest
     way: gymnasium's own CartPole vector env (as the harness makes it, ``num_envs`` envs) stepped
     ``rollout_steps`` times per iteration for ``ceil(steps / batch)`` iterations, each step the
@@ -257,7 +258,7 @@ def collection_problem(steps: int, eval_episodes: int = 10, seed: int = 0):
         return x
 
     @torch.no_grad()
-    def run() -> tuple[int, list[np.ndarray]]:
+    def run(between: Callable[[], object] | None = None) -> tuple[int, list[np.ndarray]]:
         sent = []
         env = make_vector_env("CartPole-v1", n_envs, None, native=True)
         obs, _ = env.reset(seed=seed)
@@ -275,6 +276,9 @@ def collection_problem(steps: int, eval_episodes: int = 10, seed: int = 0):
                 nxt.append(torch.from_numpy(obs))
             forward(vf, torch.cat(seen))
             forward(vf, torch.cat(nxt))
+            if between is not None:  # the iteration's update, as a PPO run takes it after each rollout
+                with torch.enable_grad():
+                    between()
         env.close()
         env = make_vector_env("CartPole-v1", eval_episodes, None, native=True)
         obs, _ = env.reset(seed=seed + 1)
@@ -302,6 +306,41 @@ def collection_floor(steps: int, rounds: int = 3) -> tuple[float, int]:
         n, _ = prob.run()
         best = min(best, time.perf_counter() - t0)
     return best, n
+
+
+def interleaved_floor(steps: int, rounds: int = 2) -> tuple[float, float]:
+    """``(interleaved, apart)`` seconds: :func:`update_floor`'s cheapest step (fused Adam, the
+    harness's tanh) and :func:`collection_problem`'s collection and evaluation, run as a PPO run runs
+    them, each iteration's rollout followed by its ``epochs`` minibatches (best of ``rounds``), and
+    the same work timed apart, the step ``n_minibatches`` times back to back plus the collection
+    alone (best of ``rounds`` each), on one torch thread. The two differ by what the steps pay for
+    coming after a rollout (the caches the rollout's code and data left: an update right after
+    another is faster than one right after a rollout), which the floors timed apart leave out and
+    every PPO run, the harness's and SB3's, pays."""
+    import torch
+
+    torch.set_num_threads(1)
+    z = zoo_step_settings(steps)
+    prob = floor_problem(steps, fused_adam=True, activation=harness_tanh())
+    coll = collection_problem(steps)
+
+    def update() -> None:
+        for _ in range(z.epochs):
+            prob.step()
+
+    best_inter = best_coll = best_steps = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        coll.run(between=update)
+        best_inter = min(best_inter, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        coll.run()
+        best_coll = min(best_coll, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for _ in range(z.n_minibatches):
+            prob.step()
+        best_steps = min(best_steps, time.perf_counter() - t0)
+    return best_inter, best_coll + best_steps
 
 
 def population_problem(members: int, seed: int = 0, dtype=None, tanh: Callable | None = None,
@@ -478,6 +517,17 @@ def main() -> None:
                     f"rollout (best of 3) | {t_collect:.1f} s | |")
         rows.append(f"| the lone floor: that start-up + fused-Adam steps + that collection, / SB3's whole process; ours "
                     f"over it | **{least / ts:.2f}**; {t1 / least:.2f}x | |")
+        t_inter, t_apart = interleaved_floor(steps)
+        inter = t_least_start + t_inter
+        print(f"-> the same steps and collection interleaved as a PPO run interleaves them: {t_inter:.1f} s against "
+              f"{t_apart:.1f} s timed apart; + that start-up = {inter:.1f} s = {inter / ts:.2f} of SB3's whole process; "
+              f"ours = {t1 / inter:.2f}x that", flush=True)
+        rows.append(f"| those fused-Adam steps and that collection interleaved as a PPO run interleaves them (each "
+                    f"iteration's rollout, then its {zoo_step_settings(steps).epochs} minibatches; "
+                    f"best of 2), against the two timed apart in the same rounds | {t_inter:.1f} s against "
+                    f"{t_apart:.1f} s | |")
+        rows.append(f"| the lone floor, interleaved: that start-up + that, / SB3's whole process; ours over it | "
+                    f"**{inter / ts:.2f}**; {t1 / inter:.2f}x | |")
 
     pop = ours_process(steps, P)
     tp, tp_run = pop["wall"], max(pop["run_s"])

@@ -99,3 +99,31 @@ def test_the_collection_floor_steps_the_runs_envs_and_evaluation(monkeypatch):
     assert n == 4 * 32 + 500 and len(sent) == 4 * 32
     # the samples are the actor's, not one action throughout
     assert 0 < sum(a.sum() for a in sent) < 4 * 32 * 8
+
+
+def test_the_interleaved_floor_updates_after_each_rollout(monkeypatch):
+    """interleaved_floor's run: ``between`` (the iteration's minibatches) is called once after each
+    iteration's 32 vector steps, with grad on, and never during the evaluation."""
+    import harness.tasks.control as control
+    from benchmarks.control_speed import collection_problem
+
+    steps = []
+    make = control.make_vector_env
+
+    def counting(env_id, num_envs, max_episode_steps, native=True):
+        env = make(env_id, num_envs, max_episode_steps, native)
+        steps.append(0)
+        step = env.step
+
+        def counted(a):
+            steps[-1] += 1
+            return step(a)
+
+        env.step = counted
+        return env
+
+    monkeypatch.setattr(control, "make_vector_env", counting)
+    calls = []
+    n, _ = collection_problem(1000).run(between=lambda: calls.append((len(steps), steps[-1], torch.is_grad_enabled())))
+    assert calls == [(1, 32 * i, True) for i in range(1, 5)]
+    assert steps == [4 * 32, 500] and n == 4 * 32 + 500
