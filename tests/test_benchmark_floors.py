@@ -69,12 +69,10 @@ def test_the_floors_count_the_same_minibatches():
     assert floor_problem(100_000).n_minibatches == 391 * 20
 
 
-def test_the_collection_floor_steps_the_runs_envs_and_evaluation(monkeypatch):
-    """collection_problem steps CartPole's vector env as the zoo run does: 1,000 env steps are
-    ceil(1000 / 256) = 4 iterations of 8 envs x 32 steps, then 500 steps of the 10 evaluation envs
-    (counted here on the envs themselves), each action a valid one from the actor's sample."""
+def count_env_steps(monkeypatch) -> list[list[int]]:
+    """``[num_envs, steps]`` of every vector env ``harness.tasks.control.make_vector_env`` makes from
+    now on, counted on the envs themselves; each step's actions checked to be CartPole's (0 or 1)."""
     import harness.tasks.control as control
-    from benchmarks.control_speed import collection_problem
 
     made = []
     make = control.make_vector_env
@@ -93,6 +91,16 @@ def test_the_collection_floor_steps_the_runs_envs_and_evaluation(monkeypatch):
         return env
 
     monkeypatch.setattr(control, "make_vector_env", counting)
+    return made
+
+
+def test_the_collection_floor_steps_the_runs_envs_and_evaluation(monkeypatch):
+    """collection_problem steps CartPole's vector env as the zoo run does: 1,000 env steps are
+    ceil(1000 / 256) = 4 iterations of 8 envs x 32 steps, then 500 steps of the 10 evaluation envs
+    (counted here on the envs themselves), each action a valid one from the actor's sample."""
+    from benchmarks.control_speed import collection_problem
+
+    made = count_env_steps(monkeypatch)
     prob = collection_problem(1000)
     n, sent = prob.run()
     assert made == [[8, 4 * 32], [10, 500]]
@@ -104,26 +112,10 @@ def test_the_collection_floor_steps_the_runs_envs_and_evaluation(monkeypatch):
 def test_the_interleaved_floor_updates_after_each_rollout(monkeypatch):
     """interleaved_floor's run: ``between`` (the iteration's minibatches) is called once after each
     iteration's 32 vector steps, with grad on, and never during the evaluation."""
-    import harness.tasks.control as control
     from benchmarks.control_speed import collection_problem
 
-    steps = []
-    make = control.make_vector_env
-
-    def counting(env_id, num_envs, max_episode_steps, native=True):
-        env = make(env_id, num_envs, max_episode_steps, native)
-        steps.append(0)
-        step = env.step
-
-        def counted(a):
-            steps[-1] += 1
-            return step(a)
-
-        env.step = counted
-        return env
-
-    monkeypatch.setattr(control, "make_vector_env", counting)
+    made = count_env_steps(monkeypatch)
     calls = []
-    n, _ = collection_problem(1000).run(between=lambda: calls.append((len(steps), steps[-1], torch.is_grad_enabled())))
+    n, _ = collection_problem(1000).run(between=lambda: calls.append((len(made), made[-1][1], torch.is_grad_enabled())))
     assert calls == [(1, 32 * i, True) for i in range(1, 5)]
-    assert steps == [4 * 32, 500] and n == 4 * 32 + 500
+    assert made == [[8, 4 * 32], [10, 500]] and n == 4 * 32 + 500
