@@ -11,12 +11,11 @@ A command that ends normally ends its process without the interpreter's teardown
 import gc
 import re
 import sys
-import threading
 
 gc.disable()  # until end_startup
 
 from harness.allocator import tune_allocator
-from harness.interrupt import INTERRUPTED, exit_interrupted, exit_now
+from harness.interrupt import INTERRUPTED, exit_interrupted, exit_without_teardown
 
 try:
     import hydra
@@ -89,26 +88,9 @@ def cli() -> None:
         exit_interrupted()
 
 
-def exit_without_teardown() -> None:
-    """End the process with status 0 as a normal exit would, less the interpreter's teardown.
-
-    A normal exit waits for the threads that are not daemons, runs the ``atexit`` handlers
-    (``logging.shutdown``, the pools of joblib's and multiprocessing's workers, temporary
-    folders' finalizers), flushes ``sys.stdout`` and ``sys.stderr``, and then tears the
-    interpreter down: every module's objects freed one by one (a control run's ~300,000 from
-    torch, Hydra and the rest) and the libraries' C++ destructors. Nothing of a run is written
-    there (every file is written and closed before), and it took 0.13-0.14 s of a zoo CartPole
-    process (about 1.5% of its 9 s). When no such thread runs, the handlers and the flush are
-    :func:`harness.interrupt.exit_now`'s (how an interrupted command ends too), and it ends the
-    process with 0; otherwise this returns and the normal exit follows
-    (``tests/test_cli_startup.py::test_a_command_ends_as_a_normal_exit_would_less_the_teardown``)."""
-    if not any(t is not threading.main_thread() and not t.daemon and t.is_alive() for t in threading.enumerate()):
-        exit_now(0)
-
-
 def command() -> None:
     """``python -m harness`` and the ``pg-harness`` console script (pyproject.toml): :func:`cli`,
-    then, when it returns, :func:`exit_without_teardown`."""
+    then, when it returns, :func:`harness.interrupt.exit_without_teardown`."""
     cli()
     exit_without_teardown()
 

@@ -8,7 +8,7 @@ import pytest
 from analysis.cli import main
 from harness.experiments import CLAIM_IDS
 
-from tests.analysis_fixtures import run_analysis_cli
+from tests.analysis_fixtures import make_sweep, run_analysis_cli
 
 FOLDER = "an existing folder (a folder containing run directories with metrics.parquet)"
 CLAIMS_FOLDER = "an existing folder holding the claim experiments' runs"
@@ -129,3 +129,29 @@ def test_good_arguments_still_parse(tmp_path):
     a = build_parser().parse_args(["claims", str(tmp_path), "--only", "c3, C5"])
     assert a.only == {"C3", "C5"}
     assert main(["report", "--help"]) == 0
+
+
+def test_a_finished_command_ends_without_the_teardown_its_output_whole(tmp_path):
+    """``python -m analysis`` ends a finished command through
+    :func:`harness.interrupt.exit_without_teardown` (the interpreter's teardown was about 1 s of a
+    4.4 s report): the command's exit code, its output whole (stdout block-buffered in a pipe), and
+    an object's finalizer, which only the teardown would run, not run."""
+    import os
+    import subprocess
+    import sys
+
+    sweep = make_sweep(tmp_path / "sweep", estimators=("ppo_gae",), tasks=("CartPole-v1",), seeds=(0, 1))
+    repo = Path(__file__).resolve().parents[1]
+    code = ("import os, sys\n"
+            "class Teardown:\n"
+            "    def __del__(self, write=os.write):\n"
+            "        write(1, b'teardown\\n')\n"
+            "keep = Teardown()\n"
+            f"sys.argv = ['analysis', 'rliable', {str(sweep)!r}, '--out', {str(tmp_path / 's.npz')!r}]\n"
+            "from analysis.__main__ import cli\n"
+            "cli()\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=300,
+                       env={**env, "PYTHONPATH": str(repo)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "s.npz").exists() and r.stdout.strip() and "teardown" not in r.stdout, r.stdout
