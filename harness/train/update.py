@@ -151,7 +151,9 @@ class MemberOptimizer:
         # fused Adam over tensors of one device and dtype: its kernel called as Adam.step calls it
         self.direct = fused and len({(p.device, p.dtype) for p in params}) == 1
         self.optim = adam_without_dynamo(params, lr=lr, eps=ADAM_EPS, **({"fused": True} if fused else {}))
-        self._ones: list[torch.Tensor] | None = None  # _adam_step's increments of Adam's steps
+        # the direct step's increment of Adam's float32 steps, one 1.0 per step (the list form of
+        # _foreach_add_: the scalar form wraps and converts 1 for every tensor, 8 us against 3 a step)
+        self._ones = [torch.ones((), device=params[0].device)] * len(params) if self.direct else []
 
     def _adam_step(self) -> None:
         """``self.optim.step()``. With fused Adam over one device and dtype, once every parameter
@@ -175,9 +177,6 @@ class MemberOptimizer:
                                         "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
                 sts = [state[p] for p in self.params]
                 steps = [st["step"] for st in sts]
-                if self._ones is None:  # add 1 as a one-element tensor per step (the list form):
-                    # the scalar form wraps and converts 1 for every tensor, 8 us against 3 a step
-                    self._ones = [torch.ones((), dtype=s.dtype, device=s.device) for s in steps]
                 torch._foreach_add_(steps, self._ones)
                 torch._fused_adam_(self.params, [p.grad for p in self.params], [st["exp_avg"] for st in sts],
                                    [st["exp_avg_sq"] for st in sts], [], steps, amsgrad=False, lr=g["lr"],
