@@ -90,8 +90,6 @@ def test_the_cli_keeps_big_blocks_on_glibcs_heap_unless_the_user_tuned_it(user_e
     """:func:`harness.allocator.tune_allocator` (the CLI calls it first): a 4 MiB block, which
     glibc maps on its own at its start-up settings, comes from the heap once it ran (``mallinfo2``'s
     mmapped bytes do not grow); a user's own ``MALLOC_*`` setting is left alone."""
-    import os
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     r = subprocess.run([sys.executable, "-c", _MMAPPED], capture_output=True, text=True, cwd=ROOT, timeout=120,
                        env={**env, **user_env})
@@ -114,7 +112,8 @@ def test_a_command_ends_as_a_normal_exit_would_less_the_teardown(thread, tmp_pat
             "    def __del__(self, write=os.write):\n"
             "        write(1, b'teardown\\n')\n"
             "keep = Teardown()\n"
-            "atexit.register(print, 'atexit', end='', file=sys.stderr)\n"  # registered last, so run first: before logging's handlers flush stdout, so only exit_now's flush sends it
+            # registered last, so run first (before logging's handlers flush): only exit_now's flush sends it
+            "atexit.register(print, 'atexit', end='', file=sys.stderr)\n"
             f"sys.argv = ['harness', *{args!r}]\n"
             "print('buffered', end=' ')\n"  # in stdout's buffer (a pipe) when the command ends
             "go = threading.Event()\n"
