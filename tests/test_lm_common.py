@@ -55,8 +55,9 @@ def one_thread():
 def assert_own_decode_step_is_the_models(model, ids, mask, monkeypatch, device: str = "cpu", autocast: bool = False):
     """``generate_groups`` (12 tokens, 3 samples and a greedy row per prompt, temperature 0.9) twice
     from the same generator seed: with the decode loop's own GPT-2 step
-    (:func:`harness.models.lm._gpt2_decode_step`) and with it turned off (the model's own step).
-    Asserts the own step was taken and both give the same tokens, mask, log-probabilities, EOS flags
+    (:func:`harness.models.lm._gpt2_decode_step`, after the prompts' own pass
+    :func:`harness.models.lm._gpt2_pass`) and with both turned off (the model's own prefill and
+    step). Asserts the own step was taken and both give the same tokens, mask, log-probabilities, EOS flags
     and generator state, bit for bit; returns the sampled rows."""
     import torch
 
@@ -70,15 +71,17 @@ def assert_own_decode_step_is_the_models(model, ids, mask, monkeypatch, device: 
         taken.append(step is not None)
         return step
 
-    def run(step_factory):
+    def run(step_factory, trunk_of):
         monkeypatch.setattr(lm_mod, "_gpt2_decode_step", step_factory)
+        monkeypatch.setattr(lm_mod, "_gpt2_trunk", trunk_of)
         gen = torch.Generator(device=device).manual_seed(4)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
             sampled, greedy = lm_mod.generate_groups(model, ids, mask, 12, 2, 0, temperature=0.9, samples=3,
                                                      with_greedy=True, generator=gen)
         return sampled, greedy, gen.get_state()
 
-    (fast_s, fast_g, fast_state), (slow_s, slow_g, slow_state) = run(spy), run(lambda model, cache: None)
+    (fast_s, fast_g, fast_state) = run(spy, lm_mod._gpt2_trunk)
+    (slow_s, slow_g, slow_state) = run(lambda model, cache: None, lambda model: None)
     assert taken == [True]
     for a, b in ((fast_s, slow_s), (fast_g, slow_g)):
         for name in ("tokens", "mask", "logp", "has_eos"):

@@ -226,6 +226,53 @@ def test_gpt2_decoding_step_is_the_models_own_step_bit_for_bit(prompts, dtype, m
     assert lm_mod._gpt2_decode_step(_tiny("llama"), None) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("prompts", [[[5, 6, 7, 8, 9, 3], [4, 5], [4, 5], [9, 8, 7, 6], [5, 6, 7, 8, 9, 3]],
+                                     [[5, 6, 7], [4, 5, 3], [5, 6, 7], [9, 8, 7]]], ids=["padded", "unpadded"])
+def test_gpt2_teacher_forced_passes_are_the_models_own_bit_for_bit(prompts, dtype, monkeypatch):
+    """The harness's own GPT-2 passes (:func:`harness.models.lm._gpt2_pass`) are taken for a GPT-2
+    (an LM head model, and a bare trunk as a critic's backbone) and give what calling the model
+    gives, bit for bit: log-probabilities, entropies, hidden states and the gradient of a loss on
+    them, in one pass and with shared prompts, with left-padded prompts and without (where
+    transformers gives the attention no mask), with responses of one token and of many (rows that
+    end early: padding inside the responses), in float32 and bfloat16. Any other model keeps
+    transformers' forward."""
+    from harness.models import lm as lm_mod
+    from harness.models.lm import trunk_states
+
+    model = _tiny("gpt2").to(dtype)
+    ids, mask = left_pad(prompts, 0)
+    g = generate(model, ids, mask, 9, eos_token_id=2, pad_token_id=0, temperature=0.9,
+                 generator=torch.Generator().manual_seed(5))
+    assert (g.mask == 0).any() and g.tokens.shape[1] > 1  # padded responses
+    real_trunk, taken = lm_mod._gpt2_trunk, []
+
+    def spy(m):
+        taken.append(real_trunk(m) is not None)
+        return real_trunk(m)
+
+    def run(trunk_of, tokens, rmask, share):
+        monkeypatch.setattr(lm_mod, "_gpt2_trunk", trunk_of)
+        model.zero_grad()
+        out = response_forward(model, ids, mask, tokens, rmask, temperature=0.9, want_hidden=True,
+                               share_prompts=share)
+        states = trunk_states(model.transformer, ids, mask, tokens, rmask, share_prompts=share)
+        loss = (out.logp * rmask).sum() + (out.entropy * rmask).sum() + out.hidden.float().square().mean() \
+            + states.float().sum()
+        loss.backward()
+        return [out.logp, out.entropy, out.hidden, states] + [p.grad.clone() for p in model.parameters()]
+
+    for tokens, rmask in ((g.tokens, g.mask), (g.tokens[:, :1], g.mask[:, :1])):
+        for share in (False, True):
+            taken.clear()
+            own = run(spy, tokens, rmask, share)
+            assert taken == [True, True]
+            theirs = run(lambda m: None, tokens, rmask, share)
+            assert all(torch.equal(a, b) for a, b in zip(own, theirs)), (share, tokens.shape)
+            assert any(float(x.abs().max()) > 0 for x in own[4:])
+    assert real_trunk(_tiny("llama")) is None and real_trunk(_tiny("llama").model) is None
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_shared_prompt_teacher_forcing_equals_one_pass_with_its_gradient(arch):
     """``response_forward(share_prompts=True)`` runs each distinct prompt once and gathers its

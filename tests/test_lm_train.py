@@ -270,6 +270,7 @@ def test_each_prompt_is_sampled_once_and_the_samples_are_those_of_per_row_decodi
 
     import torch
 
+    from harness.models import lm as lm_mod
     from harness.tasks.lm.data import decode_responses
     from harness.tasks.lm.pipeline import build_task
     from harness.train.lm import LMSource
@@ -291,7 +292,15 @@ def test_each_prompt_is_sampled_once_and_the_samples_are_those_of_per_row_decodi
             prompt_rows.append(kwargs["input_ids"].shape[0])
         return forward(self, *args, **kwargs)
 
+    own_pass = lm_mod._gpt2_pass
+
+    def counted_pass(trunk, ids, *args, **kwargs):  # the same through the harness's own GPT-2 pass
+        if trunk is src.policy.lm.transformer and ids.shape[1] > 1:
+            prompt_rows.append(ids.shape[0])
+        return own_pass(trunk, ids, *args, **kwargs)
+
     monkeypatch.setattr(type(src.policy.lm), "forward", counted)
+    monkeypatch.setattr(lm_mod, "_gpt2_pass", counted_pass)
     state, py_state = src.gen.get_state(), src.rng.getstate()
     ro = src._draw()
     assert prompt_rows == [3]  # 3 distinct prompts once, for 9 samples (+ 3 greedy responses)
