@@ -11,11 +11,14 @@ only: that the own code is bit-identical is ``tests/test_lm_model.py``'s). ``--o
   step calls the model, as before the step existed;
 * ``passes``: the prompts' prefill before decoding and the teacher-forced passes (the update's
   forward, the reference's, a critic's: :func:`harness.models.lm._gpt2_pass`); off, they call the
-  model, as before 2026-12-06; the decode step stays on.
+  model, as before 2026-12-06; the decode step stays on;
+* ``packing``: the packed teacher-forced passes (:func:`harness.models.lm._gpt2_packed_response`:
+  no response padding run); off, the own passes run the padding, as before 2026-12-06 (their
+  gradients differ at float rounding, so the two sides' samples part after the first update).
 
 Usage::
 
-    python benchmarks/lm_decode_step.py [--off step|passes] [--beta 0.05 0] [--iterations 30] [--rounds 6]
+    python benchmarks/lm_decode_step.py [--off step|passes|packing] [--beta 0.05 0] [--iterations 30] [--rounds 6]
         [--cache DIR]
 """
 from __future__ import annotations
@@ -32,9 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lm_vs_trl as B  # noqa: E402  (the harness side and its settings)
 
 
+LABELS = {"step": ("own step", "transformers' step"), "passes": ("own passes", "transformers' passes"),
+          "packing": ("packed", "padded")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--off", choices=["step", "passes"], default="step",
+    ap.add_argument("--off", choices=["step", "passes", "packing"], default="step",
                     help="the part of the harness's own GPT-2 code turned off in the 'off' runs")
     ap.add_argument("--beta", type=float, nargs="+", default=[0.05, 0.0])
     ap.add_argument("--iterations", type=int, default=30)
@@ -47,7 +54,7 @@ def main() -> None:
 
     scratch = Path(tempfile.mkdtemp(prefix="lm_decode_step_"))
     cache = Path(args.cache) if args.cache else scratch / ".cache" / "lm"
-    own_step, own_trunk = lm_mod._gpt2_decode_step, lm_mod._gpt2_trunk
+    own_step, own_trunk, own_packed = lm_mod._gpt2_decode_step, lm_mod._gpt2_trunk, lm_mod._gpt2_packed_response
 
     def step_on_trunk(model, cache):  # the decode step sees the real trunk check while the passes see none
         lm_mod._gpt2_trunk = own_trunk
@@ -60,13 +67,15 @@ def main() -> None:
         return None
 
     def switch(on: bool) -> None:
-        if on or args.off == "step":
+        lm_mod._gpt2_packed_response = own_packed if on or args.off != "packing" else (lambda *a, **k: None)
+        if on or args.off in ("step", "packing"):
             lm_mod._gpt2_trunk = own_trunk
-            lm_mod._gpt2_decode_step = own_step if on else (lambda model, cache: None)
+            lm_mod._gpt2_decode_step = own_step if on or args.off != "step" else (lambda model, cache: None)
         else:
             lm_mod._gpt2_trunk, lm_mod._gpt2_decode_step = no_trunk, step_on_trunk
     for beta in args.beta:
         cpu: dict[str, list[float]] = {"on": [], "off": []}
+        counts: dict[str, list[int]] = {"on": [], "off": []}
         same_counts = True
         for r in range(args.rounds):
             tokens = {}
@@ -79,12 +88,16 @@ def main() -> None:
                     switch(True)
                 cpu[tag].append(out["cpu_s_per_iter_step"])
                 tokens[tag] = out["tokens"]
+                counts[tag].append(out["tokens"])
                 print(f"beta={beta} round={r} {args.off} {tag}: {out['cpu_s_per_iter_step'] * 1e3:.1f} ms CPU per "
                       f"iteration, {out['tokens']} tokens sampled", flush=True)
             same_counts &= tokens["on"] == tokens["off"]
         ratios = [a / b for a, b in zip(cpu["on"], cpu["off"])]
-        print(f"-> beta={beta}: own {args.off} / transformers' {args.off}, CPU per iteration: median "
-              f"{statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f}); "
+        per_token = [(a / ta) / (b / tb) for a, b, ta, tb in zip(cpu["on"], cpu["off"], counts["on"], counts["off"])]
+        on_name, off_name = LABELS[args.off]
+        print(f"-> beta={beta}: {on_name} / {off_name}, CPU per iteration: median "
+              f"{statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f}); per sampled token: "
+              f"median {statistics.median(per_token):.3f} (rounds {min(per_token):.3f}-{max(per_token):.3f}); "
               f"same number of tokens sampled in every round: {same_counts}", flush=True)
 
 

@@ -273,6 +273,62 @@ def test_gpt2_teacher_forced_passes_are_the_models_own_bit_for_bit(prompts, dtyp
     assert real_trunk(_tiny("llama")) is None and real_trunk(_tiny("llama").model) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, monkeypatch):
+    """A GPT-2's shared-prompt forward without hidden states runs only the response columns that
+    predict a response token (:func:`harness.models.lm._gpt2_packed_response`): its
+    log-probabilities and entropies equal the padded pass's at every response token (to float
+    rounding; bit for bit where this CPU's matrix products do not depend on their row count),
+    are 0 at the padding, and the gradient of a loss on them is the padded pass's to float
+    rounding. Responses of one token and a model with active dropout run the padded pass."""
+    from harness.models import lm as lm_mod
+
+    model = _tiny("gpt2").to(dtype)
+    prompts = [[5, 6, 7, 8, 9, 3], [4, 5], [4, 5], [9, 8, 7, 6], [5, 6, 7, 8, 9, 3], [9, 8, 7, 6]]
+    ids, mask = left_pad(prompts, 0)
+    g = generate(model, ids, mask, 9, eos_token_id=2, pad_token_id=0, temperature=0.9,
+                 generator=torch.Generator().manual_seed(5))
+    m = g.mask.bool()
+    assert (~m).sum() > 5 and g.tokens.shape[1] > 2  # rows end early: padding to leave out
+    own_pass, packed_rows = lm_mod._gpt2_pass, []
+
+    def spy(trunk, ids, *args, columns=None, **kwargs):
+        packed_rows.append(None if columns is None else columns.numel())
+        return own_pass(trunk, ids, *args, columns=columns, **kwargs)
+
+    monkeypatch.setattr(lm_mod, "_gpt2_pass", spy)
+
+    def run(packed, tokens=g.tokens, rmask=g.mask):
+        if not packed:
+            monkeypatch.setattr(lm_mod, "_gpt2_packed_response", lambda *a, **k: None)
+        packed_rows.clear()
+        model.zero_grad()
+        out = response_forward(model, ids, mask, tokens, rmask, temperature=0.9, share_prompts=True)
+        ((out.logp * rmask).sum() + (out.entropy * rmask).sum()).backward()
+        monkeypatch.undo()
+        monkeypatch.setattr(lm_mod, "_gpt2_pass", spy)
+        return out, [p.grad.clone() for p in model.parameters()], list(packed_rows)
+
+    (out, grads, rows), (ref, ref_grads, ref_rows) = run(True), run(False)
+    assert rows == [None, int(g.mask[:, 1:].sum())] and ref_rows == [None, None]
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(out.logp[m], ref.logp[m], atol=tol, rtol=0)
+    assert torch.allclose(out.entropy[m], ref.entropy[m], atol=tol, rtol=0)
+    assert not out.logp[~m].any() and not out.entropy[~m].any() and ref.logp[~m].any()
+    rel = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, ref_grads))
+    assert rel < (1e-5 if dtype == torch.float32 else 2e-2), rel
+    # one-token responses, and dropout at work: the padded pass, bit for bit
+    one, _, one_rows = run(True, g.tokens[:, :1], g.mask[:, :1])
+    assert one_rows == [None] and torch.equal(one.logp, run(False, g.tokens[:, :1], g.mask[:, :1])[0].logp)
+    model.transformer.h[0].attn.resid_dropout.p = 0.1
+    model.train()
+    try:
+        assert run(True)[2] == [None, None]
+    finally:
+        model.eval()
+        model.transformer.h[0].attn.resid_dropout.p = 0.0
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_shared_prompt_teacher_forcing_equals_one_pass_with_its_gradient(arch):
     """``response_forward(share_prompts=True)`` runs each distinct prompt once and gathers its
