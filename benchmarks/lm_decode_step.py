@@ -12,9 +12,10 @@ only: that the own code is bit-identical is ``tests/test_lm_model.py``'s). ``--o
 * ``passes``: the prompts' prefill before decoding and the teacher-forced passes (the update's
   forward, the reference's, a critic's: :func:`harness.models.lm._gpt2_pass`); off, they call the
   model, as before 2026-12-06; the decode step stays on;
-* ``packing``: the packed teacher-forced passes (:func:`harness.models.lm._gpt2_packed_response`:
-  no response padding run); off, the own passes run the padding, as before 2026-12-06 (their
-  gradients differ at float rounding, so the two sides' samples part after the first update).
+* ``packing``: the packed passes (:func:`harness.models.lm._gpt2_packed_response` and
+  :func:`harness.models.lm._gpt2_prompt_states`: neither the prompts' left padding nor the
+  responses' padding run); off, the own passes run the padding, as before 2026-12-06 (gradients
+  differ at float rounding, so the two sides' samples may part after an update).
 
 Usage::
 
@@ -55,6 +56,11 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="lm_decode_step_"))
     cache = Path(args.cache) if args.cache else scratch / ".cache" / "lm"
     own_step, own_trunk, own_packed = lm_mod._gpt2_decode_step, lm_mod._gpt2_trunk, lm_mod._gpt2_packed_response
+    own_prompts = lm_mod._gpt2_prompt_states
+
+    def padded_prompts(trunk, ids, mask):
+        h, cache = lm_mod._gpt2_pass(trunk, ids, mask, lm_mod.positions(mask), want_cache=True)
+        return h[:, -1:], cache
 
     def step_on_trunk(model, cache):  # the decode step sees the real trunk check while the passes see none
         lm_mod._gpt2_trunk = own_trunk
@@ -67,7 +73,9 @@ def main() -> None:
         return None
 
     def switch(on: bool) -> None:
-        lm_mod._gpt2_packed_response = own_packed if on or args.off != "packing" else (lambda *a, **k: None)
+        packed = on or args.off != "packing"
+        lm_mod._gpt2_packed_response = own_packed if packed else (lambda *a, **k: None)
+        lm_mod._gpt2_prompt_states = own_prompts if packed else padded_prompts
         if on or args.off in ("step", "packing"):
             lm_mod._gpt2_trunk = own_trunk
             lm_mod._gpt2_decode_step = own_step if on or args.off != "step" else (lambda model, cache: None)

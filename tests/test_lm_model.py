@@ -275,13 +275,15 @@ def test_gpt2_teacher_forced_passes_are_the_models_own_bit_for_bit(prompts, dtyp
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, monkeypatch):
-    """A GPT-2's shared-prompt forward without hidden states runs only the response columns that
-    predict a response token (:func:`harness.models.lm._gpt2_packed_response`): its
+    """A GPT-2's shared-prompt forward without hidden states runs only the prompts' columns that are
+    not left padding and the response columns that predict a response token
+    (:func:`harness.models.lm._gpt2_packed_response`): its
     log-probabilities and entropies equal the padded pass's at every response token (to float
     rounding; bit for bit where this CPU's matrix products do not depend on their row count),
     are 0 at the padding, and the gradient of a loss on them is the padded pass's to float
     rounding. Responses of one token and a model with active dropout run the padded pass."""
     from harness.models import lm as lm_mod
+    from harness.models.lm import distinct_prompts
 
     model = _tiny("gpt2").to(dtype)
     prompts = [[5, 6, 7, 8, 9, 3], [4, 5], [4, 5], [9, 8, 7, 6], [5, 6, 7, 8, 9, 3], [9, 8, 7, 6]]
@@ -310,7 +312,8 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, monkeyp
         return out, [p.grad.clone() for p in model.parameters()], list(packed_rows)
 
     (out, grads, rows), (ref, ref_grads, ref_rows) = run(True), run(False)
-    assert rows == [None, int(g.mask[:, 1:].sum())] and ref_rows == [None, None]
+    first, _ = distinct_prompts(ids, mask)  # the prompts' left padding and the responses' padding left out
+    assert rows == [int(mask[first].sum()), int(g.mask[:, 1:].sum())] and ref_rows == [None, None]
     tol = 1e-6 if dtype == torch.float32 else 1e-2
     assert torch.allclose(out.logp[m], ref.logp[m], atol=tol, rtol=0)
     assert torch.allclose(out.entropy[m], ref.entropy[m], atol=tol, rtol=0)

@@ -215,11 +215,14 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
 
     ``columns`` (packed): only the columns at these indices of the flattened ``[R * q]`` grid go
     through the embeddings, projections, MLPs and layer norms, as one ``[N, H]`` batch, and the
-    result is their ``[N, H]`` states; the others enter attention as zeros, so no kept column may
-    attend to a left-out one (the caller leaves out a response's padding and its last token,
-    which only padding attends to). The kept columns' values equal the unpacked pass's (each
-    row of a matrix product is its own dot products; equal bit for bit on this CPU, tested to
-    float rounding); gradients differ by the rounding of sums over fewer rows.
+    result is their ``[N, H]`` states; the others enter attention (and ``want_cache``'s keys and
+    values) as zeros, so no kept column may attend to a left-out one under ``mask`` and its
+    causal order (the callers leave out a prompt's left padding, which the mask hides from every
+    query, and a response's padding and last token, which only padding attends to). A masked key
+    has weight exactly 0 whatever its value, so the kept columns' attention is the unpacked
+    pass's, and their values equal the unpacked pass's where each row of a matrix product is its
+    own dot products (bit for bit on this CPU; tested to float rounding); gradients differ by the
+    rounding of sums over fewer rows.
 
     The same modules, kernels and arguments as ``GPT2Model.forward`` with a ``DynamicCache``
     (transformers 5.x: the 4-D boolean mask of ``create_causal_mask``, causal and padding, or no
@@ -295,6 +298,21 @@ def _gpt2_response_pass(trunk, prompt_ids, prompt_mask, response_ids, response_m
     return (torch.cat(logits, dim=1) if logits else None, torch.cat(hidden, dim=1) if hidden else None)
 
 
+def _gpt2_prompt_states(trunk, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+    """``(last [n, 1, H], cache)``: left-padded prompts ``[n, P]`` through :func:`_gpt2_pass` with
+    their keys and values, the left padding packed out (``columns``) where there is any: the
+    padding's keys and values are then zeros, which every query's padding mask leaves out (so
+    the attention of every prompt column, and later of every response column, is the padded
+    pass's). ``last``: each prompt's last column, which predicts the first response token."""
+    pos = positions(prompt_mask)
+    if bool(prompt_mask.bool().all()):
+        h, cache = _gpt2_pass(trunk, prompt_ids, prompt_mask, pos, want_cache=True)
+        return h[:, -1:], cache
+    columns = prompt_mask.reshape(-1).nonzero().squeeze(1)
+    h, cache = _gpt2_pass(trunk, prompt_ids, prompt_mask, pos, want_cache=True, columns=columns)
+    return h[prompt_mask.sum(-1).cumsum(0) - 1].unsqueeze(1), cache
+
+
 def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids, response_mask, shared,
                           temperature) -> "ResponseForward | None":
     """:func:`response_forward` of a GPT-2 with shared prompts (``shared`` of :func:`distinct_prompts`),
@@ -314,13 +332,12 @@ def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids,
         return None
     P = prompt_ids.shape[1]
     first, rows = shared
-    p_mask = prompt_mask[first]
-    pre, cache = _gpt2_pass(trunk, prompt_ids[first], p_mask, positions(p_mask), want_cache=True)
+    last, cache = _gpt2_prompt_states(trunk, prompt_ids[first], prompt_mask[first])
     cache = [(k[rows], v[rows]) for k, v in cache]
     mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)[:, :P + L - 1]
     columns = response_mask[:, 1:].reshape(-1).nonzero().squeeze(1)  # column j predicts token j + 1
     h, _ = _gpt2_pass(trunk, response_ids[:, :-1], mask, positions(mask)[:, P:], past=cache, columns=columns)
-    logits = torch.cat([lm_head(pre[:, -1:])[rows][:, 0], lm_head(h)])  # token 0 of each row, then the rest
+    logits = torch.cat([lm_head(last)[rows][:, 0], lm_head(h)])  # token 0 of each row, then the rest
     targets = torch.cat([response_ids[:, 0], response_ids[:, 1:].reshape(-1)[columns]])
     logp, entropy = _token_logp_entropy(logits, targets, temperature)
     where = torch.cat([torch.arange(B, device=columns.device) * L, columns // (L - 1) * L + columns % (L - 1) + 1])
@@ -638,8 +655,8 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_to
     if trunk is not None and trunk is not model:  # a GPT-2: the prompts through the harness's own pass
         from transformers import DynamicCache
 
-        h, kv = _gpt2_pass(trunk, prompt_ids, prompt_mask, positions(prompt_mask), want_cache=True)
-        logits = model.lm_head(h[:, -1:])[:, -1][rows]
+        last, kv = _gpt2_prompt_states(trunk, prompt_ids, prompt_mask)
+        logits = model.lm_head(last)[:, -1][rows]
         cache = DynamicCache()
         cache.layers = [_preallocated_layer()().fill(k[rows], v[rows], L) for k, v in kv]
     elif use_cache:
