@@ -48,9 +48,20 @@ both take ``log pi_old`` without an extra policy pass (the harness from its samp
 over every completion's full sequence; the harness prefills each distinct prompt once and shares
 its KV cache with the group, in its own decode loop (a GPT-2's steps through the harness's own
 step, :func:`harness.models.lm._gpt2_decode_step`, bit-identical to the model's), and its teacher-forced passes (reference,
-update) run each distinct prompt once as well; the harness runs GPT-2's ``gelu_new`` as PyTorch's
+update) run each distinct prompt once as well; a GPT-2's passes leave the padding out (the
+prompts' left padding, the responses' padding after EOS: :func:`harness.models.lm._gpt2_packed_response`;
+values equal, gradients to float rounding), where TRL runs every completion padded to the
+batch's longest; the harness runs GPT-2's ``gelu_new`` as PyTorch's
 fused tanh-GELU (``harness.models.lm.fuse_gelu``, the same function to float rounding), TRL as
 transformers' Python ``NewGELUActivation``.
+
+glibc's allocator: the process first sets it as ``python -m harness`` does
+(:func:`harness.allocator.tune_allocator`: blocks from 16 MiB up mmapped, fixed thresholds),
+for both sides, unless the environment tuned it (``MALLOC_*`` variables). Without that, glibc's
+dynamic mmap threshold moves with whatever the process freed before, and TRL's larger
+full-sequence tensors paid page faults or not depending on it: TRL's seconds per iteration
+moved by up to 30% with the other side's allocations and the pipeline build (measured
+2026-12-01 and 2026-12-06), while the harness's did not.
 
 Usage::
 
@@ -64,7 +75,7 @@ GELU, layer norm, forward and backward: :data:`FLOOR_KERNELS`) replayed alone on
 inputs of its shapes, best of 5, and summed per iteration. That is what the iteration would cost if
 it were these kernels and nothing else; TRL's seconds per iteration over it is the highest ratio
 the harness could reach while it does the same work (the same matrix products: shared prompts,
-responses padded to the batch's longest). It also splits the harness's iteration into parts
+no padding run). It also splits the harness's iteration into parts
 (:data:`PHASES`: sampling, the reference pass, the update and its backward, wrapped with timers in
 every harness run and with profiler ranges in the profiled one) and gives each part's wall time
 (round 0) beside its kernels' floor.
@@ -476,6 +487,9 @@ def main() -> None:
     if args.iterations <= args.warmup:
         ap.error("--iterations must exceed --warmup")
 
+    from harness.allocator import tune_allocator
+
+    allocator = "as python -m harness sets it" if tune_allocator() else "as the environment set it"
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore")
@@ -504,7 +518,8 @@ def main() -> None:
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
                      "python": platform.python_version()},
-        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
+                    "allocator": allocator},
         "settings": {"prompts_per_iter": PROMPTS_PER_ITER, "group_size": GROUP_SIZE, "max_len": MAX_LEN,
                      "temperature": TEMPERATURE, "lr": args.lr, "epochs": 1, "clip": CLIP, "reward": "gold",
                      "kl_estimator": "k3 (loss term)", "iterations": args.iterations, "warmup": args.warmup,
@@ -578,7 +593,8 @@ def main() -> None:
     md.append(f"Sampled tokens/s of a whole RL iteration (sample + score + update), iterations {args.warmup + 1}-"
               f"{args.iterations} of each run.")
     md.append("wall = in-iteration wall time; cycle = wall clock of the whole loop (logging included); "
-              "CPU = this process's CPU time in the iteration. ratio = harness / TRL.")
+              "CPU = this process's CPU time in the iteration. ratio = harness / TRL. "
+              f"glibc's allocator, both sides: {allocator}.")
     md.append("")
     cols = ["beta", "round", "order", "harness wall", "TRL wall", "ratio wall", "ratio cycle", "harness CPU",
             "TRL CPU", "ratio CPU", "tok/completion h / TRL", "s/iter wall h / TRL", "s/iter CPU h / TRL"]
