@@ -366,3 +366,29 @@ def test_at_beta_zero_the_reference_runs_only_for_the_kl_ref_columns_every_kl_re
     _, penalised, _ = run_one(tmp_path / "b", "estimator=grpo", "kl.beta=0.1", "budget.iterations=3", "eval_every=0",
                               "lm.kl_ref_every=3")
     assert calls == [1, 2, 3] and penalised.kl_ref.notna().all()
+
+
+@pytest.mark.parametrize("value, expected", [(float("nan"), False), (float("inf"), False), (float("-inf"), False),
+                                             (3e38, True), (None, True)],
+                         ids=["nan", "inf", "-inf", "huge-finite", "all-finite"])
+@pytest.mark.parametrize("where", ["policy", "critic"])
+def test_lm_finite_members_reads_every_weight(value, expected, where):
+    """:meth:`~harness.train.lm.LMLearner.finite_members`: one non-finite weight anywhere (the
+    policy's, the separate critic's) makes the member non-finite; huge finite weights (3e38: their
+    norm overflows to inf, which the fused check reads as "look entry by entry") still count as
+    finite."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from harness.models.lm import PolicyWithValue, ValueModel, tiny_causal_lm
+    from harness.train.lm import LMLearner
+
+    policy = PolicyWithValue(tiny_causal_lm(10, 0, 2, 16, n_layer=1, n_embd=8, n_head=2), value_head=False)
+    critic = ValueModel(tiny_causal_lm(10, 0, 2, 16, n_layer=1, n_embd=8, n_head=2).transformer)
+    learner = LMLearner(SimpleNamespace(policy=policy, critic=critic))
+    if value is not None:
+        net = policy.lm.transformer if where == "policy" else critic.backbone
+        with torch.no_grad():
+            net.h[0].mlp.c_fc.weight[3, 5] = value
+    assert learner.finite_members().tolist() == [expected]

@@ -62,7 +62,7 @@ from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_scores, u
 from .loop import Diverged, Source
 from .workers import train_members
 from .sampling import cat_rows, dynamic_sample, overlong_penalty, take_groups
-from .update import UpdateBatch, clip_grad_groups
+from .update import UpdateBatch, clip_grad_groups, norms_finite
 
 
 #: The row's columns that measure the machine (time, throughput, memory), not the run: two runs of
@@ -304,7 +304,8 @@ class LMLearner:
 
     @torch.no_grad()
     def finite_members(self) -> torch.Tensor:
-        return torch.tensor([all(bool(torch.isfinite(p.detach()).all()) for p in self.params)])
+        """``[1]``: every weight finite (fused norms first, :func:`~harness.train.update.norms_finite`)."""
+        return torch.tensor([norms_finite(self.params) or all(bool(torch.isfinite(p).all()) for p in self.params)])
 
 
 class LMSource(Source):

@@ -42,7 +42,7 @@ from ..tasks.toy import DTYPE, ToyTask, advantage_batch, build_task, random_rewa
 from .loop import Source
 from .workers import train_members
 from .sampling import cat_rows, dynamic_sample, overlong_penalty, take_groups
-from .update import UpdateBatch, clip_grad_groups
+from .update import UpdateBatch, clip_grad_groups, norms_finite
 
 POLICY_FILE = "policy.safetensors"  # the final policy (older runs: policy.pt, a torch.save dict)
 
@@ -90,7 +90,8 @@ class ToyLearner:
 
     @torch.no_grad()
     def finite_members(self) -> torch.Tensor:
-        return torch.tensor([all(bool(torch.isfinite(p).all()) for p in self.params)])
+        """``[1]``: every weight finite (fused norms first, :func:`~harness.train.update.norms_finite`)."""
+        return torch.tensor([norms_finite(self.params) or all(bool(torch.isfinite(p).all()) for p in self.params)])
 
 
 class ToySource(Source):
