@@ -271,6 +271,17 @@ def test_gpt2_teacher_forced_passes_are_the_models_own_bit_for_bit(prompts, dtyp
             assert all(torch.equal(a, b) for a, b in zip(own, theirs)), (share, tokens.shape)
             assert any(float(x.abs().max()) > 0 for x in own[4:])
     assert real_trunk(_tiny("llama")) is None and real_trunk(_tiny("llama").model) is None
+    # dropout at work (training, p > 0): transformers' forward; in eval mode the dropouts are not
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.2
+    model.train()
+    assert real_trunk(model) is None and real_trunk(model.transformer) is None
+    model.eval()
+    assert real_trunk(model) is model.transformer
+    # a projection that is not transformers' Conv1D (an adapter, say): the model's own forward
+    model.transformer.h[1].mlp.c_fc = torch.nn.Sequential(model.transformer.h[1].mlp.c_fc)
+    assert real_trunk(model) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -281,7 +292,7 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, monkeyp
     log-probabilities and entropies equal the padded pass's at every response token (to float
     rounding; bit for bit where this CPU's matrix products do not depend on their row count),
     are 0 at the padding, and the gradient of a loss on them is the padded pass's to float
-    rounding. Responses of one token and a model with active dropout run the padded pass."""
+    rounding. Responses of one token run the padded pass, a model with dropout at work transformers'."""
     from harness.models import lm as lm_mod
     from harness.models.lm import distinct_prompts
 
@@ -326,7 +337,7 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, monkeyp
     model.transformer.h[0].attn.resid_dropout.p = 0.1
     model.train()
     try:
-        assert run(True)[2] == [None, None]
+        assert run(True)[2] == []  # transformers' forward (:func:`harness.models.lm._gpt2_trunk`)
     finally:
         model.eval()
         model.transformer.h[0].attn.resid_dropout.p = 0.0

@@ -192,16 +192,33 @@ def _gpt2_trunk(model: nn.Module):
     """The ``GPT2Model`` trunk of transformers' ``GPT2LMHeadModel`` (or the ``GPT2Model`` itself)
     where the harness's own GPT-2 passes (:func:`_gpt2_pass`, :func:`_gpt2_decode_step`) compute
     what the model's ``forward`` does: sdpa attention, no cross-attention, no gradient
-    checkpointing, no forward hooks on the model or its trunk. None for any other model (then the
+    checkpointing, no forward hooks on the model or its trunk, transformers' ``Conv1D``
+    projections, no dropout at work (training with p > 0). None for any other model (then the
     callers call the model)."""
     from transformers import GPT2LMHeadModel, GPT2Model
+    from transformers.pytorch_utils import Conv1D
 
     trunk = model.transformer if type(model) is GPT2LMHeadModel else model
     if (type(trunk) is not GPT2Model or getattr(trunk.config, "_attn_implementation", None) != "sdpa"
             or getattr(trunk.config, "add_cross_attention", False) or trunk.gradient_checkpointing
-            or any(m._forward_hooks or m._forward_pre_hooks for m in {model, trunk})):
+            or any(m._forward_hooks or m._forward_pre_hooks for m in {model, trunk})
+            or any(type(m) is not Conv1D for b in trunk.h for m in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc,
+                                                                     b.mlp.c_proj))
+            or (trunk.training and any(m.p > 0 for m in trunk.modules() if isinstance(m, nn.Dropout)))):
         return None
     return trunk
+
+
+def _gpt2_block(block: nn.Module, h: torch.Tensor, attend) -> torch.Tensor:
+    """One ``GPT2Block`` on the states ``h [M, H]`` (one row per column), ``attend`` mapping the
+    ``c_attn`` output ``[M, 3H]`` to the attention's ``[M, H]``: ``GPT2Block.forward``'s modules and
+    kernels (each ``Conv1D`` as its own ``addmm`` on the matrix, without its views; the residual
+    adds in transformers' order), without the dropouts (:func:`_gpt2_trunk`: none at work)."""
+    attn, mlp = block.attn, block.mlp
+    h = torch.addmm(attn.c_proj.bias, attend(torch.addmm(attn.c_attn.bias, block.ln_1(h), attn.c_attn.weight)),
+                    attn.c_proj.weight) + h
+    return h + torch.addmm(mlp.c_proj.bias, mlp.act(torch.addmm(mlp.c_fc.bias, block.ln_2(h), mlp.c_fc.weight)),
+                           mlp.c_proj.weight)
 
 
 def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
@@ -228,9 +245,11 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
     (transformers 5.x: the 4-D boolean mask of ``create_causal_mask``, causal and padding, or no
     mask and sdpa's ``is_causal`` where nothing is padded and ``q == 1`` or there is no past; the
     cache's ``cat`` of past and new keys and values), without the per-call work around them:
-    output classes and their decorators, the attention and mask interfaces, keyword plumbing.
-    Equal to the model's own pass bit for bit, values and gradients (tested); about 1 ms less a
-    teacher-forced pass of the tiny GPT-2 on a CPU."""
+    output classes and their decorators, the attention and mask interfaces, keyword plumbing,
+    and, per block (:func:`_gpt2_block`), the projections' views and the dropout calls (none is at
+    work: :func:`_gpt2_trunk`). The states run as ``[R * q, H]`` (or packed ``[N, H]``) matrices. Equal to the model's
+    own pass bit for bit, values and gradients (tested); about 1 ms less a teacher-forced pass of
+    the tiny GPT-2 on a CPU."""
     rows, q = ids.shape
     n = 0 if past is None else past[0][0].shape[-2]
     padding = mask.bool()
@@ -242,31 +261,29 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
                      ).expand(rows, -1, q, n + q)
         causal = False
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    if columns is None:
-        h = trunk.drop(trunk.wte(ids) + trunk.wpe(pos))
-    else:
-        h = trunk.drop(trunk.wte(ids.reshape(-1)[columns]) + trunk.wpe(pos.reshape(-1)[columns]))
+    flat_ids, flat_pos = ids.reshape(-1), pos.reshape(-1)
+    if columns is not None:
+        flat_ids, flat_pos = flat_ids[columns], flat_pos[columns]
+    h = trunk.wte(flat_ids) + trunk.wpe(flat_pos)
     cache = []
     for i, block in enumerate(trunk.h):
         attn = block.attn
-        x = attn.c_attn(block.ln_1(h))
-        if columns is not None:  # back to the [R, q] grid for attention, zeros where left out
-            x = x.new_zeros(rows * q, x.shape[-1]).index_copy(0, columns, x).view(rows, q, -1)
-        qs, ks, vs = x.split(attn.split_size, dim=2)
-        qs, ks, vs = (x.view(rows, q, -1, attn.head_dim).transpose(1, 2) for x in (qs, ks, vs))
-        if past is not None:
-            ks, vs = torch.cat([past[i][0], ks], dim=-2), torch.cat([past[i][1], vs], dim=-2)
-        if want_cache:
-            cache.append((ks, vs))
-        out = sdpa(qs, ks, vs, attn_mask=attn_mask, dropout_p=attn.attn_dropout.p if attn.training else 0.0,
-                   scale=attn.scaling, is_causal=causal)
-        if columns is None:
-            out = out.transpose(1, 2).contiguous().reshape(rows, q, -1).contiguous()
-        else:
-            out = out.transpose(1, 2).reshape(rows * q, -1)[columns]
-        h = attn.resid_dropout(attn.c_proj(out)) + h
-        h = block.mlp(block.ln_2(h)) + h
-    return trunk.ln_f(h), cache
+
+        def attend(x: torch.Tensor) -> torch.Tensor:
+            if columns is not None:  # back to the [R, q] grid for attention, zeros where left out
+                x = x.new_zeros(rows * q, x.shape[-1]).index_copy(0, columns, x)
+            qs, ks, vs = x.view(rows, q, -1).split(attn.split_size, dim=2)
+            qs, ks, vs = (t.view(rows, q, -1, attn.head_dim).transpose(1, 2) for t in (qs, ks, vs))
+            if past is not None:
+                ks, vs = torch.cat([past[i][0], ks], dim=-2), torch.cat([past[i][1], vs], dim=-2)
+            if want_cache:
+                cache.append((ks, vs))
+            out = sdpa(qs, ks, vs, attn_mask=attn_mask, scale=attn.scaling, is_causal=causal)
+            out = out.transpose(1, 2).contiguous().view(rows * q, -1)
+            return out if columns is None else out[columns]
+        h = _gpt2_block(block, h, attend)
+    h = trunk.ln_f(h)
+    return (h.view(rows, q, -1) if columns is None else h), cache
 
 
 def _gpt2_response_pass(trunk, prompt_ids, prompt_mask, response_ids, response_mask, shared, lm_head=None,
@@ -320,15 +337,15 @@ def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids,
     values gathered to the rows, then only the response columns that predict a response token
     (``response_mask[:, 1:]``) run (``columns`` of :func:`_gpt2_pass`), not the padding after each
     row's EOS, which the one-pass and shared forwards multiply to the longest response of the
-    batch. Log-probabilities and entropies are 0 at the padding. None where it does not apply
-    (responses of one token; dropout active) and the caller runs the padded pass.
+    batch. Log-probabilities and entropies are 0 at the padding. None for responses of one token
+    (the caller runs the padded pass).
 
     Against the padded pass: the same values at every response token (bit for bit on this CPU,
     tested to float rounding), gradients to float rounding (sums over fewer rows; tested). With
     the tiny LM's responses averaging 9 of 16 tokens it takes an update's forward and backward
     from 32 to 25 ms on one core (2026-12-06)."""
     B, L = response_ids.shape
-    if L < 2 or (trunk.training and any(m.p > 0 for m in trunk.modules() if isinstance(m, nn.Dropout))):
+    if L < 2:
         return None
     P = prompt_ids.shape[1]
     first, rows = shared
@@ -353,9 +370,11 @@ def _gpt2_decode_step(model: nn.Module, cache):
     The same modules and kernels as ``GPT2LMHeadModel.forward`` with ``logits_to_keep=1`` (token
     plus position embedding, per block ``ln_1``, ``c_attn``, the new keys and values written into
     the cache, ``scaled_dot_product_attention`` under the padding mask, ``c_proj``, ``ln_2``, the
-    MLP, residuals; ``ln_f``, ``lm_head``), without what that call spends on one query token per
-    row: building a 4-D mask, dispatching through the attention and cache interfaces and the
-    output classes, about half of a tiny model's step on a CPU. Equal to the model's own step bit
+    MLP, residuals, per block through :func:`_gpt2_block` on ``[R, H]`` states; ``ln_f``,
+    ``lm_head``), without what that call spends on one query token per row: building a 4-D mask,
+    dispatching through the attention and cache interfaces and the output classes, the
+    projections' views, the dropout calls (none at work); about half of a tiny model's step on a
+    CPU. Equal to the model's own step bit
     for bit (tested, padded and unpadded, float32 and bfloat16; where nothing is masked
     transformers gives the attention no mask, which here gives the same bits)."""
     layers = getattr(cache, "layers", None)
@@ -366,18 +385,19 @@ def _gpt2_decode_step(model: nn.Module, cache):
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def step(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        h = trunk.drop(trunk.wte(ids) + trunk.wpe(pos))
+        rows = ids.shape[0]
+        h = trunk.wte(ids.view(-1)) + trunk.wpe(pos.view(-1))
         attn_mask = mask.bool()[:, None, None, :]
-        rows = h.shape[0]
         for block, layer in zip(trunk.h, layers):
             attn = block.attn
-            q, k, v = attn.c_attn(block.ln_1(h)).split(attn.split_size, dim=2)
-            q, k, v = (x.view(rows, 1, -1, attn.head_dim).transpose(1, 2) for x in (q, k, v))
-            keys, values = layer.update(k, v)
-            out = sdpa(q, keys, values, attn_mask=attn_mask, scale=attn.scaling)
-            h = attn.resid_dropout(attn.c_proj(out.transpose(1, 2).reshape(rows, 1, -1))) + h
-            h = block.mlp(block.ln_2(h)) + h
-        return model.lm_head(trunk.ln_f(h))[:, -1]
+
+            def attend(x: torch.Tensor) -> torch.Tensor:
+                q, k, v = (t.view(rows, -1, 1, attn.head_dim) for t in x.split(attn.split_size, dim=1))
+                keys, values = layer.update(k, v)
+                out = sdpa(q, keys, values, attn_mask=attn_mask, scale=attn.scaling)
+                return out.transpose(1, 2).reshape(rows, -1)
+            h = _gpt2_block(block, h, attend)
+        return model.lm_head(trunk.ln_f(h))
 
     return step
 
