@@ -294,15 +294,7 @@ def clip_grad_norms(grads: list[torch.Tensor], max_norm: float | None, per_netwo
         for f, g in zip(first, grads):
             for j, row in enumerate(g.unbind(0)):
                 blocks[f + j].append(row)
-        norms = torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm(b))) for b in blocks])
-        if max_norm is not None:
-            if per_network or k == 1:
-                scaled = zip(blocks, norms.unbind(0))
-            else:  # one joint norm: one scale for every block
-                scaled = [([x for b in blocks for x in b], torch.linalg.vector_norm(norms))]
-            for b, n in scaled:
-                torch._foreach_mul_(b, (max_norm / (n + 1e-6)).clamp(max=1.0))
-        return norms.view(k, 1)
+        return _clip_networks(blocks, max_norm, per_network)
     views = [member_view(g, P) for g in grads]
     sq = torch.zeros(k, P, dtype=views[0].dtype, device=views[0].device)
     for f, v in zip(first, views):
@@ -316,12 +308,28 @@ def clip_grad_norms(grads: list[torch.Tensor], max_norm: float | None, per_netwo
     return norms
 
 
+def _clip_networks(blocks: list[list[torch.Tensor]], max_norm: float | None, per_network: bool) -> torch.Tensor:
+    """:func:`clip_grad_norms` of a lone run (``P = 1``) whose networks' gradients are ``blocks``
+    (one list of tensors per network): the norms ``[k, 1]``."""
+    k = len(blocks)
+    norms = torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm(b))) for b in blocks])
+    if max_norm is not None:
+        if per_network or k == 1:
+            scaled = zip(blocks, norms.unbind(0))
+        else:  # one joint norm: one scale for every block
+            scaled = [([x for b in blocks for x in b], torch.linalg.vector_norm(norms))]
+        for b, n in scaled:
+            torch._foreach_mul_(b, (max_norm / (n + 1e-6)).clamp(max=1.0))
+    return norms.view(k, 1)
+
+
 def clip_grad_groups(groups: list[list[torch.Tensor]], max_norm: float | None, per_network: bool) -> torch.Tensor:
     """:func:`clip_grad_norms` of a lone run (``P = 1``) whose parameters form ``groups`` (policy,
-    then critic); parameters without a gradient, and groups with none, are left out."""
-    grads = [gs for gs in ([p.grad for p in g if p.grad is not None] for g in groups) if gs]
-    return clip_grad_norms([x[None] for gs in grads for x in gs], max_norm, per_network,
-                           first_net=[k for k, gs in enumerate(grads) for _ in gs])
+    then critic); parameters without a gradient, and groups with none, are left out. The same
+    tensors :func:`clip_grad_norms` would see as the rows of ``[1, ...]`` blocks, without making
+    and unbinding those blocks (two ops per tensor)."""
+    return _clip_networks([gs for gs in ([p.grad for p in g if p.grad is not None] for g in groups) if gs],
+                          max_norm, per_network)
 
 
 def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: UpdateSettings,
