@@ -331,9 +331,22 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, monkeyp
     assert not out.logp[~m].any() and not out.entropy[~m].any() and ref.logp[~m].any()
     rel = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, ref_grads))
     assert rel < (1e-5 if dtype == torch.float32 else 2e-2), rel
-    # one-token responses, and dropout at work: the padded pass, bit for bit
+    # one-token responses, a response mask with a hole: the padded pass, bit for bit; right-padded prompts
     one, _, one_rows = run(True, g.tokens[:, :1], g.mask[:, :1])
     assert one_rows == [None] and torch.equal(one.logp, run(False, g.tokens[:, :1], g.mask[:, :1])[0].logp)
+    holed = g.mask.clone()
+    holed[0, 1] = 0
+    assert holed[0, 2] == 1
+    out, _, holed_rows = run(True, g.tokens, holed)
+    assert holed_rows[1] is None and torch.equal(out.logp, run(False, g.tokens, holed)[0].logp)
+    left_ids, left_mask = ids, mask
+    try:
+        ids, mask = right_pad(prompts, 0)
+        out, _, right_rows = run(True)  # the prompts unpacked, the responses packed
+        assert right_rows[0] is None and right_rows[1] == int(g.mask[:, 1:].sum())
+        assert torch.allclose(out.logp[m], run(False)[0].logp[m], atol=tol, rtol=0)
+    finally:
+        ids, mask = left_ids, left_mask
     model.transformer.h[0].attn.resid_dropout.p = 0.1
     model.train()
     try:

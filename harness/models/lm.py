@@ -320,9 +320,11 @@ def _gpt2_prompt_states(trunk, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     their keys and values, the left padding packed out (``columns``) where there is any: the
     padding's keys and values are then zeros, which every query's padding mask leaves out (so
     the attention of every prompt column, and later of every response column, is the padded
-    pass's). ``last``: each prompt's last column, which predicts the first response token."""
+    pass's). ``last``: each prompt's last column, which predicts the first response token. A mask
+    that is not left padding (each row's ones a non-empty suffix) runs unpacked."""
     pos = positions(prompt_mask)
-    if bool(prompt_mask.bool().all()):
+    m = prompt_mask.bool()
+    if bool(m.all()) or not bool((m[:, 1:] >= m[:, :-1]).all() and m[:, -1].all()):
         h, cache = _gpt2_pass(trunk, prompt_ids, prompt_mask, pos, want_cache=True)
         return h[:, -1:], cache
     columns = prompt_mask.reshape(-1).nonzero().squeeze(1)
@@ -337,15 +339,15 @@ def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids,
     values gathered to the rows, then only the response columns that predict a response token
     (``response_mask[:, 1:]``) run (``columns`` of :func:`_gpt2_pass`), not the padding after each
     row's EOS, which the one-pass and shared forwards multiply to the longest response of the
-    batch. Log-probabilities and entropies are 0 at the padding. None for responses of one token
-    (the caller runs the padded pass).
+    batch. Log-probabilities and entropies are 0 at the padding. None for responses of one token,
+    or a response mask that is not each row's ones then zeros (the caller runs the padded pass).
 
     Against the padded pass: the same values at every response token (bit for bit on this CPU,
     tested to float rounding), gradients to float rounding (sums over fewer rows; tested). With
     the tiny LM's responses averaging 9 of 16 tokens it takes an update's forward and backward
     from 32 to 25 ms on one core (2026-12-06)."""
     B, L = response_ids.shape
-    if L < 2:
+    if L < 2 or not bool((response_mask[:, 1:] <= response_mask[:, :-1]).all()):
         return None
     P = prompt_ids.shape[1]
     first, rows = shared
