@@ -25,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
@@ -57,10 +58,7 @@ def main() -> None:
     cache = Path(args.cache) if args.cache else scratch / ".cache" / "lm"
     own_step, own_trunk, own_packed = lm_mod._gpt2_decode_step, lm_mod._gpt2_trunk, lm_mod._gpt2_packed_response
     own_prompts = lm_mod._gpt2_prompt_states
-
-    def padded_prompts(trunk, ids, mask):
-        h, cache = lm_mod._gpt2_pass(trunk, ids, mask, lm_mod.positions(mask), want_cache=True)
-        return h[:, -1:], cache
+    padded_prompts = functools.partial(own_prompts, pack=False)
 
     def step_on_trunk(model, cache):  # the decode step sees the real trunk check while the passes see none
         lm_mod._gpt2_trunk = own_trunk

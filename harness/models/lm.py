@@ -300,13 +300,11 @@ def _gpt2_response_pass(trunk, prompt_ids, prompt_mask, response_ids, response_m
         h, _ = _gpt2_pass(trunk, torch.cat([prompt_ids, response_ids], dim=1), mask, positions(mask))
         return (None if lm_head is None else lm_head(h[:, -(L + 1):])[:, :-1],
                 h[:, P - 1:P + L - 1] if want_hidden else None)
-    first, rows = shared
-    p_mask = prompt_mask[first]
-    pre, cache = _gpt2_pass(trunk, prompt_ids[first], p_mask, positions(p_mask), want_cache=True)
-    if rows.numel() != first.numel() or not torch.equal(rows, torch.arange(len(rows), device=rows.device)):
-        cache = [(k[rows], v[rows]) for k, v in cache]
-    logits = [] if lm_head is None else [lm_head(pre[:, -1:])[rows]]
-    hidden = [pre[:, -1:][rows]] if want_hidden else []
+    first, rows = shared  # fewer distinct prompts than rows: the cache is always gathered
+    last, cache = _gpt2_prompt_states(trunk, prompt_ids[first], prompt_mask[first], pack=False)
+    cache = [(k[rows], v[rows]) for k, v in cache]
+    logits = [] if lm_head is None else [lm_head(last)[rows]]
+    hidden = [last[rows]] if want_hidden else []
     if L > 1:
         mask = mask[:, :P + L - 1]
         h, _ = _gpt2_pass(trunk, response_ids[:, :-1], mask, positions(mask)[:, P:], past=cache)
@@ -315,16 +313,17 @@ def _gpt2_response_pass(trunk, prompt_ids, prompt_mask, response_ids, response_m
     return (torch.cat(logits, dim=1) if logits else None, torch.cat(hidden, dim=1) if hidden else None)
 
 
-def _gpt2_prompt_states(trunk, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+def _gpt2_prompt_states(trunk, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, pack: bool = True):
     """``(last [n, 1, H], cache)``: left-padded prompts ``[n, P]`` through :func:`_gpt2_pass` with
-    their keys and values, the left padding packed out (``columns``) where there is any: the
-    padding's keys and values are then zeros, which every query's padding mask leaves out (so
-    the attention of every prompt column, and later of every response column, is the padded
-    pass's). ``last``: each prompt's last column, which predicts the first response token. A mask
-    that is not left padding (each row's ones a non-empty suffix) runs unpacked."""
+    their keys and values, with ``pack`` the left padding packed out (``columns``) where there is
+    any: the padding's keys and values are then zeros, which every query's padding mask leaves
+    out (so the attention of every prompt column, and later of every response column, is the
+    padded pass's). ``last``: each prompt's last column, which predicts the first response token.
+    A mask that is not left padding (each row's ones a non-empty suffix) runs unpacked, and so
+    does ``pack=False`` (the pass bit-identical to the model's, :func:`_gpt2_response_pass`)."""
     pos = positions(prompt_mask)
     m = prompt_mask.bool()
-    if bool(m.all()) or not bool((m[:, 1:] >= m[:, :-1]).all() and m[:, -1].all()):
+    if not pack or bool(m.all()) or not bool((m[:, 1:] >= m[:, :-1]).all() and m[:, -1].all()):
         h, cache = _gpt2_pass(trunk, prompt_ids, prompt_mask, pos, want_cache=True)
         return h[:, -1:], cache
     columns = prompt_mask.reshape(-1).nonzero().squeeze(1)
@@ -485,12 +484,13 @@ def response_forward(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: to
     """
     shared = distinct_prompts(prompt_ids, prompt_mask) if share_prompts else None
     trunk, out = _gpt2_trunk(model), None
-    if trunk is not None and trunk is not model and shared is not None and not want_hidden:
+    own = trunk is not None and trunk is not model  # a GPT-2 LM head model: the harness's own passes
+    if own and shared is not None and not want_hidden:
         packed = _gpt2_packed_response(trunk, model.lm_head, prompt_ids, prompt_mask, response_ids, response_mask,
                                        shared, temperature)
         if packed is not None:
             return packed
-    if trunk is not None and trunk is not model:
+    if own:
         out = _gpt2_response_pass(trunk, prompt_ids, prompt_mask, response_ids, response_mask, shared,
                                   model.lm_head, want_hidden)
     elif shared is not None:
