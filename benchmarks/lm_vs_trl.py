@@ -51,8 +51,8 @@ step, :func:`harness.models.lm._gpt2_decode_step`, bit-identical to the model's)
 update) run each distinct prompt once as well; a GPT-2's passes leave the padding out (the
 prompts' left padding, the responses' padding after EOS: :func:`harness.models.lm._gpt2_packed_response`;
 values equal, gradients to float rounding), where TRL runs every completion padded to the
-batch's longest; the harness runs GPT-2's ``gelu_new`` as PyTorch's
-fused tanh-GELU (``harness.models.lm.fuse_gelu``, the same function to float rounding), TRL as
+batch's longest; the harness runs GPT-2's ``gelu_new`` as ``x sigmoid(2u)``
+(``harness.models.lm.fast_gelu``: three elementwise kernels, the same function to float rounding), TRL as
 transformers' Python ``NewGELUActivation``.
 
 glibc's allocator: the process first sets it as ``python -m harness`` does
@@ -346,6 +346,9 @@ FLOOR_KERNELS = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "attention",
     "aten::gelu": "GELU", "aten::gelu_backward": "GELU",
+    # the harness's GELU (harness.models.lm.SigmoidGELU); other in-place products and sums count
+    # too, all on small tensors
+    "aten::addcmul": "GELU", "aten::sigmoid_": "GELU", "aten::mul_": "GELU", "aten::add_": "GELU",
     "aten::native_layer_norm": "layer norm", "aten::native_layer_norm_backward": "layer norm",
 }
 
@@ -365,12 +368,16 @@ def kernel_calls(events) -> dict:
 def replay_args(name: str, shapes: list, scalars: list) -> tuple[list, dict]:
     """Positional and keyword inputs (by the op's schema) for one recorded call: a random tensor of
     each recorded shape, the recorded scalars and lists; GELU's ``approximate`` (a string the
-    profiler does not record) is ``"tanh"``, the harness's GPT-2 activation
-    (:func:`harness.models.lm.fuse_gelu`)."""
+    profiler does not record) is ``"tanh"``, GPT-2's activation. A tensor argument recorded with no
+    shape is a 0-dimensional tensor (``addcmul``'s constant); ops with overloads are read by their
+    ``Tensor`` overload's schema."""
+    packet = getattr(torch.ops.aten, name.split("::", 1)[1])
+    schema = (packet.default if "default" in packet.overloads() else packet.Tensor)._schema.arguments
     values = [c if c is not None else (torch.randn(s) if s else None) for s, c in zip(shapes, scalars)]
+    values = [torch.randn(()) if v is None and isinstance(a.type, torch.TensorType) else v
+              for a, v in zip(schema, values)] + values[len(schema):]
     if name in ("aten::gelu", "aten::gelu_backward"):
         values[-1] = "tanh"
-    schema = getattr(torch.ops.aten, name.split("::", 1)[1]).default._schema.arguments
     args = [v for a, v in zip(schema, values) if not a.kwarg_only]
     kwargs = {a.name: v for a, v in zip(schema, values) if a.kwarg_only}
     return args, kwargs

@@ -62,12 +62,14 @@ def test_lm_kernel_floor_counts_each_kernel_call_by_its_shapes():
 
 def test_lm_kernel_floor_replays_each_call_with_its_recorded_inputs():
     """Each recorded call is rebuilt with tensors of its shapes and its own scalars (attention's
-    keyword-only mask and scale, layer norm's shape and eps), and runs: forward and backward of the
-    kernels a GPT-2 block uses."""
+    keyword-only mask and scale, layer norm's shape and eps, ``addcmul``'s 0-dimensional constant
+    and its value), and runs: forward and backward of the kernels a GPT-2 block uses, with either
+    GELU."""
     import torch
     import torch.nn.functional as F
 
     from benchmarks.lm_vs_trl import FLOOR_KERNELS, kernel_calls, replay_args, replay_seconds
+    from harness.models.lm import SigmoidGELU
 
     ln = torch.nn.LayerNorm(8, eps=1e-4)
 
@@ -77,9 +79,10 @@ def test_lm_kernel_floor_replays_each_call_with_its_recorded_inputs():
         k = torch.randn(2, 2, 5, 4)
         o = F.scaled_dot_product_attention(q, k, k, attn_mask=torch.ones(2, 1, 3, 5, dtype=torch.bool), scale=0.3)
         y = F.gelu(ln(x), approximate="tanh") @ torch.randn(8, 6)
-        (o.sum() + y.sum()).backward()
+        (o.sum() + y.sum() + SigmoidGELU()(x).sum()).backward()
 
-    calls = {name: (shapes, scalars) for (name, _, _), (_, shapes, scalars) in kernel_calls(_profiled(work)).items()}
+    recorded = kernel_calls(_profiled(work))
+    calls = {name: (shapes, scalars) for (name, _, _), (_, shapes, scalars) in recorded.items()}
     assert set(calls) == set(FLOOR_KERNELS) - {"aten::addmm", "aten::bmm"}  # @ of a 3-D input runs mm
     args, kwargs = replay_args("aten::_scaled_dot_product_flash_attention_for_cpu",
                                *calls["aten::_scaled_dot_product_flash_attention_for_cpu"])
@@ -89,6 +92,11 @@ def test_lm_kernel_floor_replays_each_call_with_its_recorded_inputs():
     assert args[1] == [8] and args[4] == 1e-4
     _, kwargs = replay_args("aten::gelu", *calls["aten::gelu"])
     assert kwargs == {"approximate": "tanh"}
+    k2 = 0.044715 * 2 * (2 / 3.141592653589793) ** 0.5
+    addcmul = sorted((tuple(args[0].shape), round(kwargs["value"], 6)) for args, kwargs in
+                     (replay_args(name, shapes, scalars) for (name, _, _), (_, shapes, scalars) in recorded.items()
+                      if name == "aten::addcmul"))  # sigmoid's argument, its slope, s (1 - s)
+    assert addcmul == [((), round(k2, 6)), ((), round(3 * k2, 6)), ((2, 3, 8), -1)]
     for name, (shapes, scalars) in calls.items():
         assert 0 < replay_seconds(name, shapes, scalars, repeats=1) < 1, name
 

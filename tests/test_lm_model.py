@@ -390,36 +390,69 @@ def test_shared_prompt_teacher_forcing_equals_one_pass_with_its_gradient(arch):
     assert any(float(a.abs().max()) > 0 for a in full_grad)
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_fused_gelu_is_gpt2s_gelu_to_float_rounding(arch):
-    """``fuse_gelu`` swaps GPT-2's Python ``gelu_new`` modules for the fused tanh-GELU kernel and
-    nothing else: on a batch of random inputs it equals 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-    written out, and the model's logits and gradients move by float rounding only (Llama's SiLU:
-    unchanged)."""
-    import copy
+def test_sigmoid_gelu_is_gpt2s_gelu_values_and_gradients():
+    """``SigmoidGELU`` computes 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), written out here in
+    float64 with autograd's derivative of it: float64 values and gradients to 1e-12 (the identity
+    ``0.5 (1 + tanh(u)) = sigmoid(2u)`` and the hand-written derivative), float32 to float rounding,
+    with and without autograd; bfloat16 goes to PyTorch's fused kernel unchanged."""
     import math
 
-    from transformers.activations import GELUTanh, NewGELUActivation
+    from harness.models.lm import SigmoidGELU
 
-    from harness.models.lm import fuse_gelu
+    gelu = SigmoidGELU()
+    x64 = torch.cat([torch.randn(4096, dtype=torch.float64) * 4, torch.linspace(-30, 30, 601, dtype=torch.float64)])
+    g64 = torch.randn_like(x64)
+
+    def by_hand(x):
+        return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+    xa = x64.clone().requires_grad_()
+    ref = by_hand(xa)
+    ref.backward(g64)
+    xb = x64.clone().requires_grad_()
+    got = gelu(xb)
+    got.backward(g64)
+    assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(xb.grad, xa.grad, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        assert torch.allclose(gelu(x64), ref, rtol=1e-12, atol=1e-12)
+    # float32: to float rounding of the float64 values (the fused kernel's own error is of the same size)
+    x32 = x64.float().requires_grad_()
+    y32 = gelu(x32)
+    y32.backward(g64.float())
+    scale = lambda t: 1e-6 * (1 + t.abs())  # noqa: E731
+    assert ((y32.double() - ref).abs() <= scale(ref)).all()
+    assert ((x32.grad.double() - xa.grad).abs() <= 2 * scale(xa.grad)).all()
+    with torch.no_grad():
+        assert torch.equal(gelu(x32), y32)
+    xbf = x64.bfloat16()
+    assert torch.equal(gelu(xbf), torch.nn.functional.gelu(xbf, approximate="tanh"))
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_fast_gelu_is_gpt2s_gelu_to_float_rounding(arch):
+    """``fast_gelu`` swaps GPT-2's Python ``gelu_new`` modules for ``SigmoidGELU`` and nothing else:
+    the model's logits and gradients move by float rounding only (Llama's SiLU: unchanged)."""
+    import copy
+
+    from transformers.activations import NewGELUActivation
+
+    from harness.models.lm import SigmoidGELU, fast_gelu
 
     model = _tiny(arch)
-    fused = fuse_gelu(copy.deepcopy(model))
+    fast = fast_gelu(copy.deepcopy(model))
     kinds = lambda m: [type(x).__name__ for x in m.modules()]  # noqa: E731
     if arch == "gpt2":
-        assert NewGELUActivation.__name__ in kinds(model) and NewGELUActivation.__name__ not in kinds(fused)
-        assert kinds(fused).count(GELUTanh.__name__) == kinds(model).count(NewGELUActivation.__name__) == 2
-        x = torch.randn(4096) * 4
-        by_hand = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-        assert torch.allclose(GELUTanh()(x), by_hand, atol=1e-6, rtol=1e-6)
+        assert NewGELUActivation.__name__ in kinds(model) and NewGELUActivation.__name__ not in kinds(fast)
+        assert kinds(fast).count(SigmoidGELU.__name__) == kinds(model).count(NewGELUActivation.__name__) == 2
     else:
-        assert kinds(fused) == kinds(model)
+        assert kinds(fast) == kinds(model)
     ids, mask = left_pad([[5, 6, 7, 8, 9, 3], [4, 5]], 0)
-    a, b = model(input_ids=ids, attention_mask=mask).logits, fused(input_ids=ids, attention_mask=mask).logits
+    a, b = model(input_ids=ids, attention_mask=mask).logits, fast(input_ids=ids, attention_mask=mask).logits
     assert torch.allclose(a, b, atol=1e-5, rtol=0)
     a.square().sum().backward()
     b.square().sum().backward()
-    for p, q in zip(model.parameters(), fused.parameters()):
+    for p, q in zip(model.parameters(), fast.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-4 * float(p.grad.abs().max()) + 1e-7, rtol=0)
 
 

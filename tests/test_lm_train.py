@@ -281,7 +281,7 @@ def test_each_prompt_is_sampled_once_and_the_samples_are_those_of_per_row_decodi
     task = build_task(cfg)
     src = LMSource(cfg, task)
     src.kl_beta_now = torch.full((1,), 0.05)
-    # policy and reference run GPT-2's GELU as the fused kernel (harness.models.lm.fuse_gelu)
+    # policy and reference run GPT-2's GELU as SigmoidGELU (harness.models.lm.fast_gelu)
     assert not any(type(m).__name__ == "NewGELUActivation" for net in (src.policy, src.ref) for m in net.modules())
     prompt_rows = []
     forward = type(src.policy.lm).forward

@@ -54,7 +54,7 @@ from omegaconf import DictConfig
 from ..estimators import AdvantageBatch, get_estimator, kl_estimate, kl_guards
 from ..io import RunDir
 from ..io import checkpoint as ckpt
-from ..models.lm import (NonFiniteError, PolicyWithValue, ValueModel, fuse_gelu, generate_groups,
+from ..models.lm import (NonFiniteError, PolicyWithValue, ValueModel, fast_gelu, generate_groups,
                          response_forward)
 from ..tasks.lm.data import decode_responses, left_pad
 from ..tasks.lm.metrics import length_by_correctness, mean_pass_at_k, zero_std_fraction
@@ -328,14 +328,14 @@ class LMSource(Source):
         self.cpu_gen = torch.Generator().manual_seed(self.seed)
         self.rng = random.Random(self.seed)
         critic_head = self.spec.needs_critic and self.lm.critic == "head"
-        # GPT-2's Python GELU as one fused kernel (fuse_gelu: the same function to float rounding)
-        self.policy = PolicyWithValue(fuse_gelu(task.load_policy()), value_head=critic_head).to(self.device)
-        self.ref = fuse_gelu(task.load_policy())
+        # GPT-2's Python GELU as three kernels (fast_gelu: the same function to float rounding)
+        self.policy = PolicyWithValue(fast_gelu(task.load_policy()), value_head=critic_head).to(self.device)
+        self.ref = fast_gelu(task.load_policy())
         for p in self.ref.parameters():
             p.requires_grad_(False)
         self.critic = None
         if self.spec.needs_critic and self.lm.critic == "model":
-            self.critic = ValueModel(task.load_backbone()).to(self.device)
+            self.critic = ValueModel(fast_gelu(task.load_backbone())).to(self.device)
         self.learner = LMLearner(self)
         self.temperature = self.lm.temperature
         self.budget = cfg.budget.tokens
