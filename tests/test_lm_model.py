@@ -227,6 +227,46 @@ def test_gpt2_decoding_step_is_the_models_own_step_bit_for_bit(prompts, dtype, m
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decoding_stops_running_finished_rows_without_changing_a_bit(dtype, monkeypatch):
+    """The own GPT-2 step drops the rows that have finished from its cache once enough have
+    (``_DROP_*``); the sampled and greedy rows' tokens, log-probabilities, EOS flags and the
+    generator's state are bit for bit those of decoding without dropping and of the model's own
+    step (every row, every step), with rows ending at many different steps."""
+    from harness.models import lm as lm_mod
+
+    model = _tiny("gpt2", vocab=8).to(dtype)
+    prompts = [[5, 6, 7, 4, 3], [4, 5], [3, 6, 7, 6], [7, 7, 3], [6, 5, 4, 3, 4, 5], [4, 4]]
+    ids, mask = left_pad(prompts, 0)
+    kept = []
+    real_keep = lm_mod._preallocated_layer().keep_rows
+
+    def spy(self, rows):
+        kept.append(rows.numel())
+        return real_keep(self, rows)
+
+    monkeypatch.setattr(lm_mod._preallocated_layer(), "keep_rows", spy)
+    own_step, own_trunk = lm_mod._gpt2_decode_step, lm_mod._gpt2_trunk
+    sampled = assert_own_decode_step_is_the_models(model, ids, mask, monkeypatch)
+    assert kept and min(kept) >= lm_mod._DROP_MIN_ROWS  # rows were dropped, never below the floor
+    ends = sampled.mask.sum(-1)
+    assert len(set(ends.tolist())) >= 4 and (ends < 12).any() and (ends == 12).any()
+
+    def run(min_rows):
+        monkeypatch.setattr(lm_mod, "_DROP_MIN_ROWS", min_rows)
+        monkeypatch.setattr(lm_mod, "_gpt2_decode_step", own_step)  # turned off last by the helper above
+        monkeypatch.setattr(lm_mod, "_gpt2_trunk", own_trunk)
+        gen = torch.Generator().manual_seed(4)
+        out = lm_mod.generate_groups(model, ids, mask, 12, 2, 0, temperature=0.9, samples=3, with_greedy=True,
+                                     generator=gen)
+        return [getattr(part, name) for part in out for name in ("tokens", "mask", "logp", "has_eos")], gen.get_state()
+
+    kept.clear()
+    (dropped, state), (whole, whole_state) = run(4), run(10 ** 6)
+    assert kept  # the first run dropped rows, the second none
+    assert all(torch.equal(a, b) for a, b in zip(dropped, whole)) and torch.equal(state, whole_state)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("prompts", [[[5, 6, 7, 8, 9, 3], [4, 5], [4, 5], [9, 8, 7, 6], [5, 6, 7, 8, 9, 3]],
                                      [[5, 6, 7], [4, 5, 3], [5, 6, 7], [9, 8, 7]]], ids=["padded", "unpadded"])
 def test_gpt2_teacher_forced_passes_are_the_models_own_bit_for_bit(prompts, dtype, monkeypatch):
