@@ -215,3 +215,29 @@ def test_bad_arith_setting_exits_2_from_the_command_line(tmp_path):
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("invalid config:")]
     assert len(lines) == 1 and "lm.arith.operators must be" in lines[0] and "'+-'" in lines[0]
     assert not (tmp_path / "lm_arith").exists()
+
+
+@pytest.mark.parametrize("format_reward", [0.0, 0.5])
+def test_the_gold_column_is_the_gold_score_whether_or_not_it_is_the_reward(tmp_path, format_reward):
+    """A rollout's ``gold`` is each response's gold score: read from the reward when the reward is
+    the gold score itself (scored once), scored apart when a format reward is added (then the
+    reward is the gold score plus 0 or the format reward)."""
+    from harness.tasks.lm.data import decode_responses
+    from harness.tasks.lm.pipeline import build_task
+    from harness.train.lm import LMSource
+
+    cfg = compose("estimator=grpo", f"lm.arith.format_reward={format_reward}", results_dir=tmp_path)
+    task = build_task(cfg)
+    src = LMSource(cfg, task)
+    src.kl_beta_now = torch.full((1,), 0.05)  # what the loop sets before collecting
+    calls = []
+    gold_fn = task.gold_fn
+    task.gold_fn = lambda r, e: calls.append((r, e)) or gold_fn(r, e)
+    ro = src._draw()
+    texts = decode_responses(task.tokenizer, ro.tokens, ro.mask)
+    assert [r for r, _ in calls] == texts  # each response's gold score once
+    want = torch.tensor([gold_fn(r, e) for r, e in calls])
+    assert torch.equal(ro.gold, want)
+    assert task.reward_is_gold == (format_reward == 0)
+    extra = ro.reward - want
+    assert ((extra == 0) | (extra == format_reward)).all()

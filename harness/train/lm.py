@@ -461,7 +461,7 @@ class LMSource(Source):
         self.sample_memory()
         texts = decode_responses(self.tok, g.tokens, g.mask)
         reward, score = self._score(examples, texts, g.has_eos, g.mask.sum(-1))
-        gold = self.task.gold(examples, texts)
+        gold = reward if self.task.reward_is_gold else self.task.gold(examples, texts)  # not scored twice
         sampled = int(g.mask.sum())
 
         greedy_scores = greedy_rewards = None

@@ -312,10 +312,15 @@ class LMTask:
     def gold(self, examples: list[Example], responses: list[str]) -> torch.Tensor:
         return torch.tensor([self.gold_fn(r, e) for r, e in zip(responses, examples)], dtype=torch.float32)
 
+    @property
+    def reward_is_gold(self) -> bool:
+        """The reward is the gold score itself (``lm.reward=gold`` without a ``reward_fn``)."""
+        return self.reward_kind == "gold" and self.reward_fn is None
+
     def reward(self, examples: list[Example], responses: list[str], finished: list[bool]) -> torch.Tensor:
         """The optimized score (before the no-EOS penalty and the KL term)."""
         if self.reward_kind == "gold":
-            if self.reward_fn is None:
+            if self.reward_is_gold:
                 return self.gold(examples, responses)
             return torch.tensor([self.reward_fn(r, e) for r, e in zip(responses, examples)], dtype=torch.float32)
         # a group's responses share their prompt: the reward model runs it once (the same scores to rounding)
