@@ -50,8 +50,10 @@ its KV cache with the group, in its own decode loop (a GPT-2's steps through the
 step, :func:`harness.models.lm._gpt2_decode_step`, bit-identical to the model's), and its teacher-forced passes (reference,
 update) run each distinct prompt once as well; a GPT-2's passes leave the padding out (the
 prompts' left padding, the responses' padding after EOS: :func:`harness.models.lm._gpt2_packed_response`;
-values equal, gradients to float rounding), where TRL runs every completion padded to the
-batch's longest; the harness runs GPT-2's ``gelu_new`` as ``x sigmoid(2u)``
+values equal, gradients to float rounding) and a group's responses attend to their prompt in one
+block (values and gradients to float rounding), where TRL runs every completion padded to the
+batch's longest; the harness's decoding stops running the rows that have finished (bit for bit
+the same samples); the harness runs GPT-2's ``gelu_new`` as ``x sigmoid(2u)``
 (``harness.models.lm.fast_gelu``: three elementwise kernels, the same function to float rounding), TRL as
 transformers' Python ``NewGELUActivation``.
 

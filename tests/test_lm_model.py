@@ -325,29 +325,36 @@ def test_gpt2_teacher_forced_passes_are_the_models_own_bit_for_bit(prompts, dtyp
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, monkeypatch):
+@pytest.mark.parametrize("order", ["scattered", "grouped"])
+def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, order, monkeypatch):
     """A GPT-2's shared-prompt forward without hidden states runs only the prompts' columns that are
     not left padding and the response columns that predict a response token
     (:func:`harness.models.lm._gpt2_packed_response`): its
     log-probabilities and entropies equal the padded pass's at every response token (to float
     rounding; bit for bit where this CPU's matrix products do not depend on their row count),
     are 0 at the padding, and the gradient of a loss on them is the padded pass's to float
-    rounding. Responses of one token run the padded pass, a model with dropout at work transformers'."""
+    rounding. Each prompt's rows together and as many each (``grouped``, a group's samples) attend
+    once per prompt (``groups`` of :func:`harness.models.lm._gpt2_pass`), other orders with the
+    prompts' keys and values gathered to the rows. Responses of one token run the padded pass, a
+    model with dropout at work transformers'."""
     from harness.models import lm as lm_mod
     from harness.models.lm import distinct_prompts
 
     model = _tiny("gpt2").to(dtype)
     prompts = [[5, 6, 7, 8, 9, 3], [4, 5], [4, 5], [9, 8, 7, 6], [5, 6, 7, 8, 9, 3], [9, 8, 7, 6]]
+    if order == "grouped":
+        prompts = [p for p in ([5, 6, 7, 8, 9, 3], [4, 5], [9, 8, 7, 6]) for _ in range(2)]
     ids, mask = left_pad(prompts, 0)
     g = generate(model, ids, mask, 9, eos_token_id=2, pad_token_id=0, temperature=0.9,
                  generator=torch.Generator().manual_seed(5))
     m = g.mask.bool()
     assert (~m).sum() > 5 and g.tokens.shape[1] > 2  # rows end early: padding to leave out
-    own_pass, packed_rows = lm_mod._gpt2_pass, []
+    own_pass, packed_rows, grouped = lm_mod._gpt2_pass, [], []
 
-    def spy(trunk, ids, *args, columns=None, **kwargs):
+    def spy(trunk, ids, *args, columns=None, groups=1, **kwargs):
         packed_rows.append(None if columns is None else columns.numel())
-        return own_pass(trunk, ids, *args, columns=columns, **kwargs)
+        grouped.append(groups)
+        return own_pass(trunk, ids, *args, columns=columns, groups=groups, **kwargs)
 
     monkeypatch.setattr(lm_mod, "_gpt2_pass", spy)
 
@@ -362,9 +369,11 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, monkeyp
         monkeypatch.setattr(lm_mod, "_gpt2_pass", spy)
         return out, [p.grad.clone() for p in model.parameters()], list(packed_rows)
 
+    grouped.clear()
     (out, grads, rows), (ref, ref_grads, ref_rows) = run(True), run(False)
     first, _ = distinct_prompts(ids, mask)  # the prompts' left padding and the responses' padding left out
     assert rows == [int(mask[first].sum()), int(g.mask[:, 1:].sum())] and ref_rows == [None, None]
+    assert grouped == [1, 2 if order == "grouped" else 1, 1, 1]  # the packed responses, then the padded pass
     tol = 1e-6 if dtype == torch.float32 else 1e-2
     assert torch.allclose(out.logp[m], ref.logp[m], atol=tol, rtol=0)
     assert torch.allclose(out.entropy[m], ref.entropy[m], atol=tol, rtol=0)

@@ -286,7 +286,8 @@ def _gpt2_block(block: nn.Module, h: torch.Tensor, attend) -> torch.Tensor:
 
 def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
                past: list[tuple[torch.Tensor, torch.Tensor]] | None = None, want_cache: bool = False,
-               columns: torch.Tensor | None = None) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+               columns: torch.Tensor | None = None,
+               groups: int = 1) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """A GPT-2 trunk's (:func:`_gpt2_trunk`) last hidden states (after ``ln_f``) ``[R, q, H]`` for
     the ``q`` columns ``ids [R, q]`` at positions ``pos [R, q]``, attending to the ``past`` keys and
     values of each layer (``[R, heads, n, head_dim]``, or none) and to themselves, under the
@@ -312,12 +313,28 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
     and, per block (:func:`_gpt2_block`), the projections' views and the dropout calls (none is at
     work: :func:`_gpt2_trunk`). The states run as ``[R * q, H]`` (or packed ``[N, H]``) matrices. Equal to the model's
     own pass bit for bit, values and gradients (tested); about 1 ms less a teacher-forced pass of
-    the tiny GPT-2 on a CPU."""
+    the tiny GPT-2 on a CPU.
+
+    ``groups`` (grouped attention, with ``past``): the rows come in ``R / groups`` runs of
+    ``groups`` consecutive rows that share one past, given once per run (``past`` of
+    ``[R / groups, heads, n, head_dim]``, the ``mask`` the same over each run's past columns).
+    Each run's ``groups * q`` queries then attend in one block to its past and to all of the
+    run's new columns, each row's own ones under the causal and padding mask and the other rows'
+    masked, which the queries' ``[R * q]`` order already is (row-major); instead of the past
+    gathered to every row and concatenated with its columns, and attention in ``R * heads``
+    small blocks. Masked keys weigh exactly 0, so the values are the per-row attention's to float
+    rounding (the sums run in another order; tested)."""
     rows, q = ids.shape
     n = 0 if past is None else past[0][0].shape[-2]
     padding = mask.bool()
     attn_mask, causal = None, q > 1
-    if not ((q == 1 or n == 0) and bool(padding.all())):
+    if groups > 1:  # [R / groups, 1, groups * q, n + groups * q]: the past's padding, then each row's own block
+        runs, width = rows // groups, groups * q
+        own = torch.ones(q, q, dtype=torch.bool, device=ids.device).tril()
+        own = torch.block_diag(*[own] * groups) & padding[:, n:].reshape(runs, 1, 1, width)
+        attn_mask = torch.cat([padding[::groups, None, None, :n].expand(runs, 1, width, n), own], dim=-1)
+        causal = False
+    elif not ((q == 1 or n == 0) and bool(padding.all())):
         q_at = torch.arange(n, n + q, device=ids.device)
         kv_at = torch.arange(n + q, device=ids.device)
         attn_mask = ((kv_at.view(1, 1, 1, -1) <= q_at.view(1, 1, -1, 1)) & padding[:, None, None, :]
@@ -335,8 +352,8 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
         def attend(x: torch.Tensor) -> torch.Tensor:
             if columns is not None:  # back to the [R, q] grid for attention, zeros where left out
                 x = x.new_zeros(rows * q, x.shape[-1]).index_copy(0, columns, x)
-            qs, ks, vs = x.view(rows, q, -1).split(attn.split_size, dim=2)
-            qs, ks, vs = (t.view(rows, q, -1, attn.head_dim).transpose(1, 2) for t in (qs, ks, vs))
+            qs, ks, vs = x.view(rows // groups, groups * q, -1).split(attn.split_size, dim=2)
+            qs, ks, vs = (t.view(rows // groups, groups * q, -1, attn.head_dim).transpose(1, 2) for t in (qs, ks, vs))
             if past is not None:
                 ks, vs = torch.cat([past[i][0], ks], dim=-2), torch.cat([past[i][1], vs], dim=-2)
             if want_cache:
@@ -398,7 +415,9 @@ def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids,
                           temperature) -> "ResponseForward | None":
     """:func:`response_forward` of a GPT-2 with shared prompts (``shared`` of :func:`distinct_prompts`),
     the responses packed: the distinct prompts run once (:func:`_gpt2_pass`) and their keys and
-    values gathered to the rows, then only the response columns that predict a response token
+    values gathered to the rows (or, where each prompt's rows come together and as many each, as
+    a group's samples do, attended once per prompt: ``groups`` of :func:`_gpt2_pass`, values to
+    float rounding), then only the response columns that predict a response token
     (``response_mask[:, 1:]``) run (``columns`` of :func:`_gpt2_pass`), not the padding after each
     row's EOS, which the one-pass and shared forwards multiply to the longest response of the
     batch. Log-probabilities and entropies are 0 at the padding. None for responses of one token,
@@ -414,10 +433,14 @@ def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids,
     P = prompt_ids.shape[1]
     first, rows = shared
     last, cache = _gpt2_prompt_states(trunk, prompt_ids[first], prompt_mask[first])
-    cache = [(k[rows], v[rows]) for k, v in cache]
+    groups = B // first.numel()  # each prompt's rows together, as many each (group-major): grouped attention
+    together = torch.arange(first.numel(), device=rows.device).repeat_interleave(groups)
+    if groups < 2 or B % first.numel() or not torch.equal(rows, together):
+        groups, cache = 1, [(k[rows], v[rows]) for k, v in cache]
     mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)[:, :P + L - 1]
     columns = response_mask[:, 1:].reshape(-1).nonzero().squeeze(1)  # column j predicts token j + 1
-    h, _ = _gpt2_pass(trunk, response_ids[:, :-1], mask, positions(mask)[:, P:], past=cache, columns=columns)
+    h, _ = _gpt2_pass(trunk, response_ids[:, :-1], mask, positions(mask)[:, P:], past=cache, columns=columns,
+                      groups=groups)
     logits = torch.cat([lm_head(last)[rows][:, 0], lm_head(h)])  # token 0 of each row, then the rest
     targets = torch.cat([response_ids[:, 0], response_ids[:, 1:].reshape(-1)[columns]])
     logp, entropy = _token_logp_entropy(logits, targets, temperature)
