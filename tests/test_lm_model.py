@@ -311,6 +311,22 @@ def test_gpt2_teacher_forced_passes_are_the_models_own_bit_for_bit(prompts, dtyp
             assert all(torch.equal(a, b) for a, b in zip(own, theirs)), (share, tokens.shape)
             assert any(float(x.abs().max()) > 0 for x in own[4:])
     assert real_trunk(_tiny("llama")) is None and real_trunk(_tiny("llama").model) is None
+    # a hook on a module whose forward or kernels the own passes call directly, or a global module
+    # hook: the model's own forward (which runs it); transformers' output-capturing hooks on the
+    # blocks (its forward above installed them) keep the own passes
+    assert any(b._forward_hooks for b in model.transformer.h) and real_trunk(model) is model.transformer
+    for module in (model.transformer.h[0].ln_1, model.transformer.h[1].mlp.act, model.lm_head,
+                   model.transformer.wte, model.transformer.h[1].attn.c_proj):
+        handle = module.register_forward_pre_hook(lambda *a: None)
+        assert real_trunk(model) is None and real_trunk(model.transformer) is (model.transformer if module is
+                                                                               model.lm_head else None)
+        handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
+    try:
+        assert real_trunk(model) is None
+    finally:
+        handle.remove()
+    assert real_trunk(model) is model.transformer
     # dropout at work (training, p > 0): transformers' forward; in eval mode the dropouts are not
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):

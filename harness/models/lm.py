@@ -255,33 +255,66 @@ def _gpt2_trunk(model: nn.Module):
     """The ``GPT2Model`` trunk of transformers' ``GPT2LMHeadModel`` (or the ``GPT2Model`` itself)
     where the harness's own GPT-2 passes (:func:`_gpt2_pass`, :func:`_gpt2_decode_step`) compute
     what the model's ``forward`` does: sdpa attention, no cross-attention, no gradient
-    checkpointing, no forward hooks on the model or its trunk, transformers' ``Conv1D``
-    projections, no dropout at work (training with p > 0). None for any other model (then the
-    callers call the model)."""
+    checkpointing, no hooks on the model, its trunk or any module whose ``forward`` or kernels the
+    own passes call directly (embeddings, layer norms, projections, activations, LM head), nor
+    global module hooks (transformers' own output-capturing hooks on the blocks and attention
+    modules only act on outputs these passes do not return), transformers' ``Conv1D``
+    projections, PyTorch's ``LayerNorm``, no dropout at work (training with p > 0). None for any
+    other model (then the callers call the model)."""
+    from torch.nn.modules import module as torch_module
     from transformers import GPT2LMHeadModel, GPT2Model
     from transformers.pytorch_utils import Conv1D
 
     trunk = model.transformer if type(model) is GPT2LMHeadModel else model
-    if (type(trunk) is not GPT2Model or getattr(trunk.config, "_attn_implementation", None) != "sdpa"
+    if type(trunk) is not GPT2Model:
+        return None
+    projections = [m for b in trunk.h for m in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
+    norms = [trunk.ln_f, *(n for b in trunk.h for n in (b.ln_1, b.ln_2))]
+    called = [model, trunk, trunk.wte, trunk.wpe, *norms, *projections, *(b.mlp.act for b in trunk.h),
+              *([model.lm_head] if model is not trunk else [])]
+    if (getattr(trunk.config, "_attn_implementation", None) != "sdpa"
             or getattr(trunk.config, "add_cross_attention", False) or trunk.gradient_checkpointing
-            or any(m._forward_hooks or m._forward_pre_hooks for m in {model, trunk})
-            or any(type(m) is not Conv1D for b in trunk.h for m in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc,
-                                                                     b.mlp.c_proj))
+            or any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+                   for m in called)
+            or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+            or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks
+            or any(type(m) is not Conv1D for m in projections) or any(type(m) is not nn.LayerNorm for m in norms)
             or (trunk.training and any(m.p > 0 for m in trunk.modules() if isinstance(m, nn.Dropout)))):
         return None
     return trunk
 
 
-def _gpt2_block(block: nn.Module, h: torch.Tensor, attend) -> torch.Tensor:
-    """One ``GPT2Block`` on the states ``h [M, H]`` (one row per column), ``attend`` mapping the
-    ``c_attn`` output ``[M, 3H]`` to the attention's ``[M, H]``: ``GPT2Block.forward``'s modules and
-    kernels (each ``Conv1D`` as its own ``addmm`` on the matrix, without its views; the residual
-    adds in transformers' order), without the dropouts (:func:`_gpt2_trunk`: none at work)."""
-    attn, mlp = block.attn, block.mlp
-    h = torch.addmm(attn.c_proj.bias, attend(torch.addmm(attn.c_attn.bias, block.ln_1(h), attn.c_attn.weight)),
-                    attn.c_proj.weight) + h
-    return h + torch.addmm(mlp.c_proj.bias, mlp.act(torch.addmm(mlp.c_fc.bias, block.ln_2(h), mlp.c_fc.weight)),
-                           mlp.c_proj.weight)
+def _layer_norm_args(ln: nn.LayerNorm) -> tuple:
+    """What ``LayerNorm.forward`` passes ``F.layer_norm`` after the input."""
+    return ln.normalized_shape, ln.weight, ln.bias, ln.eps
+
+
+def _gpt2_weights(trunk: nn.Module) -> list[tuple]:
+    """Per ``GPT2Block`` of a trunk (:func:`_gpt2_trunk`), what :func:`_gpt2_block` uses, read once
+    per pass or decoding loop (the same parameter tensors, which an optimizer updates in place):
+    ``(ln_1, c_attn weight, bias, c_proj weight, bias, ln_2, c_fc weight, bias, mlp c_proj weight,
+    bias, the activation's forward, split size, head dim, scaling)``."""
+    out = []
+    for b in trunk.h:
+        attn, mlp = b.attn, b.mlp
+        out.append((_layer_norm_args(b.ln_1), attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight,
+                    attn.c_proj.bias, _layer_norm_args(b.ln_2), mlp.c_fc.weight, mlp.c_fc.bias, mlp.c_proj.weight,
+                    mlp.c_proj.bias, mlp.act.forward, attn.split_size, attn.head_dim, attn.scaling))
+    return out
+
+
+def _gpt2_block(w: tuple, h: torch.Tensor, attend) -> torch.Tensor:
+    """One ``GPT2Block`` (its weights ``w`` of :func:`_gpt2_weights`) on the states ``h [M, H]`` (one
+    row per column), ``attend`` mapping the ``c_attn`` output ``[M, 3H]`` to the attention's
+    ``[M, H]``: ``GPT2Block.forward``'s kernels (each ``LayerNorm`` as the ``F.layer_norm`` it calls,
+    each ``Conv1D`` as its own ``addmm`` on the matrix, without its views; the activation's
+    ``forward``; the residual adds in transformers' order), without the dropouts
+    (:func:`_gpt2_trunk`: none at work) and without the modules' calls around them (their hooks:
+    none, :func:`_gpt2_trunk`)."""
+    ln_1, attn_w, attn_b, proj_w, proj_b, ln_2, fc_w, fc_b, out_w, out_b, act = w[:11]
+    layer_norm = torch.nn.functional.layer_norm
+    h = torch.addmm(proj_b, attend(torch.addmm(attn_b, layer_norm(h, *ln_1), attn_w)), proj_w) + h
+    return h + torch.addmm(out_b, act(torch.addmm(fc_b, layer_norm(h, *ln_2), fc_w)), out_w)
 
 
 def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
@@ -344,25 +377,25 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
     flat_ids, flat_pos = ids.reshape(-1), pos.reshape(-1)
     if columns is not None:
         flat_ids, flat_pos = flat_ids[columns], flat_pos[columns]
-    h = trunk.wte(flat_ids) + trunk.wpe(flat_pos)
+    h = trunk.wte.forward(flat_ids) + trunk.wpe.forward(flat_pos)
     cache = []
-    for i, block in enumerate(trunk.h):
-        attn = block.attn
+    for i, w in enumerate(_gpt2_weights(trunk)):
+        split, head_dim, scaling = w[11:]
 
         def attend(x: torch.Tensor) -> torch.Tensor:
             if columns is not None:  # back to the [R, q] grid for attention, zeros where left out
                 x = x.new_zeros(rows * q, x.shape[-1]).index_copy(0, columns, x)
-            qs, ks, vs = x.view(rows // groups, groups * q, -1).split(attn.split_size, dim=2)
-            qs, ks, vs = (t.view(rows // groups, groups * q, -1, attn.head_dim).transpose(1, 2) for t in (qs, ks, vs))
+            qs, ks, vs = x.view(rows // groups, groups * q, -1).split(split, dim=2)
+            qs, ks, vs = (t.view(rows // groups, groups * q, -1, head_dim).transpose(1, 2) for t in (qs, ks, vs))
             if past is not None:
                 ks, vs = torch.cat([past[i][0], ks], dim=-2), torch.cat([past[i][1], vs], dim=-2)
             if want_cache:
                 cache.append((ks, vs))
-            out = sdpa(qs, ks, vs, attn_mask=attn_mask, scale=attn.scaling, is_causal=causal)
+            out = sdpa(qs, ks, vs, attn_mask=attn_mask, scale=scaling, is_causal=causal)
             out = out.transpose(1, 2).contiguous().view(rows * q, -1)
             return out if columns is None else out[columns]
-        h = _gpt2_block(block, h, attend)
-    h = trunk.ln_f(h)
+        h = _gpt2_block(w, h, attend)
+    h = torch.nn.functional.layer_norm(h, *_layer_norm_args(trunk.ln_f))
     return (h.view(rows, q, -1) if columns is None else h), cache
 
 
@@ -471,20 +504,24 @@ def _gpt2_decode_step(model: nn.Module, cache):
         return None
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
+    weights, wte, wpe, ln_f, lm_head = (_gpt2_weights(trunk), trunk.wte.forward, trunk.wpe.forward,
+                                        _layer_norm_args(trunk.ln_f), model.lm_head.forward)
+    layer_norm = torch.nn.functional.layer_norm
+
     def step(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         rows = ids.shape[0]
-        h = trunk.wte(ids.view(-1)) + trunk.wpe(pos.view(-1))
+        h = wte(ids.view(-1)) + wpe(pos.view(-1))
         attn_mask = mask.bool()[:, None, None, :]
-        for block, layer in zip(trunk.h, layers):
-            attn = block.attn
+        for w, layer in zip(weights, layers):
+            split, head_dim, scaling = w[11:]
 
             def attend(x: torch.Tensor) -> torch.Tensor:
-                q, k, v = (t.view(rows, -1, 1, attn.head_dim) for t in x.split(attn.split_size, dim=1))
+                q, k, v = (t.view(rows, -1, 1, head_dim) for t in x.split(split, dim=1))
                 keys, values = layer.update(k, v)
-                out = sdpa(q, keys, values, attn_mask=attn_mask, scale=attn.scaling)
+                out = sdpa(q, keys, values, attn_mask=attn_mask, scale=scaling)
                 return out.transpose(1, 2).reshape(rows, -1)
-            h = _gpt2_block(block, h, attend)
-        return model.lm_head(trunk.ln_f(h))
+            h = _gpt2_block(w, h, attend)
+        return lm_head(layer_norm(h, *ln_f))
 
     return step
 
