@@ -30,6 +30,22 @@ def test_word_tokenizer_round_trip_pad_and_eos(tmp_path):
     assert loaded.pad_token_id == 0 and loaded.eos_token_id == 2
 
 
+def test_decode_responses_drops_padding_and_eos_and_decodes_each_row():
+    """Each row's text is the words of its tokens under the mask, without EOS: built here from the
+    vocabulary by hand (word-level tokenizer), including a row with an EOS mid-mask, an empty row
+    and a special token inside the mask."""
+    from harness.tasks.lm.data import decode_responses
+
+    tok = build_word_tokenizer(vocabulary())
+    words = ["alice", "bought", "apple", "."]
+    ids = tok(" ".join(words), add_special_tokens=False)["input_ids"]
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    tokens = torch.tensor([ids + [eos, pad], [ids[0], eos, ids[1], ids[2], ids[3], pad], [ids[0]] * 6,
+                           ids[:2] + [pad, eos] + ids[2:]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0], [0] * 6, [1, 1, 1, 1, 1, 1]])
+    assert decode_responses(tok, tokens, mask) == ["alice bought apple .", "alice bought", "", "alice bought apple ."]
+
+
 def test_tokenizer_without_pad_gets_eos_as_pad():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

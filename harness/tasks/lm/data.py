@@ -203,9 +203,9 @@ def right_pad(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Te
 
 
 def decode_responses(tokenizer, tokens: torch.Tensor, mask: torch.Tensor) -> list[str]:
-    """Response texts without EOS or padding."""
-    out = []
-    for row, m in zip(tokens.tolist(), mask.tolist()):
-        ids = [t for t, keep in zip(row, m) if keep and t != tokenizer.eos_token_id]
-        out.append(tokenizer.decode(ids, skip_special_tokens=True))
-    return out
+    """Response texts without EOS or padding: one ``batch_decode`` of every row's kept ids (the
+    tokenizer's ``decode`` of each; a tokenizer attribute such as ``eos_token_id`` is a
+    ``__getattr__`` away, so it is read once, not per token)."""
+    eos = tokenizer.eos_token_id
+    rows = [[t for t, keep in zip(row, m) if keep and t != eos] for row, m in zip(tokens.tolist(), mask.tolist())]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
