@@ -209,12 +209,20 @@ def _preallocated_layer():
     from transformers.cache_utils import DynamicLayer
 
     class PreallocatedLayer(DynamicLayer):
-        def fill(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> "PreallocatedLayer":
+        def fill(self, keys: torch.Tensor, values: torch.Tensor, capacity: int,
+                 rows: torch.Tensor | None = None) -> "PreallocatedLayer":
+            """Buffers for the keys and values and ``capacity`` more columns; with ``rows``, row ``r``
+            holds row ``rows[r]`` of ``keys`` and ``values`` (gathered straight into the buffers)."""
             B, H, n, _ = keys.shape
+            B = B if rows is None else rows.numel()
             self.key_buf = keys.new_empty(B, H, n + capacity, keys.shape[-1])
             self.value_buf = values.new_empty(B, H, n + capacity, values.shape[-1])
-            self.key_buf[:, :, :n] = keys
-            self.value_buf[:, :, :n] = values
+            if rows is None:
+                self.key_buf[:, :, :n] = keys
+                self.value_buf[:, :, :n] = values
+            else:  # index_select into the buffers' views: a fifth of indexing then copying
+                torch.index_select(keys, 0, rows, out=self.key_buf[:, :, :n])
+                torch.index_select(values, 0, rows, out=self.value_buf[:, :, :n])
             self.length = n
             self.keys, self.values = self.key_buf[:, :, :n], self.value_buf[:, :, :n]
             self.device, self.is_initialized = keys.device, True
@@ -393,7 +401,7 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
                 cache.append((ks, vs))
             out = sdpa(qs, ks, vs, attn_mask=attn_mask, scale=scaling, is_causal=causal)
             out = out.transpose(1, 2).contiguous().view(rows * q, -1)
-            return out if columns is None else out[columns]
+            return out if columns is None else out.index_select(0, columns)
         h = _gpt2_block(w, h, attend)
     h = torch.nn.functional.layer_norm(h, *_layer_norm_args(trunk.ln_f))
     return (h.view(rows, q, -1) if columns is None else h), cache
@@ -441,7 +449,7 @@ def _gpt2_prompt_states(trunk, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
         return h[:, -1:], cache
     columns = prompt_mask.reshape(-1).nonzero().squeeze(1)
     h, cache = _gpt2_pass(trunk, prompt_ids, prompt_mask, pos, want_cache=True, columns=columns)
-    return h[prompt_mask.sum(-1).cumsum(0) - 1].unsqueeze(1), cache
+    return h.index_select(0, prompt_mask.sum(-1).cumsum(0) - 1).unsqueeze(1), cache
 
 
 def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids, response_mask, shared,
@@ -469,12 +477,12 @@ def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids,
     groups = B // first.numel()  # each prompt's rows together, as many each (group-major): grouped attention
     together = torch.arange(first.numel(), device=rows.device).repeat_interleave(groups)
     if groups < 2 or B % first.numel() or not torch.equal(rows, together):
-        groups, cache = 1, [(k[rows], v[rows]) for k, v in cache]
+        groups, cache = 1, [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in cache]
     mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)[:, :P + L - 1]
     columns = response_mask[:, 1:].reshape(-1).nonzero().squeeze(1)  # column j predicts token j + 1
     h, _ = _gpt2_pass(trunk, response_ids[:, :-1], mask, positions(mask)[:, P:], past=cache, columns=columns,
                       groups=groups)
-    logits = torch.cat([lm_head(last)[rows][:, 0], lm_head(h)])  # token 0 of each row, then the rest
+    logits = torch.cat([lm_head(last[:, 0]).index_select(0, rows), lm_head(h)])  # token 0 of each row, then the rest
     targets = torch.cat([response_ids[:, 0], response_ids[:, 1:].reshape(-1)[columns]])
     logp, entropy = _token_logp_entropy(logits, targets, temperature)
     where = torch.cat([torch.arange(B, device=columns.device) * L, columns // (L - 1) * L + columns % (L - 1) + 1])
@@ -805,7 +813,7 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_to
         last, kv = _gpt2_prompt_states(trunk, prompt_ids, prompt_mask)
         logits = model.lm_head(last)[:, -1][rows]
         cache = DynamicCache()
-        cache.layers = [_preallocated_layer()().fill(k[rows], v[rows], L) for k, v in kv]
+        cache.layers = [_preallocated_layer()().fill(k, v, L, rows) for k, v in kv]
     elif use_cache:
         cache, out = _shared_prompt_cache(model, prompt_ids, prompt_mask, rows)
         if cache is None:  # no gatherable cache: prefill every row
@@ -826,7 +834,8 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_to
         elif t > 0 and fast_step is not None and live is None:
             logits = fast_step(tokens[:, t - 1:t], attn[:, :P + t], pos[:, t - 1:t])
         elif t > 0 and fast_step is not None:
-            logits = fast_step(tokens[live, t - 1:t], attn[live, :P + t], pos[live, t - 1:t])
+            logits = fast_step(tokens[:, t - 1:t].index_select(0, live), attn[:, :P + t].index_select(0, live),
+                               pos[:, t - 1:t].index_select(0, live))
         elif t > 0:
             out = model(input_ids=tokens[:, t - 1:t], attention_mask=attn[:, :P + t], position_ids=pos[:, t - 1:t],
                         use_cache=True, **{ckw: cache}, **keep)
