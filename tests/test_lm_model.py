@@ -197,6 +197,26 @@ def test_shared_prompt_decoding_draws_the_samples_of_decoding_each_row_alone(arc
     assert torch.equal(g2.tokens, g.tokens) and torch.equal(s2.tokens, s.tokens)
 
 
+def test_categorical_draws_what_torch_multinomial_draws():
+    """``_categorical`` (the decode loop's draw) gives ``torch.multinomial(p, 1)``'s samples and
+    leaves the generator where it leaves it, call after call: unnormalized rows, zeros, a row with
+    one nonzero entry, one row and many."""
+    from harness.models.lm import _categorical
+
+    torch.manual_seed(3)
+    for rows, cols in ((1, 5), (32, 67), (7, 2), (64, 300)):
+        p = torch.rand(rows, cols) * (torch.rand(rows, cols) > 0.3)
+        p[:, 0] += 1e-3  # every row has mass
+        p[0] = 0
+        p[0, -1] = 2.0  # a certain draw
+        a, b = torch.Generator().manual_seed(rows), torch.Generator().manual_seed(rows)
+        for _ in range(3):
+            want = torch.multinomial(p, 1, generator=a).squeeze(-1)
+            got = _categorical(p, b)
+            assert torch.equal(got, want) and got[0] == cols - 1
+            assert torch.equal(a.get_state(), b.get_state())
+
+
 def test_decoding_writes_into_a_preallocated_cache():
     """The decode loop's cache layers are preallocated (no concatenation per token), and a step
     on them gives the logits of a step on transformers' growing cache."""

@@ -840,19 +840,23 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_to
             out = model(input_ids=tokens[:, t - 1:t], attention_mask=attn[:, :P + t], position_ids=pos[:, t - 1:t],
                         use_cache=True, **{ckw: cache}, **keep)
             cache, logits = _cache_out(out), out.logits[:, -1]
-        logits = logits.float() / temperature
+        logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
         if not torch.isfinite(logits).all():
             raise NonFiniteError(f"non-finite logits while decoding token {t}")
         logprobs = torch.log_softmax(logits, dim=-1)
         if live is not None:  # the finished rows keep log-probs of an earlier step: drawn from, never kept
             logprobs = every.index_copy_(0, live, logprobs)
-        nxt = torch.empty(R, dtype=torch.long, device=device)
-        if n_s and not bool(finished[:n_s].all()):
-            nxt[:n_s] = torch.multinomial(logprobs[:n_s].exp(), 1, generator=generator).squeeze(-1)
-        else:
-            nxt[:n_s] = pad_token_id
         if n_g:
+            nxt = torch.empty(R, dtype=torch.long, device=device)
+            if n_s and not bool(finished[:n_s].all()):
+                nxt[:n_s] = _categorical(logprobs[:n_s].exp(), generator)
+            else:
+                nxt[:n_s] = pad_token_id
             nxt[n_s:] = logprobs[n_s:].argmax(-1)
+        else:  # sampled rows only: one of them is unfinished, or the loop would have ended
+            nxt = _categorical(logprobs.exp(), generator)
         alive = ~finished
         nxt = torch.where(alive, nxt, pad)
         tokens[:, t] = nxt
@@ -862,7 +866,7 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_to
         done = int(finished.sum())
         if done == R:
             break
-        attn[:, P + t] = alive.to(attn.dtype)
+        attn[:, P + t].copy_(alive)
         running = R - done
         if fast_step is not None and t + _DROP_STEPS_LEFT < L and running >= _DROP_MIN_ROWS:
             computed = R if live is None else live.numel()
@@ -873,6 +877,19 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_to
                 live, every = rows, (logprobs.clone() if every is None else every)
 
     return tokens, logps, alive_at, finished, t
+
+
+def _categorical(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``torch.multinomial(probs, 1, generator=generator).squeeze(-1)`` (one draw per row of
+    ``probs [R, V]``, nonnegative and finite): on a CPU as PyTorch computes it for one sample
+    (``aten::multinomial``: ``argmax(probs / q)``, ``q ~ Exp(1)`` drawn by ``exponential_`` from the
+    generator, the Gumbel-max trick), without its input checks and wrapping, the same draws and
+    generator state (tested against ``torch.multinomial``); 60 against 89 us a decoding step of the
+    tiny LM's 32 x 67 probabilities (2026-12-06). Elsewhere ``torch.multinomial`` itself."""
+    if probs.device.type != "cpu":
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    q = torch.empty_like(probs).exponential_(1, generator=generator)
+    return torch.div(probs, q, out=q).argmax(-1)
 
 
 # The own decoding step (a GPT-2 on a preallocated cache) stops running rows that have finished:
