@@ -871,9 +871,11 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_to
         if fast_step is not None and t + _DROP_STEPS_LEFT < L and running >= _DROP_MIN_ROWS:
             computed = R if live is None else live.numel()
             if computed - running >= max(_DROP_MIN_ROWS, computed // _DROP_FRACTION):
-                rows = (~finished).nonzero().squeeze(1)
+                running_now = ~finished
+                rows = running_now.nonzero().squeeze(1)  # of all R rows
+                kept = rows if live is None else running_now.index_select(0, live).nonzero().squeeze(1)  # of live
                 for layer in cache.layers:
-                    layer.keep_rows(rows if live is None else (~finished[live]).nonzero().squeeze(1))
+                    layer.keep_rows(kept)
                 live, every = rows, (logprobs.clone() if every is None else every)
 
     return tokens, logps, alive_at, finished, t
