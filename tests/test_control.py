@@ -483,6 +483,9 @@ class _LinearGreedy:
     def dist_params(self, obs):  # [P, E, D] -> [P, E, 1]
         return torch.einsum("ped,pd->pe", obs.double(), self.w).unsqueeze(-1)
 
+    def policy(self):  # what evaluate steps with (ControlAgent.policy)
+        return self.dist_params
+
     def greedy(self, params):
         if self.discrete:  # the first or the last category (Acrobot: torque -1 or +1)
             return (params[..., 0] > 0).long() * (self.categories - 1)
@@ -596,6 +599,36 @@ def test_numpy_tanh_is_tanh_and_its_gradient_is_one_minus_the_square():
     with torch.no_grad():
         assert torch.equal(numpy_tanh(x), y.detach())
     assert torch.equal(numpy_tanh(x.detach()[::2]), y.detach()[::2])
+
+
+@pytest.mark.parametrize("population", [1, 3])
+def test_a_frozen_forward_is_the_forward_bit_for_bit(population):
+    """ControlAgent.policy() (PopulationMLP.frozen), what the collectors and evaluation call at
+    every step, against dist_params (the module's forward) under no_grad: equal bit for bit for
+    a narrow output layer (CartPole's 64 -> 2, computed transposed) and a wide one, tanh and relu,
+    records no graph when grad is on, and a policy made after the weights change (an optimizer
+    step) is the new weights' forward (nothing of the old weights kept across policies)."""
+    from harness.models.control import ControlAgent
+
+    cases = [(4, 2, True, [64, 64], "tanh", "state_independent"),  # narrow output layer (64 -> 2)
+             (5, 3, False, [64, 64], "relu", "state_dependent"),  # narrow (64 -> 6)
+             (5, 6, False, [8], "tanh", "state_dependent")]  # wide (8 -> 12)
+    for obs_dim, act_dim, discrete, hidden, activation, log_std in cases:
+        gens = [torch.Generator().manual_seed(11 + p) for p in range(population)]
+        agent = ControlAgent(population, obs_dim, act_dim, discrete, hidden, activation, True, gens,
+                             log_std=log_std)
+        obs = torch.randn(population, 7, obs_dim, generator=torch.Generator().manual_seed(2))
+        for step in range(2):
+            if step:  # an optimizer step's in-place change of every weight
+                with torch.no_grad():
+                    for prm in agent.parameters():
+                        prm.add_(0.05 * torch.randn(prm.shape, generator=torch.Generator().manual_seed(5)))
+            policy = agent.policy()
+            with torch.no_grad():
+                expected = agent.dist_params(obs)
+                assert torch.equal(policy(obs), expected), (hidden, activation, step)
+            out = policy(obs)  # grad on: still no graph, the same values
+            assert not out.requires_grad and torch.equal(out, expected)
 
 
 def _update_moves_only_in_last_digits(estimator, tmp_path, monkeypatch, kernel: str, swap) -> None:

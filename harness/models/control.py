@@ -22,6 +22,7 @@ with the PPO literature's default (:func:`agent_options`):
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 import torch
@@ -78,6 +79,12 @@ class ControlAgent(nn.Module):
 
     def dist_params(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs, slice(0, self.population))
+
+    def policy(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """:meth:`dist_params` of the current weights as a function without grad, for one rollout
+        or evaluation (:meth:`PopulationMLP.frozen`: the same values bit for bit, less per step);
+        made again after every update."""
+        return self.net.frozen(slice(0, self.population))
 
     def dist_params_and_value(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not self.has_critic:

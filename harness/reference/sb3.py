@@ -118,6 +118,9 @@ class _GreedySB3:
         actions, _ = self.model.predict(o, deterministic=True)
         return torch.as_tensor(np.asarray(actions)).unsqueeze(0)
 
+    def policy(self):  # what evaluate calls each step (ControlAgent.policy)
+        return self.dist_params
+
     def greedy(self, params: torch.Tensor) -> torch.Tensor:
         return params
 

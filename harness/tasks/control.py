@@ -510,8 +510,9 @@ class StepCollector:
         finished: list[list[float]] = [[] for _ in range(P)]
         after_done, running = self.after_done, self.running
         obs = self.obs
+        policy = agent.policy()
         for t in range(T):
-            params = agent.dist_params(obs)
+            params = policy(obs)
             actions = agent.sample(params, noise[t])
             logp = agent.log_prob(params, actions)
             o, r, te, tr, r_env = self.envs.step(agent.env_actions(actions))
@@ -572,10 +573,11 @@ class EpisodeCollector:
                                                ("obs", "next", "act", "logp", "rew", "env_rew", "term", "trunc", "mask")}
         chunk = None
         t = 0
+        policy = agent.policy()
         while alive.any():
             if t % 256 == 0:
                 chunk = _noise(agent, self.gens, (W, agent.act_dim), 256)
-            params = agent.dist_params(obs)
+            params = policy(obs)
             actions = agent.sample(params, chunk[t % 256])
             if self.greedy:
                 actions[:, E:] = agent.greedy(params[:, E:])
@@ -672,8 +674,9 @@ def evaluate(agent, env_id: str, episodes: int, max_episode_steps: int | None, i
         obs = torch.from_numpy(envs.reset([[s + i for i in range(episodes)] for s in seeds]))
         alive = torch.ones(agent.population, episodes, dtype=torch.bool)
         total = torch.zeros(agent.population, episodes)
+        policy = agent.policy()
         while alive.any():
-            actions = agent.greedy(agent.dist_params(obs))
+            actions = agent.greedy(policy(obs))
             if not info.discrete:
                 actions = torch.nan_to_num(actions)
             o, r, te, tr, _ = envs.step(agent.env_actions(actions))
