@@ -17,7 +17,8 @@ are issue 16's:
    step times the run's minibatches (:func:`update_floor`), plus a process that only imports torch and makes an
    Adam (:func:`startup_floor`); and the lone floor: that start-up with the Adam made without importing
    ``torch._dynamo`` (as the harness makes it), the same step with fused Adam (the harness's), and the run's collection and evaluation written the plainest way (CartPole's own
-   vector env and one plain actor forward per step, :func:`collection_floor`). Beside the population's ratio (issue 40 asks <= 0.20), the same for
+   vector env and one plain actor forward per step, :func:`collection_floor`). Beside them, the harness's own collection of the
+   run's rollouts against that plainest one, alternating in one process (:func:`harness_collection`). Beside the population's ratio (issue 40 asks <= 0.20), the same for
    the population: the plain step written batched for one worker's slice of the members
    (:func:`population_floor`), times the minibatches, plus that start-up.
 
@@ -258,7 +259,7 @@ def collection_problem(steps: int, eval_episodes: int = 10, seed: int = 0):
         return x
 
     @torch.no_grad()
-    def run(between: Callable[[], object] | None = None) -> tuple[int, list[np.ndarray]]:
+    def run(between: Callable[[], object] | None = None, evaluate: bool = True) -> tuple[int, list[np.ndarray]]:
         sent = []
         env = make_vector_env("CartPole-v1", n_envs, None, native=True)
         obs, _ = env.reset(seed=seed)
@@ -280,6 +281,8 @@ def collection_problem(steps: int, eval_episodes: int = 10, seed: int = 0):
                 with torch.enable_grad():
                     between()
         env.close()
+        if not evaluate:
+            return iterations * T, sent
         env = make_vector_env("CartPole-v1", eval_episodes, None, native=True)
         obs, _ = env.reset(seed=seed + 1)
         for _ in range(eval_steps):
@@ -341,6 +344,40 @@ def interleaved_floor(steps: int, rounds: int = 2) -> tuple[float, float]:
             prob.step()
         best_steps = min(best_steps, time.perf_counter() - t0)
     return best_inter, best_coll + best_steps
+
+
+def harness_collection(steps: int, rounds: int = 3) -> tuple[float, float]:
+    """``(harness, plain)`` seconds: the harness's own collection of :data:`ZOO`'s run (its
+    ``ControlSource``, made from the run's config: each iteration's ``collect`` and the critic's
+    values of the rollout, ``advantage_batch``; weights as initialised, no update) against
+    :func:`collection_problem`'s plainest one, both without the evaluation (an untrained greedy
+    policy's episodes end early in the harness's evaluation, which steps only running episodes),
+    alternating in this process, best of ``rounds`` each, on one torch thread: what the harness's
+    collection costs beyond the plainest, on the same env (CartPole's own vector env)."""
+    import torch
+
+    from harness.testing import compose
+    from harness.train.control import ControlSource
+
+    torch.set_num_threads(1)
+    cfg = compose([*ZOO, f"budget.env_steps={steps}", "seed=0"])
+    prob = collection_problem(steps)
+
+    def ours() -> None:
+        src = ControlSource(cfg, [SimpleNamespace(cfg=cfg)])  # a run's source reads only its config
+        for _ in range(prob.iterations):
+            src.advantage_batch(src.collect())
+        src.close()
+
+    best_h = best_p = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        ours()
+        best_h = min(best_h, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        prob.run(evaluate=False)
+        best_p = min(best_p, time.perf_counter() - t0)
+    return best_h, best_p
 
 
 def population_problem(members: int, seed: int = 0, dtype=None, tanh: Callable | None = None,
@@ -529,6 +566,14 @@ def main() -> None:
                     f"{t_apart:.1f} s | |")
         rows.append(f"| the lone floor, interleaved: that start-up + that, / SB3's whole process; ours over it | "
                     f"**{inter / ts:.2f}**; {t1 / inter:.2f}x | |")
+        t_ours, t_plain = harness_collection(steps)
+        print(f"-> the harness's collection of the run's rollouts (its ControlSource: collect and the critic's values) "
+              f"{t_ours:.2f} s against the plainest {t_plain:.2f} s, alternating: {t_ours / t_plain:.2f}x; the "
+              f"difference {(t_ours - t_plain) / ts:.3f} of SB3's whole process", flush=True)
+        rows.append(f"| the harness's own collection of the run's rollouts (its `ControlSource`: `collect` and the "
+                    f"critic's values; no evaluation) against the plainest above without its evaluation, alternating "
+                    f"in one process (best of 3) | {t_ours:.2f} s against {t_plain:.2f} s: **{t_ours / t_plain:.2f}x**; "
+                    f"the difference {(t_ours - t_plain) / ts:.3f} of SB3's whole process | |")
 
     pop = ours_process(steps, P)
     tp, tp_run = pop["wall"], max(pop["run_s"])

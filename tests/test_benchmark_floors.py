@@ -119,3 +119,15 @@ def test_the_interleaved_floor_updates_after_each_rollout(monkeypatch):
     n, _ = collection_problem(1000).run(between=lambda: calls.append((len(made), made[-1][1], torch.is_grad_enabled())))
     assert calls == [(1, 32 * i, True) for i in range(1, 5)]
     assert made == [[8, 4 * 32], [10, 500]] and n == 4 * 32 + 500
+
+
+def test_the_harness_collection_and_the_plain_one_step_the_same_envs(monkeypatch):
+    """harness_collection times the harness's ControlSource and the plain collection over the same
+    env steps: for 1,000 env steps each side makes one CartPole vector env of the run's 8 envs and
+    steps it 4 iterations x 32 times (no evaluation on either side), once per round."""
+    from benchmarks.control_speed import harness_collection
+
+    made = count_env_steps(monkeypatch)
+    t_ours, t_plain = harness_collection(1000, rounds=2)
+    assert made == [[8, 4 * 32]] * 4 and t_ours > 0 and t_plain > 0
+
