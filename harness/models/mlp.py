@@ -56,9 +56,19 @@ ACTIVATIONS = {"tanh": tanh, "relu": torch.relu}
 NARROW_OUT = 0.25
 
 
+def _is_narrow(w: torch.Tensor) -> bool:
+    """Whether the layer of weight ``w [R, in, out]`` is narrow (:data:`NARROW_OUT`)."""
+    return w.shape[2] <= NARROW_OUT * w.shape[1]
+
+
+def _narrow_t(bt: torch.Tensor, wt: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    # (w^T x^T + b^T)^T from bt = b^T and a contiguous wt = w^T: one wide [out, in] x [in, N]
+    # product per row instead of [N, in] x [in, out]
+    return torch.baddbmm(bt, wt, x.mT).mT
+
+
 def _narrow(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    # (w^T x^T + b^T)^T: one wide [out, in] x [in, N] product per row instead of [N, in] x [in, out]
-    return torch.baddbmm(b.mT, w.mT.contiguous(), x.mT).mT
+    return _narrow_t(b.mT, w.mT.contiguous(), x)
 
 
 class _Narrow(torch.autograd.Function):
@@ -102,7 +112,7 @@ def narrow_baddbmm(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.T
 def population_layer(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """One layer of :class:`PopulationMLP`, ``b [R, 1, out] + x [R, N, in] @ w [R, in, out]``:
     :func:`narrow_baddbmm` when ``out <= NARROW_OUT * in``, else ``torch.baddbmm``."""
-    return (narrow_baddbmm if w.shape[2] <= NARROW_OUT * w.shape[1] else torch.baddbmm)(b, x, w)
+    return (narrow_baddbmm if _is_narrow(w) else torch.baddbmm)(b, x, w)
 
 
 class PopulationMLP(nn.Module):
@@ -179,15 +189,14 @@ class PopulationMLP(nn.Module):
         layers = []
         for w, b in zip(*self._rows(rows)):
             w, b = w.detach(), b.detach()  # the parameters' memory, never a graph
-            narrow = w.device.type == "cpu" and w.shape[2] <= NARROW_OUT * w.shape[1]
-            # narrow: (w^T x^T + b^T)^T, as _narrow computes it
-            layers.append((True, b.mT, w.mT.contiguous()) if narrow else (False, b, w))
+            narrow = w.device.type == "cpu" and _is_narrow(w)  # as population_layer and narrow_baddbmm choose
+            layers.append((True, b.mT, w.mT.contiguous()) if narrow else (False, b, w))  # _narrow's operands
         act, last = self.act, len(layers) - 1
         baddbmm = torch.baddbmm
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             for i, (narrow, b, w) in enumerate(layers):
-                x = baddbmm(b, w, x.mT).mT if narrow else baddbmm(b, x, w)
+                x = _narrow_t(b, w, x) if narrow else baddbmm(b, x, w)
                 if i < last:
                     x = act(x)
             return x
