@@ -23,7 +23,10 @@ only: that the own code is bit-identical is ``tests/test_lm_model.py``'s). ``--o
   every step (bit-identical);
 * ``group``: a group's responses attend to their prompt in one block (``groups`` of
   :func:`harness.models.lm._gpt2_pass`); off, the prompts' keys and values are gathered to the
-  rows (float rounding).
+  rows (float rounding);
+* ``last``: in the teacher-forced passes the prompts' last layer runs its attention, projection
+  and MLP at each prompt's last column only (``last_only`` of
+  :func:`harness.models.lm._gpt2_prompt_states`); off, at every column (float rounding).
 
 ``--per-iteration`` switches between on and off at every iteration inside each run (one run per
 round, the seeds of the rounds), so both see the same moments of a noisy machine, and prints the
@@ -32,7 +35,7 @@ mean wall time of each part of an iteration (``lm_vs_trl.PHASES``) on and off, i
 
 Usage::
 
-    python benchmarks/lm_decode_step.py [--off step|passes|packing|gelu|drop|group] [--per-iteration]
+    python benchmarks/lm_decode_step.py [--off step|passes|packing|gelu|drop|group|last] [--per-iteration]
         [--beta 0.05 0] [--iterations 30] [--rounds 6] [--cache DIR]
 """
 from __future__ import annotations
@@ -53,7 +56,8 @@ import torch  # noqa: E402
 
 LABELS = {"step": ("own step", "transformers' step"), "passes": ("own passes", "transformers' passes"),
           "packing": ("packed", "padded"), "gelu": ("x sigmoid(2u)", "fused tanh-GELU"),
-          "drop": ("finished rows dropped", "every row decoded"), "group": ("grouped attention", "gathered cache")}
+          "drop": ("finished rows dropped", "every row decoded"), "group": ("grouped attention", "gathered cache"),
+          "last": ("prompts' last layer at their last column", "prompts' last layer at every column")}
 
 
 def main() -> None:
@@ -76,6 +80,9 @@ def main() -> None:
     own_step, own_trunk, own_packed = lm_mod._gpt2_decode_step, lm_mod._gpt2_trunk, lm_mod._gpt2_packed_response
     own_prompts = lm_mod._gpt2_prompt_states
     padded_prompts = functools.partial(own_prompts, pack=False)
+
+    def every_column(*a, **k):  # the prompts' last layer at every column, as before 2026-12-06 12:30
+        return own_prompts(*a, **{**k, "last_only": False})
 
     def step_on_trunk(model, cache):  # the decode step sees the real trunk check while the passes see none
         lm_mod._gpt2_trunk = own_trunk
@@ -104,7 +111,8 @@ def main() -> None:
         lm_mod._gpt2_pass = own_pass if on or args.off != "group" else gathered_pass
         packed = on or args.off != "packing"
         lm_mod._gpt2_packed_response = own_packed if packed else (lambda *a, **k: None)
-        lm_mod._gpt2_prompt_states = own_prompts if packed else padded_prompts
+        lm_mod._gpt2_prompt_states = (own_prompts if packed else padded_prompts) if on or args.off != "last" \
+            else every_column
         if on or args.off != "passes":
             lm_mod._gpt2_trunk = own_trunk
             lm_mod._gpt2_decode_step = own_step if on or args.off != "step" else (lambda model, cache: None)

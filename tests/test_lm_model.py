@@ -388,7 +388,10 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, order, 
     rounding. Each prompt's rows together and as many each (``grouped``, a group's samples) attend
     once per prompt (``groups`` of :func:`harness.models.lm._gpt2_pass`), other orders with the
     prompts' keys and values gathered to the rows. Responses of one token run the padded pass, a
-    model with dropout at work transformers'."""
+    model with dropout at work transformers'. The packed prompts' last layer runs its attention,
+    projection and MLP at each prompt's last column only (``last`` of
+    :func:`harness.models.lm._gpt2_pass`), the one column of it the responses use (a single query's
+    attention: float rounding)."""
     from harness.models import lm as lm_mod
     from harness.models.lm import distinct_prompts
 
@@ -401,12 +404,13 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, order, 
                  generator=torch.Generator().manual_seed(5))
     m = g.mask.bool()
     assert (~m).sum() > 5 and g.tokens.shape[1] > 2  # rows end early: padding to leave out
-    own_pass, packed_rows, grouped = lm_mod._gpt2_pass, [], []
+    own_pass, packed_rows, grouped, last_only = lm_mod._gpt2_pass, [], [], []
 
-    def spy(trunk, ids, *args, columns=None, groups=1, **kwargs):
+    def spy(trunk, ids, *args, columns=None, groups=1, last=None, **kwargs):
         packed_rows.append(None if columns is None else columns.numel())
         grouped.append(groups)
-        return own_pass(trunk, ids, *args, columns=columns, groups=groups, **kwargs)
+        last_only.append(last is not None)
+        return own_pass(trunk, ids, *args, columns=columns, groups=groups, last=last, **kwargs)
 
     monkeypatch.setattr(lm_mod, "_gpt2_pass", spy)
 
@@ -426,12 +430,14 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, order, 
     first, _ = distinct_prompts(ids, mask)  # the prompts' left padding and the responses' padding left out
     assert rows == [int(mask[first].sum()), int(g.mask[:, 1:].sum())] and ref_rows == [None, None]
     assert grouped == [1, 2 if order == "grouped" else 1, 1, 1]  # the packed responses, then the padded pass
+    assert last_only == [True, False, False, False]  # the prompts' last layer at their last columns only
     tol = 1e-6 if dtype == torch.float32 else 1e-2
     assert torch.allclose(out.logp[m], ref.logp[m], atol=tol, rtol=0)
     assert torch.allclose(out.entropy[m], ref.entropy[m], atol=tol, rtol=0)
     assert not out.logp[~m].any() and not out.entropy[~m].any() and ref.logp[~m].any()
-    rel = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, ref_grads))
-    assert rel < (1e-5 if dtype == torch.float32 else 2e-2), rel
+    rel, rel_tol = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, ref_grads)), \
+        (1e-5 if dtype == torch.float32 else 2e-2)
+    assert rel < rel_tol, rel
     # one-token responses, a response mask with a hole: the padded pass, bit for bit; right-padded prompts
     one, _, one_rows = run(True, g.tokens[:, :1], g.mask[:, :1])
     assert one_rows == [None] and torch.equal(one.logp, run(False, g.tokens[:, :1], g.mask[:, :1])[0].logp)
@@ -443,9 +449,16 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, order, 
     left_ids, left_mask = ids, mask
     try:
         ids, mask = right_pad(prompts, 0)
+        last_only.clear()
         out, _, right_rows = run(True)  # the prompts unpacked, the responses packed
-        assert right_rows[0] is None and right_rows[1] == int(g.mask[:, 1:].sum())
+        assert right_rows[0] is None and right_rows[1] == int(g.mask[:, 1:].sum()) and last_only[0] is False
         assert torch.allclose(out.logp[m], run(False)[0].logp[m], atol=tol, rtol=0)
+        ids, mask = left_pad([p[-2:] for p in prompts], 0)  # no padding: nothing to pack, the last columns still
+        last_only.clear()
+        (out, grads, same_rows), (ref, ref_grads, _) = run(True), run(False)
+        assert same_rows[0] is None and last_only[:2] == [True, False]
+        assert torch.allclose(out.logp[m], ref.logp[m], atol=tol, rtol=0)
+        assert max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(grads, ref_grads)) < rel_tol
     finally:
         ids, mask = left_ids, left_mask
     model.transformer.h[0].attn.resid_dropout.p = 0.1

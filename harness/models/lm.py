@@ -311,24 +311,27 @@ def _gpt2_weights(trunk: nn.Module) -> list[tuple]:
     return out
 
 
-def _gpt2_block(w: tuple, h: torch.Tensor, attend) -> torch.Tensor:
+def _gpt2_block(w: tuple, h: torch.Tensor, attend, keep: torch.Tensor | None = None) -> torch.Tensor:
     """One ``GPT2Block`` (its weights ``w`` of :func:`_gpt2_weights`) on the states ``h [M, H]`` (one
     row per column), ``attend`` mapping the ``c_attn`` output ``[M, 3H]`` to the attention's
     ``[M, H]``: ``GPT2Block.forward``'s kernels (each ``LayerNorm`` as the ``F.layer_norm`` it calls,
     each ``Conv1D`` as its own ``addmm`` on the matrix, without its views; the activation's
     ``forward``; the residual adds in transformers' order), without the dropouts
     (:func:`_gpt2_trunk`: none at work) and without the modules' calls around them (their hooks:
-    none, :func:`_gpt2_trunk`)."""
+    none, :func:`_gpt2_trunk`). ``keep``: the rows of ``h`` that go on after the attention (``attend``
+    then gives theirs only, ``[len(keep), H]``), the block's output theirs."""
     ln_1, attn_w, attn_b, proj_w, proj_b, ln_2, fc_w, fc_b, out_w, out_b, act = w[:11]
     layer_norm = torch.nn.functional.layer_norm
-    h = torch.addmm(proj_b, attend(torch.addmm(attn_b, layer_norm(h, *ln_1), attn_w)), proj_w) + h
+    x = attend(torch.addmm(attn_b, layer_norm(h, *ln_1), attn_w))
+    h = torch.addmm(proj_b, x, proj_w) + (h if keep is None else h.index_select(0, keep))
     return h + torch.addmm(out_b, act(torch.addmm(fc_b, layer_norm(h, *ln_2), fc_w)), out_w)
 
 
 def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
                past: list[tuple[torch.Tensor, torch.Tensor]] | None = None, want_cache: bool = False,
                columns: torch.Tensor | None = None,
-               groups: int = 1) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+               groups: int = 1,
+               last: torch.Tensor | None = None) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """A GPT-2 trunk's (:func:`_gpt2_trunk`) last hidden states (after ``ln_f``) ``[R, q, H]`` for
     the ``q`` columns ``ids [R, q]`` at positions ``pos [R, q]``, attending to the ``past`` keys and
     values of each layer (``[R, heads, n, head_dim]``, or none) and to themselves, under the
@@ -364,7 +367,18 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
     masked, which the queries' ``[R * q]`` order already is (row-major); instead of the past
     gathered to every row and concatenated with its columns, and attention in ``R * heads``
     small blocks. Masked keys weigh exactly 0, so the values are the per-row attention's to float
-    rounding (the sums run in another order; tested)."""
+    rounding (the sums run in another order; tested).
+
+    ``last`` (no ``past``, ``groups`` 1): only each row's last column's state is wanted, ``last [R]``
+    its index among the ``N`` kept columns (or the ``R * q`` grid's); the result is ``[R, 1, H]``. The
+    last layer then runs ``ln_1`` and ``c_attn`` at every column (its keys and values, for
+    ``want_cache``) but the attention, projection, MLP and ``ln_f`` at those ``R`` columns only,
+    each row's last column attending to its row's unmasked columns: what the others' states would
+    feed is nothing. A single query's attention rounds differently from the same query in the
+    full block's (float rounding; tested), so the decoding's prefill, bit for bit the model's,
+    does not use it; the teacher-forced passes do (:func:`_gpt2_packed_response`: in
+    ``benchmarks/lm_vs_trl.py``'s runs the update's forward and backward and the reference pass
+    took 0.88-0.89 of their time, 2026-12-06)."""
     rows, q = ids.shape
     n = 0 if past is None else past[0][0].shape[-2]
     padding = mask.bool()
@@ -387,8 +401,10 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
         flat_ids, flat_pos = flat_ids[columns], flat_pos[columns]
     h = trunk.wte.forward(flat_ids) + trunk.wpe.forward(flat_pos)
     cache = []
-    for i, w in enumerate(_gpt2_weights(trunk)):
+    weights = _gpt2_weights(trunk)
+    for i, w in enumerate(weights):
         split, head_dim, scaling = w[11:]
+        final = last is not None and i == len(weights) - 1
 
         def attend(x: torch.Tensor) -> torch.Tensor:
             if columns is not None:  # back to the [R, q] grid for attention, zeros where left out
@@ -399,11 +415,17 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
                 ks, vs = torch.cat([past[i][0], ks], dim=-2), torch.cat([past[i][1], vs], dim=-2)
             if want_cache:
                 cache.append((ks, vs))
+            if final:  # each row's last column attends to all of its row's unmasked columns
+                out = sdpa(qs[:, :, -1:], ks, vs, attn_mask=None if attn_mask is None else attn_mask[:, :, -1:],
+                           scale=scaling)
+                return out.transpose(1, 2).reshape(rows, -1)
             out = sdpa(qs, ks, vs, attn_mask=attn_mask, scale=scaling, is_causal=causal)
             out = out.transpose(1, 2).contiguous().view(rows * q, -1)
             return out if columns is None else out.index_select(0, columns)
-        h = _gpt2_block(w, h, attend)
+        h = _gpt2_block(w, h, attend, keep=last if final else None)
     h = torch.nn.functional.layer_norm(h, *_layer_norm_args(trunk.ln_f))
+    if last is not None:
+        return h.view(rows, 1, -1), cache
     return (h.view(rows, q, -1) if columns is None else h), cache
 
 
@@ -434,22 +456,31 @@ def _gpt2_response_pass(trunk, prompt_ids, prompt_mask, response_ids, response_m
     return (torch.cat(logits, dim=1) if logits else None, torch.cat(hidden, dim=1) if hidden else None)
 
 
-def _gpt2_prompt_states(trunk, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, pack: bool = True):
+def _gpt2_prompt_states(trunk, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, pack: bool = True,
+                        last_only: bool = False):
     """``(last [n, 1, H], cache)``: left-padded prompts ``[n, P]`` through :func:`_gpt2_pass` with
     their keys and values, with ``pack`` the left padding packed out (``columns``) where there is
     any: the padding's keys and values are then zeros, which every query's padding mask leaves
     out (so the attention of every prompt column, and later of every response column, is the
     padded pass's). ``last``: each prompt's last column, which predicts the first response token.
     A mask that is not left padding (each row's ones a non-empty suffix) runs unpacked, and so
-    does ``pack=False`` (the pass bit-identical to the model's, :func:`_gpt2_response_pass`)."""
+    does ``pack=False`` (the pass bit-identical to the model's, :func:`_gpt2_response_pass`).
+    ``last_only`` (with ``pack``): the last layer past its keys and values runs at the last
+    columns only (``last`` of :func:`_gpt2_pass`; float rounding)."""
     pos = positions(prompt_mask)
     m = prompt_mask.bool()
-    if not pack or bool(m.all()) or not bool((m[:, 1:] >= m[:, :-1]).all() and m[:, -1].all()):
-        h, cache = _gpt2_pass(trunk, prompt_ids, prompt_mask, pos, want_cache=True)
-        return h[:, -1:], cache
-    columns = prompt_mask.reshape(-1).nonzero().squeeze(1)
+    n, P = prompt_ids.shape
+    columns = ends = None
+    if not pack or not bool((m[:, 1:] >= m[:, :-1]).all() and m[:, -1].all()):
+        last_only = False
+    elif not bool(m.all()):
+        columns = prompt_mask.reshape(-1).nonzero().squeeze(1)
+        ends = prompt_mask.sum(-1).cumsum(0) - 1  # each prompt's last column among the packed ones
+    if last_only:
+        last = ends if columns is not None else torch.arange(n, device=pos.device) * P + P - 1
+        return _gpt2_pass(trunk, prompt_ids, prompt_mask, pos, want_cache=True, columns=columns, last=last)
     h, cache = _gpt2_pass(trunk, prompt_ids, prompt_mask, pos, want_cache=True, columns=columns)
-    return h.index_select(0, prompt_mask.sum(-1).cumsum(0) - 1).unsqueeze(1), cache
+    return (h[:, -1:] if columns is None else h.index_select(0, ends).unsqueeze(1)), cache
 
 
 def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids, response_mask, shared,
@@ -473,7 +504,7 @@ def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids,
         return None
     P = prompt_ids.shape[1]
     first, rows = shared
-    last, cache = _gpt2_prompt_states(trunk, prompt_ids[first], prompt_mask[first])
+    last, cache = _gpt2_prompt_states(trunk, prompt_ids[first], prompt_mask[first], last_only=True)
     groups = B // first.numel()  # each prompt's rows together, as many each (group-major): grouped attention
     together = torch.arange(first.numel(), device=rows.device).repeat_interleave(groups)
     if groups < 2 or B % first.numel() or not torch.equal(rows, together):
