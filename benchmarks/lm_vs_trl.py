@@ -52,8 +52,10 @@ update) run each distinct prompt once as well; a GPT-2's passes leave the paddin
 prompts' left padding, the responses' padding after EOS: :func:`harness.models.lm._gpt2_packed_response`;
 values equal, gradients to float rounding) and a group's responses attend to their prompt in one
 block (values and gradients to float rounding), where TRL runs every completion padded to the
-batch's longest; the harness's decoding stops running the rows that have finished (bit for bit
-the same samples); the harness runs GPT-2's ``gelu_new`` as ``x sigmoid(2u)``
+batch's longest, and in those passes the prompts' last layer runs past its keys and values at
+each prompt's last column only (``last`` of :func:`harness.models.lm._gpt2_pass`; float rounding);
+the harness's decoding stops running the rows that have finished (bit for bit the same samples);
+the harness runs GPT-2's ``gelu_new`` as ``x sigmoid(2u)``
 (``harness.models.lm.fast_gelu``: three elementwise kernels, the same function to float rounding), TRL as
 transformers' Python ``NewGELUActivation``.
 
