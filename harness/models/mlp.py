@@ -57,8 +57,9 @@ NARROW_OUT = 0.25
 
 
 def _is_narrow(w: torch.Tensor) -> bool:
-    """Whether the layer of weight ``w [R, in, out]`` is narrow (:data:`NARROW_OUT`)."""
-    return w.shape[2] <= NARROW_OUT * w.shape[1]
+    """Whether the layer of weight ``w [R, in, out]`` is computed transposed (:func:`narrow_baddbmm`'s
+    product): narrow (:data:`NARROW_OUT`) and on the CPU, where that pays."""
+    return w.device.type == "cpu" and w.shape[2] <= NARROW_OUT * w.shape[1]
 
 
 def _narrow_t(bt: torch.Tensor, wt: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +112,8 @@ def narrow_baddbmm(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.T
 
 def population_layer(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """One layer of :class:`PopulationMLP`, ``b [R, 1, out] + x [R, N, in] @ w [R, in, out]``:
-    :func:`narrow_baddbmm` when ``out <= NARROW_OUT * in``, else ``torch.baddbmm``."""
+    :func:`narrow_baddbmm` when ``out <= NARROW_OUT * in`` on the CPU (:func:`_is_narrow`), else
+    ``torch.baddbmm``."""
     return (narrow_baddbmm if _is_narrow(w) else torch.baddbmm)(b, x, w)
 
 
@@ -189,7 +191,7 @@ class PopulationMLP(nn.Module):
         layers = []
         for w, b in zip(*self._rows(rows)):
             w, b = w.detach(), b.detach()  # the parameters' memory, never a graph
-            narrow = w.device.type == "cpu" and _is_narrow(w)  # as population_layer and narrow_baddbmm choose
+            narrow = _is_narrow(w)  # population_layer's choice
             layers.append((True, b.mT, w.mT.contiguous()) if narrow else (False, b, w))  # _narrow's operands
         act, last = self.act, len(layers) - 1
         baddbmm = torch.baddbmm
