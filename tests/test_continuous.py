@@ -142,6 +142,9 @@ def test_evaluation_uses_frozen_copies_of_each_members_statistics():
     first = evaluate(agent, "Pendulum-v1", 2, 20, info, [5, 6], train_envs=envs)
     second = evaluate(agent, "Pendulum-v1", 2, 20, info, [5, 6], train_envs=envs)
     assert first == second
+    # one member evaluated alone: its return as evaluated beside the other, None for the other
+    assert evaluate(agent, "Pendulum-v1", 2, 20, info, [5, 6], train_envs=envs, members=[False, True]) == [
+        None, first[1]]
     after = envs.norm_state()
     assert all(torch.equal(before[k], after[k]) for k in before)
     # what a frozen copy returns: (o - mean) / sqrt(var + eps), clipped, with the member's statistics

@@ -534,6 +534,11 @@ def test_evaluation_gives_the_vector_env_returns_stepping_only_running_episodes(
     expected, steps = _vector_env_evaluation(agent, env_id, 5, max_steps, info, seeds)
     assert len(set(steps.flatten().tolist())) > 1  # episodes end at different times: ended ones sit out
     assert evaluate(agent, env_id, 5, max_steps, info, seeds) == expected  # exactly: the same episodes
+    # members left out are not run (None); the others' returns as when all are evaluated
+    assert evaluate(agent, env_id, 5, max_steps, info, seeds, members=[True, False, False, True]) == [
+        expected[0], None, None, expected[3]]
+    assert evaluate(agent, env_id, 5, max_steps, info, seeds, members=[False, True, False, False]) == [
+        None, expected[1], None, None]
 
 
 @pytest.mark.parametrize("population", [1, 3])

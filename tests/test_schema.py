@@ -55,3 +55,52 @@ def test_per_prompt_columns_are_registered_with_their_type(tmp_path):
     run.flush()
     got = dict(zip(*(lambda s: (s.names, s.types))(pq.read_table(run.path / "metrics.parquet").schema)))
     assert got["update_prompt0"] == pa.float64() and got["success_prompt0"] == pa.float64()
+
+
+def test_flushes_as_rows_come_write_the_file_one_conversion_of_all_rows_writes(tmp_path):
+    """RunDir.flush converts only the rows logged since its last flush; the file after each flush
+    must be byte for byte the one a single conversion of every row so far gives (pq.write_table of
+    schema.rows_table), through a new extra column (int, then a string one) and a replaced row list."""
+    def made(seed):
+        cfg = OmegaConf.create({"results_dir": str(tmp_path), "seed": seed, "task": {"name": "t"},
+                                "estimator": "rloo"})
+        run = RunDir(cfg)
+        run.path.mkdir(parents=True, exist_ok=True)
+        return run
+
+    def row(i, **extra):
+        return {"run_id": "r", "task": "t", "estimator": "rloo", "seed": 3, "iteration": i, "update": "pg",
+                "loss_agg": "token_mean", "wall_time_s": 0.1 * i, "eval_return": None if i % 3 else float(i),
+                **extra}
+
+    def once(rows):
+        sink = pa.BufferOutputStream()
+        pq.write_table(schema.rows_table(rows), sink)
+        return sink.getvalue().to_pybytes()
+
+    run = made(3)
+    plan = [[row(1), row(2)], [row(3)], [], [row(4, extra_count=4), row(5)], [row(6, extra_name="x")],
+            [row(i) for i in range(7, 30)]]
+    for batch in plan:
+        for r in batch:
+            run.log(r)
+        run.flush()
+        assert (run.path / "metrics.parquet").read_bytes() == once(run.rows), len(run.rows)
+    got = pq.read_table(run.path / "metrics.parquet")
+    assert got.column("iteration").to_pylist() == list(range(1, 30))
+    assert got.column("extra_count").to_pylist() == [None] * 3 + [4] + [None] * 25
+    assert got.column("extra_name").to_pylist()[5] == "x"
+    run.resume_rows(run.rows[:4])  # a checkpoint's rows: a new list, shorter
+    assert (run.path / "metrics.parquet").read_bytes() == once(run.rows)
+    assert pq.read_table(run.path / "metrics.parquet").column("iteration").to_pylist() == [1, 2, 3, 4]
+    run.log(row(5))
+    run.flush()
+    assert (run.path / "metrics.parquet").read_bytes() == once(run.rows)
+    run.discard_progress()
+    run.log(row(1, other=2.5))
+    run.flush()
+    assert (run.path / "metrics.parquet").read_bytes() == once(run.rows)
+    assert "extra_count" not in pq.read_table(run.path / "metrics.parquet").schema.names
+    run.resume_rows([row(7), row(8), row(9)])  # another list, longer than the one flushed
+    assert pq.read_table(run.path / "metrics.parquet").column("iteration").to_pylist() == [7, 8, 9]
+    assert (run.path / "metrics.parquet").read_bytes() == once(run.rows)

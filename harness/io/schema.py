@@ -103,18 +103,20 @@ def infer_type(value) -> pa.DataType:
     return _F
 
 
-def rows_table(rows: list[Mapping]) -> pa.Table:
+def rows_table(rows: list[Mapping], columns: Mapping[str, pa.DataType] | None = None) -> pa.Table:
     """The metric rows as the Arrow table ``metrics.parquet`` holds (:func:`columns_for`'s columns
-    and types, nulls where a row has no value). Raises ``pa.ArrowInvalid``/``ArrowTypeError``/
+    and types, or ``columns``, nulls where a row has no value). Raises ``pa.ArrowInvalid``/``ArrowTypeError``/
     ``TypeError``/``OverflowError`` for a value its column's type cannot hold (a string return):
     the writer's check, and the one a checkpoint's rows pass before a run resumes from them."""
-    columns = columns_for(rows)
+    columns = columns_for(rows) if columns is None else columns
     return pa.table({k: pa.array([r.get(k) for r in rows], type=t) for k, t in columns.items()})
 
 
-def columns_for(rows: Iterable[Mapping]) -> dict[str, pa.DataType]:
-    """The schema's columns followed by any extra keys the rows carry, with their types."""
-    columns = dict(METRIC_COLUMNS)
+def columns_for(rows: Iterable[Mapping], start: Mapping[str, pa.DataType] | None = None) -> dict[str, pa.DataType]:
+    """The schema's columns followed by any extra keys the rows carry, with their types (a key's
+    type from its first row). ``start``: the columns of rows that come before ``rows``, so that
+    ``columns_for(b, columns_for(a)) == columns_for(a + b)``."""
+    columns = dict(METRIC_COLUMNS if start is None else start)
     for row in rows:
         for key, value in row.items():
             if key not in columns:

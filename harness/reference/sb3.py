@@ -57,7 +57,7 @@ from ..config import bad_field
 from ..io.rundir import RunDir
 from ..tasks.control import env_info, evaluate
 from ..train.control import cores_available, evaluation_seeds
-from ..train.loop import common_fields, eval_due, metric_row
+from ..train.loop import FLUSH_EVERY, common_fields, eval_due, metric_row
 
 __all__ = ["check", "train"]
 
@@ -216,7 +216,8 @@ def _train_one(run: RunDir) -> None:
                         "explained_variance": stat("train/explained_variance"), "episodes": len(self.episodes)})
             self.episodes = []
             run.log(row)
-            run.flush()
+            if self.iteration % FLUSH_EVERY == 0:  # as the harness's loop; run.finish writes the rest
+                run.flush()
 
     try:
         model.learn(total_timesteps=budget, callback=Rows(), log_interval=None)

@@ -618,11 +618,15 @@ class EpisodeEnvs:
     :class:`MemberEnvs`' ``SyncVectorEnv`` would be (its row of :meth:`EnvInfo.to_space`'s array), so
     every episode is the same; what is left out is the vector env's bookkeeping and the steps (and
     autoresets) of episodes that have ended while others run on. :meth:`step` returns, for an ended
-    episode, its last observation again, reward 0 and neither terminated nor truncated."""
+    episode, its last observation again, reward 0 and neither terminated nor truncated. A member
+    left out of ``members`` (default: all) has no envs: its observations are zeros, never running."""
 
-    def __init__(self, env_id: str, population: int, episodes: int, max_episode_steps: int | None, info: EnvInfo):
-        self.info = info
-        self.envs = [[make_env(env_id, max_episode_steps) for _ in range(episodes)] for _ in range(population)]
+    def __init__(self, env_id: str, population: int, episodes: int, max_episode_steps: int | None, info: EnvInfo,
+                 members: list[bool] | None = None):
+        self.info, self.episodes = info, episodes
+        self.members = np.ones(population, dtype=bool) if members is None else np.asarray(members, dtype=bool)
+        self.envs = [[make_env(env_id, max_episode_steps) for _ in range(episodes)] if m else []
+                     for m in self.members]
         self.running = np.ones((population, episodes), dtype=bool)
         self.obs: np.ndarray | None = None
 
@@ -630,9 +634,10 @@ class EpisodeEnvs:
         return np.asarray(o, dtype=env.observation_space.dtype)
 
     def reset(self, seeds: list[list[int]]) -> np.ndarray:
-        self.obs = np.stack([[self._obs(env, env.reset(seed=s)[0]) for env, s in zip(row, ss)]
+        skipped = np.zeros((self.episodes, self.info.obs_dim), dtype=np.float32)
+        self.obs = np.stack([[self._obs(env, env.reset(seed=s)[0]) for env, s in zip(row, ss)] if row else skipped
                              for row, ss in zip(self.envs, seeds)]).astype(np.float32)
-        self.running[:] = True
+        self.running[:] = self.members[:, None]
         return self.obs
 
     def step(self, actions: torch.Tensor):
@@ -658,22 +663,29 @@ class EpisodeEnvs:
 
 @torch.no_grad()
 def evaluate(agent, env_id: str, episodes: int, max_episode_steps: int | None, info: EnvInfo,
-             seeds: list[int], active: torch.Tensor | None = None, train_envs: MemberEnvs | None = None) -> list[float]:
+             seeds: list[int], train_envs: MemberEnvs | None = None,
+             members: list[bool] | None = None) -> list[float | None]:
     """Mean undiscounted return (the env's own rewards) of ``episodes`` greedy episodes per member
     (not budgeted), episode ``i`` of member ``p`` reset with seed ``seeds[p] + i``. With normalised
     observations (``train_envs.norm``), each member's are normalised with a frozen copy of its
     training statistics (gymnasium's vector wrappers on a :class:`MemberEnvs`); without, the
-    episodes run on :class:`EpisodeEnvs`, which steps only those still running (the same returns)."""
+    episodes run on :class:`EpisodeEnvs`, which steps only those still running (the same returns).
+    ``members``: which members to evaluate (default all; None for the others). A member's return
+    is the same whichever others are evaluated (the policy's forward takes every member's rows
+    either way): members that reach an evaluation at different iterations no longer pay for
+    every member's episodes each time (tests/test_control.py)."""
+    P = agent.population
+    members = [True] * P if members is None else [bool(m) for m in members]
     norm = None if train_envs is None or train_envs.norm is None else replace(train_envs.norm, reward=False)
     if norm is not None and norm.obs:  # gymnasium's vector wrappers, with the training statistics frozen
-        envs = MemberEnvs(env_id, agent.population, episodes, max_episode_steps, info, native=False, norm=norm)
+        envs = MemberEnvs(env_id, P, episodes, max_episode_steps, info, native=False, norm=norm)
         envs.freeze_observation_statistics(train_envs)
     else:
-        envs = EpisodeEnvs(env_id, agent.population, episodes, max_episode_steps, info)
+        envs = EpisodeEnvs(env_id, P, episodes, max_episode_steps, info, members=members)
     try:
         obs = torch.from_numpy(envs.reset([[s + i for i in range(episodes)] for s in seeds]))
-        alive = torch.ones(agent.population, episodes, dtype=torch.bool)
-        total = torch.zeros(agent.population, episodes)
+        alive = torch.tensor(members).unsqueeze(1).repeat(1, episodes)
+        total = torch.zeros(P, episodes)
         policy = agent.policy()
         while alive.any():
             actions = agent.greedy(policy(obs))
@@ -683,7 +695,7 @@ def evaluate(agent, env_id: str, episodes: int, max_episode_steps: int | None, i
             total += torch.from_numpy(r) * alive
             alive &= ~torch.from_numpy(te | tr)
             obs = torch.from_numpy(o)
-        return total.mean(dim=1).tolist()
+        return [v if m else None for v, m in zip(total.mean(dim=1).tolist(), members)]
     finally:
         envs.close()
 

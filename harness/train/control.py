@@ -168,7 +168,7 @@ class ControlSource(Source):
 
     def evaluate(self, flags):
         evals = evaluate(self.agent, self.env_id, self.eval_episodes, self.max_steps, self.info, self.eval_seeds,
-                         train_envs=self.collector.envs)
+                         train_envs=self.collector.envs, members=flags)
         return [{"eval_return": v} if f else None for v, f in zip(evals, flags)]
 
     def episode_return(self, p, ro):
