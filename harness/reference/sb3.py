@@ -57,7 +57,7 @@ from ..config import bad_field
 from ..io.rundir import RunDir
 from ..tasks.control import env_info, evaluate
 from ..train.control import cores_available, evaluation_seeds
-from ..train.loop import FLUSH_EVERY, common_fields, eval_due, metric_row
+from ..train.loop import common_fields, eval_due, flush_due, metric_row
 
 __all__ = ["check", "train"]
 
@@ -181,7 +181,7 @@ def _train_one(run: RunDir) -> None:
         """One metric row per iteration, written when its update is done (the next rollout's start, or the end)."""
 
         def _on_training_start(self) -> None:
-            self.iteration, self.last_eval, self.episodes = 0, 0, []
+            self.iteration, self.last_eval, self.episodes, self.flushed = 0, 0, [], time.perf_counter()
 
         def _on_step(self) -> bool:
             self.episodes += [i["episode"]["r"] for i in self.locals["infos"] if "episode" in i]
@@ -216,8 +216,9 @@ def _train_one(run: RunDir) -> None:
                         "explained_variance": stat("train/explained_variance"), "episodes": len(self.episodes)})
             self.episodes = []
             run.log(row)
-            if self.iteration % FLUSH_EVERY == 0:  # as the harness's loop; run.finish writes the rest
+            if flush_due(self.iteration, self.flushed):  # as the harness's loop; run.finish writes the rest
                 run.flush()
+                self.flushed = time.perf_counter()
 
     try:
         model.learn(total_timesteps=budget, callback=Rows(), log_interval=None)

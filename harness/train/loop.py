@@ -47,6 +47,12 @@ FLUSH_SECONDS = 1.0  # ... and at least this long after the last one: a run of 6
 # on CartPole, 5 members a worker) rewrote its members' files every 60-100 ms (2-5 ms each)
 
 
+def flush_due(iteration: int, last_flush: float) -> bool:
+    """Whether metrics.parquet is rewritten after ``iteration`` (the last rewrite at
+    ``time.perf_counter()`` ``last_flush``): the training loop's and the SB3 reference's rule."""
+    return iteration % FLUSH_EVERY == 0 and time.perf_counter() - last_flush >= FLUSH_SECONDS
+
+
 class Diverged(FloatingPointError):
     """Raised by a source when its rollout or evaluation cannot go on (e.g. NaN logits)."""
 
@@ -273,7 +279,7 @@ class Loop(Checkpoints):
                         self._finish(p, status, reason, wall, iteration)
                 if self.checkpoint_every and iteration % self.checkpoint_every == 0:
                     self.save_checkpoint(iteration, wall)
-                elif iteration % FLUSH_EVERY == 0 and time.perf_counter() - flushed >= FLUSH_SECONDS:
+                elif flush_due(iteration, flushed):
                     flushed = time.perf_counter()
                     for p, r in enumerate(self.runs):
                         if self.active[p]:
