@@ -28,7 +28,10 @@ class Killed(BaseException):
 
 def kill_at(monkeypatch, iteration: int, seed: int | None = None) -> None:
     """Make the trainer (of member ``seed``, or any) die while building iteration ``iteration``'s
-    metric rows."""
+    metric rows. Its metrics.parquet is rewritten every ``FLUSH_EVERY`` iterations whatever the
+    clock (``FLUSH_SECONDS`` 0, as on a machine slow enough for it), so rows logged past the last
+    checkpoint are on disk when it dies, and the resume must drop them."""
+    monkeypatch.setattr(train_loop, "FLUSH_SECONDS", 0.0)
     original = Loop._row
 
     def row(self, p, it, *args):
@@ -405,3 +408,21 @@ def test_deterministic_run_equals_the_default_run_on_cpu(tmp_path):
     run(make_cfg(args + [f"results_dir={tmp_path}/b", "deterministic=true"]))
     assert not torch.are_deterministic_algorithms_enabled()  # the job's setting does not leak
     assert_same_runs(tmp_path / "a", tmp_path / "b")  # same directory too: deterministic is not hashed
+
+
+@pytest.mark.parametrize("seconds, flushed_at", [(0.0, [10, 20]), (3600.0, [])])
+def test_metrics_are_rewritten_every_flush_every_iterations_and_not_within_flush_seconds(
+        seconds, flushed_at, tmp_path, monkeypatch):
+    """Without checkpoints the loop rewrites metrics.parquet after iterations 10, 20, ... unless
+    the last rewrite (or the run's start) is under FLUSH_SECONDS old; the end writes every row."""
+    from harness.io import RunDir
+
+    monkeypatch.setattr(train_loop, "FLUSH_SECONDS", seconds)
+    at = []
+    original = RunDir.flush
+    monkeypatch.setattr(RunDir, "flush", lambda self: (at.append(len(self.rows)), original(self))[1])
+    run(make_cfg(TINY + ["task=cartpole", "estimator=ppo_gae", "budget.iterations=25", "threads=1",
+                         f"results_dir={tmp_path}"]))
+    assert at == flushed_at + [25]  # the last: RunDir.finish
+    (d,) = [p.parent for p in tmp_path.rglob("summary.json")]
+    assert pq.read_table(d / "metrics.parquet").column("iteration").to_pylist() == list(range(1, 26))

@@ -18,28 +18,12 @@ from harness.app import run
 from harness.validation import validate
 from harness.io import checkpoint as ckpt
 from harness.train.lm import MEASURED_COLUMNS, LMSource
-from harness.train.loop import Loop
 
+from .test_checkpoint import Killed, kill_at  # one killer for every trainer
 from .test_lm_common import compose, one_thread  # noqa: F401  (autouse fixture)
 
 SUMMARY_KEYS = ["status", "reason", "iterations", "tokens", "prompts_truncated", "eval_return_init",
                 "eval_gold_greedy_init"]
-
-
-class Killed(BaseException):
-    """Not an Exception: nothing records it, like a SIGKILL."""
-
-
-def kill_at(monkeypatch, iteration: int, seed: int | None = None) -> None:
-    """Make the LM trainer (of ``seed``, or any) die while building iteration ``iteration``'s row."""
-    original = Loop._row
-
-    def row(self, p, it, *args):
-        if it == iteration and seed in (None, self.source.seeds[p]):
-            raise Killed(f"killed at iteration {it}")
-        return original(self, p, it, *args)
-
-    monkeypatch.setattr(Loop, "_row", row)
 
 
 def count_calls(monkeypatch, name: str) -> list[int]:
