@@ -97,6 +97,21 @@ def test_the_cli_keeps_big_blocks_on_glibcs_heap_unless_the_user_tuned_it(user_e
     assert r.stdout.strip() == expected
 
 
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's allocator only")
+def test_the_claims_runner_tunes_the_allocator_as_the_cli_does(tmp_path):
+    """``python -m analysis claims --run`` trains in its own process (and forks population workers
+    from it): :func:`harness.experiments.run.run_claims` tunes glibc's allocator first, as
+    ``python -m harness`` does (here with no claim selected, so nothing runs)."""
+    code = _MMAPPED.replace("from harness.allocator import tune_allocator\ntuned = tune_allocator()\n",
+                            "from harness.experiments.run import run_claims\n"
+                            f"tuned = run_claims({str(tmp_path)!r}, only=set(), progress=print) == {{}}\n")
+    assert "run_claims" in code
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "True False"  # nothing ran; the 4 MiB block came from the heap
+
+
 @pytest.mark.parametrize("thread", [False, True], ids=["ends-in-command", "waits-for-a-thread"])
 def test_a_command_ends_as_a_normal_exit_would_less_the_teardown(thread, tmp_path):
     """``python -m harness`` (:func:`harness.__main__.command`) ends its process after the command
