@@ -208,19 +208,23 @@ def test_member_learning_rates_scale_each_members_step():
     assert learner.w.detach()[:, 0].tolist() == pytest.approx([0.1, 0.05, 0.0], rel=1e-4)  # eps=1e-5 in Adam
 
 
-def test_direct_fused_adam_is_adams_own_step(monkeypatch):
-    """MemberOptimizer's fused Adam step (the kernel called directly once every parameter has
-    state and a gradient) against the same optimizer stepping through ``torch.optim.Adam.step``
-    (``direct`` off): the same weights, moments and step counts bit for bit over steps with a
-    changing learning rate, a frozen member, members' own rates, a parameter without a gradient
-    and a state restored from ``state_dict`` (a checkpoint), and the direct path is the one taken."""
+@pytest.mark.parametrize("fused, dtype", [(True, torch.float32), (False, torch.float32), (False, torch.float64)])
+def test_direct_fused_adam_is_adams_own_step(fused, dtype, monkeypatch):
+    """MemberOptimizer's direct Adam step (fused: the kernel called directly; not fused, the toy
+    task's: ``torch.optim.adam.adam``, once every parameter has state and a gradient) against the
+    same optimizer stepping through ``torch.optim.Adam.step`` (``direct`` off): the same weights,
+    moments and step counts (their dtype too: float64 under a float64 default dtype, unfused) bit
+    for bit over steps with a changing learning rate, a frozen member, members' own rates, a
+    parameter without a gradient and a state restored from ``state_dict`` (a checkpoint), and the
+    direct path is the one taken."""
+    monkeypatch.setattr(torch, "get_default_dtype", lambda: dtype)  # what Adam's step dtype follows
     P = 3
     gen = torch.Generator().manual_seed(0)
     shapes = [(2 * P, 4, 8), (2 * P, 1, 8), (P, 1, 2)]
     start = [torch.randn(*s, generator=gen) for s in shapes]
     mine = [torch.nn.Parameter(x.clone()) for x in start]
     ref = [torch.nn.Parameter(x.clone()) for x in start]
-    opt, via_step = MemberOptimizer(mine, P, 1e-2, fused=True), MemberOptimizer(ref, P, 1e-2, fused=True)
+    opt, via_step = MemberOptimizer(mine, P, 1e-2, fused=fused), MemberOptimizer(ref, P, 1e-2, fused=fused)
     assert opt.direct
     via_step.direct = False
     calls = []

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
+from torch.optim.adam import adam as adam_functional  # Adam.step's own call, without its wrappers
 
 from ..losses import (PolicyInputs, entropy_bonus, explained_variance, get_policy_loss, kl_penalty, loss_settings,
                       masked_mean_std, value_loss, whiten, whitening_plan, within_sequence_std)
@@ -157,13 +158,14 @@ class MemberOptimizer:
     within float rounding otherwise); a frozen member keeps its weights and moments."""
 
     def __init__(self, params: list[torch.Tensor], population: int, lr: float, fused: bool = False):
-        self.params, self.P = params, population
-        # fused Adam over tensors of one device and dtype: its kernel called as Adam.step calls it
-        self.direct = fused and len({(p.device, p.dtype) for p in params}) == 1
+        self.params, self.P, self.fused = params, population, fused
+        # fused Adam over tensors of one device and dtype: its kernel called as Adam.step calls it;
+        # otherwise Adam's functional form (torch.optim.adam.adam), called as Adam.step calls it
+        self.direct = not fused or len({(p.device, p.dtype) for p in params}) == 1
         self.optim = adam_without_dynamo(params, lr=lr, eps=ADAM_EPS, **({"fused": True} if fused else {}))
         # the direct step's increment of Adam's float32 steps, one 1.0 per step (the list form of
         # _foreach_add_: the scalar form wraps and converts 1 for every tensor, 8 us against 3 a step)
-        self._ones = [torch.ones((), device=params[0].device)] * len(params) if self.direct else []
+        self._ones = [torch.ones((), device=params[0].device)] * len(params) if self.direct and fused else []
 
     def _adam_step(self) -> None:
         """``self.optim.step()``. With fused Adam over one device and dtype, once every parameter
@@ -174,8 +176,35 @@ class MemberOptimizer:
         import of ``torch._dynamo`` for its graph breaks: :func:`adam_without_dynamo`), which
         cost about 20 us a step on the CPU (a lone control minibatch is about 800 us). The same
         kernel with the same arguments: the same weights and moments bit for bit, from the first
-        step (``tests/test_one_path.py::test_direct_fused_adam_is_adams_own_step``)."""
-        if self.direct and all(p.grad is not None for p in self.params):
+        step (``tests/test_one_path.py::test_direct_fused_adam_is_adams_own_step``).
+
+        Without fused Adam (the toy task's optimizer: one loop per tensor on the CPU), the same:
+        ``_init_group``'s state for a parameter without one (a float32 step of 0 on the CPU, zero
+        moments), then ``torch.optim.adam.adam`` with every argument ``Adam.step`` gives it, so
+        the same implementation runs on the same tensors (42 against 98 us a step for the toy's
+        [84, 4] table, measured alternating in one process); the same bit for bit
+        (``tests/test_one_path.py::test_direct_adam_is_adams_own_step``)."""
+        if self.direct and not self.fused and all(p.grad is not None for p in self.params):
+            state, g = self.optim.state, self.optim.param_groups[0]
+            with torch.no_grad():
+                if len(state) != len(self.params):  # Adam's lazy initialisation (_init_group, not fused)
+                    for p in self.params:
+                        if not state.get(p):
+                            state[p] = {"step": torch.tensor(0.0, dtype=torch.float64 if torch.get_default_dtype()
+                                                             == torch.float64 else torch.float32),
+                                        "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                                        "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+                sts = [state[p] for p in self.params]
+                adam_functional(
+                    self.params, [p.grad for p in self.params], [st["exp_avg"] for st in sts],
+                    [st["exp_avg_sq"] for st in sts], [], [st["step"] for st in sts], amsgrad=g["amsgrad"],
+                    has_complex=any(torch.is_complex(p) for p in self.params), beta1=g["betas"][0],
+                    beta2=g["betas"][1], lr=g["lr"], weight_decay=g["weight_decay"], eps=g["eps"],
+                    maximize=g["maximize"], foreach=g["foreach"], capturable=g["capturable"],
+                    differentiable=g["differentiable"], fused=g["fused"], grad_scale=None, found_inf=None,
+                    decoupled_weight_decay=g["decoupled_weight_decay"])
+                return
+        if self.direct and self.fused and all(p.grad is not None for p in self.params):
             state = self.optim.state
             g = self.optim.param_groups[0]
             with torch.no_grad():
