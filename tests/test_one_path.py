@@ -209,7 +209,7 @@ def test_member_learning_rates_scale_each_members_step():
 
 
 @pytest.mark.parametrize("fused, dtype", [(True, torch.float32), (False, torch.float32), (False, torch.float64)])
-def test_direct_fused_adam_is_adams_own_step(fused, dtype, monkeypatch):
+def test_direct_adam_is_adams_own_step(fused, dtype, monkeypatch):
     """MemberOptimizer's direct Adam step (fused: the kernel called directly; not fused, the toy
     task's: ``torch.optim.adam.adam``, once every parameter has state and a gradient) against the
     same optimizer stepping through ``torch.optim.Adam.step`` (``direct`` off): the same weights,

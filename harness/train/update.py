@@ -176,7 +176,7 @@ class MemberOptimizer:
         import of ``torch._dynamo`` for its graph breaks: :func:`adam_without_dynamo`), which
         cost about 20 us a step on the CPU (a lone control minibatch is about 800 us). The same
         kernel with the same arguments: the same weights and moments bit for bit, from the first
-        step (``tests/test_one_path.py::test_direct_fused_adam_is_adams_own_step``).
+        step (``tests/test_one_path.py::test_direct_adam_is_adams_own_step``).
 
         Without fused Adam (the toy task's optimizer: one loop per tensor on the CPU), the same:
         ``_init_group``'s state for a parameter without one (a float32 step of 0 on the CPU, zero
