@@ -297,7 +297,7 @@ class TaskKind:
     control_keys: bool = False  # reads the task.* keys of CONTROL_ONLY (refused off their defaults elsewhere)
     # its training imports torch._dynamo (most of a second: a torch.optim optimizer's step, transformers'
     # import), which the CLI then imports at start-up with the collector paused (harness.__main__.end_startup);
-    # False: it does not (control: fused Adam made and stepped without it, harness.train.update.MemberOptimizer)
+    # False: it does not (control and toy: Adam made and stepped without it, harness.train.update.MemberOptimizer)
     imports_dynamo: bool = True
 
 
@@ -310,7 +310,7 @@ TASK_KINDS: dict[str, TaskKind] = {k.name: k for k in (
              validate="harness.validation:check_lm", node="lm", budget="tokens"),
     TaskKind("toy", population=False, resumes=True, trainer="harness.train.toy:train",
              validate="harness.validation:check_toy", probe="harness.probes.toy:probe_run",
-             probe_validate="harness.probes.toy:validate_toy_probe", node="toy"),
+             probe_validate="harness.probes.toy:validate_toy_probe", node="toy", imports_dynamo=False),
 )}
 
 

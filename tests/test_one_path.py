@@ -260,7 +260,7 @@ def test_direct_adam_is_adams_own_step(fused, dtype, monkeypatch):
 def test_adam_made_without_dynamo_is_adams_own():
     """:func:`adam_without_dynamo` is ``torch.optim.Adam``'s constructor: the same groups and
     settings, fused or not (that it imports nothing and leaves torch's wrapper as it was:
-    ``tests/test_startup.py::test_a_control_run_trains_without_importing_torch_dynamo``)."""
+    ``tests/test_startup.py::test_a_control_or_toy_run_trains_without_importing_torch_dynamo``)."""
     from harness.train.update import adam_without_dynamo
 
     params = [torch.nn.Parameter(torch.ones(2, 3)), torch.nn.Parameter(torch.zeros(4))]

@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def _fresh(code: str, **env_changes) -> str:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
@@ -29,14 +31,17 @@ def test_restoring_unchanged_determinism_does_not_import_torch_dynamo():
     assert _fresh(code).splitlines() == ["False False", "False"]
 
 
-def test_a_control_run_trains_without_importing_torch_dynamo(tmp_path):
+@pytest.mark.parametrize("task", [["task=cartpole", "estimator=ppo_gae", "task.num_envs=2", "task.rollout_steps=8"],
+                                  ["task=toy", "estimator=ppo_gae"]], ids=["control", "toy"])
+def test_a_control_or_toy_run_trains_without_importing_torch_dynamo(task, tmp_path):
     """Making a ``torch.optim.Adam`` imports ``torch._dynamo`` (0.85-0.92 s of a process, beside a
     ~9 s CartPole run) for ``add_param_group``'s dynamo wrapper, and so does ``Adam.step``; the
     harness's fused Adam is made without it and steps without ``Adam.step``
     (:func:`harness.train.update.adam_without_dynamo`), and the CLI does not import it at start-up
     for a control run (:func:`harness.app.imports_dynamo`). A whole CLI run, in a fresh process,
-    must not import it, and leaves the wrapper as torch made it (the next plain Adam imports it)."""
-    args = ["task=cartpole", "estimator=ppo_gae", "task.num_envs=2", "task.rollout_steps=8", "budget.iterations=3",
+    must not import it, and leaves the wrapper as torch made it (the next plain Adam imports it).
+    The toy task's unfused Adam neither (stepped through ``torch.optim.adam.adam``, with a critic)."""
+    args = [*task, "budget.iterations=3",
             "progress=false", f"results_dir={tmp_path / 'r'}", f"hydra.run.dir={tmp_path / 'h'}"]
     code = ("import sys, torch\n"
             "from harness.__main__ import cli\n"
