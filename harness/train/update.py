@@ -181,7 +181,7 @@ class MemberOptimizer:
         Without fused Adam (the toy task's optimizer: one loop per tensor on the CPU), the same:
         ``_init_group``'s state for a parameter without one (a float32 step of 0 on the CPU, zero
         moments), then ``torch.optim.adam.adam`` with every argument ``Adam.step`` gives it, so
-        the same implementation runs on the same tensors (42 against 98 us a step for the toy's
+        the same implementation runs on the same tensors (57 against 99 us a step for the toy's
         [84, 4] table, measured alternating in one process); the same bit for bit
         (``tests/test_one_path.py::test_direct_adam_is_adams_own_step``)."""
         if self.direct and not self.fused and all(p.grad is not None for p in self.params):
