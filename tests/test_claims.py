@@ -506,6 +506,28 @@ def test_seed_offset_moves_every_run_to_disjoint_seeds(tmp_path):
     assert not {d for p in base for d in p.run_dirs} & {d for p in moved for d in p.run_dirs}
 
 
+@pytest.mark.parametrize("name, extend", [("claim_c26", {"population": 40}), ("claim_c53", {}),
+                                          ("claim_c10", {"population": 20}), ("claim_c8_grid", {}),
+                                          ("claim_c23", {"batches": 8})])
+def test_a_shifted_or_extended_point_is_its_config_composed_with_those_overrides(tmp_path, name, extend):
+    """compose_points sets a seed offset's seed and a second stage's population on the composed
+    config: the config must be Hydra's own for the point's final overrides (every value, resolved),
+    and its run directories the same."""
+    from omegaconf import OmegaConf
+
+    if X.EXPERIMENTS[name].family == "lm" and X.lm_unavailable():
+        pytest.skip("no LM task")
+    points = X.compose_points(name, tmp_path, False, seed_offset=1000, extend=extend)
+    X._COMPOSED.clear()
+    with X.initialize_config_dir(config_dir=str(X.CONF_DIR), version_base="1.3"):
+        for p in points:
+            assert any(o.startswith("seed=") for o in p.overrides), p.overrides
+            again = X._compose(p.overrides)
+            assert OmegaConf.to_container(p.cfg, resolve=True) == OmegaConf.to_container(again, resolve=True)
+            assert p.run_dirs == [X.run_dir_for(m) for m in X.member_configs(again)]
+    X.GlobalHydra.instance().clear()
+
+
 @pytest.mark.parametrize("name", [n for n, e in X.EXPERIMENTS.items() if e.looks])
 def test_every_look_of_the_sequential_plan_composes_and_validates(tmp_path, name):
     """The first look is the experiment's YAML's population; every later look composes, keeps the
