@@ -138,6 +138,27 @@ def test_tiny_run_writes_a_finished_harness_run_folder(tmp_path):
     assert not any(tmp_path.rglob(".trl"))  # TRL's own output folder is removed
 
 
+@pytest.mark.parametrize("seconds, flushed_at", [(0.0, [10]), (3600.0, [])])
+def test_metrics_are_rewritten_by_the_loops_rule(seconds, flushed_at, tmp_path, monkeypatch):
+    """metrics.parquet as the harness's loop writes it (:func:`harness.train.loop.flush_due`):
+    after iterations 10, 20, ... unless the last rewrite (or the start) is under FLUSH_SECONDS
+    old; the end writes every row."""
+    import pyarrow.parquet as pq
+
+    import harness.train.loop as train_loop
+    from harness.app import run
+    from harness.io import RunDir
+
+    monkeypatch.setattr(train_loop, "FLUSH_SECONDS", seconds)
+    at = []
+    original = RunDir.flush
+    monkeypatch.setattr(RunDir, "flush", lambda self: (at.append(len(self.rows)), original(self))[1])
+    assert run(compose(*RLOO, "eval_every=0", "budget.iterations=12", results_dir=tmp_path))["completed"] == 1
+    assert at == flushed_at + [12]  # the last: RunDir.finish
+    (d,) = [p.parent for p in tmp_path.rglob("summary.json")]
+    assert pq.read_table(d / "metrics.parquet").column("iteration").to_pylist() == list(range(1, 13))
+
+
 # --------------------------------------------------------------------------- the translation itself
 def _rewards(examples, texts, finished):
     """A reward that varies with the text (the tiny SFT policy scores 0 gold on everything), on a

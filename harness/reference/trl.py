@@ -72,7 +72,7 @@ from ..io.rundir import RunDir
 from ..models.lm import positions, response_forward
 from ..tasks.lm.pipeline import LMTask, build_task
 from ..train.lm import evaluate_policy, initial_fields, kl_to_reference
-from ..train.loop import common_fields, eval_due, metric_row
+from ..train.loop import common_fields, eval_due, flush_due, metric_row
 from ..train.update import ADAM_EPS
 
 __all__ = ["check", "train", "trl_settings", "trl_config", "trl_prompts", "RewardCounter", "make_trainer"]
@@ -320,7 +320,7 @@ def _train_one(cfg: DictConfig, task: LMTask, run: RunDir) -> None:
     max_iters = cfg.budget.iterations
     evaluating = int(cfg.eval_every) > 0 or bool(cfg.eval_every_steps)
     common = common_fields(cfg, uses_groups=True)
-    state: dict[str, Any] = {"last_eval": 0, "pending": None, "t_iter": t0}
+    state: dict[str, Any] = {"last_eval": 0, "pending": None, "t_iter": t0, "flushed": t0}
     holder: dict[str, Any] = {}
 
     def evaluate():
@@ -372,8 +372,11 @@ def _train_one(cfg: DictConfig, task: LMTask, run: RunDir) -> None:
             _emit()
 
     def _emit():
-        run.log(state["pending"])
-        run.flush()
+        row = state["pending"]
+        run.log(row)
+        if flush_due(row["iteration"], state["flushed"]):  # as the harness's loop; run.finish writes the rest
+            run.flush()
+            state["flushed"] = time.perf_counter()
         state["pending"] = None
 
     trainer, counter, kls = make_trainer(cfg, task, run.path / ".trl", max_steps_for(cfg), callbacks=[Rows()],

@@ -49,7 +49,8 @@ FLUSH_SECONDS = 1.0  # ... and at least this long after the last one: a run of 6
 
 def flush_due(iteration: int, last_flush: float) -> bool:
     """Whether metrics.parquet is rewritten after ``iteration`` (the last rewrite at
-    ``time.perf_counter()`` ``last_flush``): the training loop's and the SB3 reference's rule."""
+    ``time.perf_counter()`` ``last_flush``): the rule of the training loop and of the SB3 and TRL
+    references."""
     return iteration % FLUSH_EVERY == 0 and time.perf_counter() - last_flush >= FLUSH_SECONDS
 
 
