@@ -1098,6 +1098,54 @@ def test_a_plain_run_leaves_the_opt_in_experiment_out_and_says_how_to_run_it(tmp
             assert composed == ["claim_c9"] and said == []
 
 
+@pytest.mark.parametrize("only, prepared", [({"C3", "C10"}, ["claim_c10", "claim_c10_loss"]), ({"C10"}, None),
+                                             ({"C3"}, None)])
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_lm_pipelines_are_prepared_beside_the_experiments_before_them(tmp_path, monkeypatch, only, prepared,
+                                                                          fails):
+    """run_claims hands every LM experiment's points to prepare_pipelines before its first
+    experiment runs, when that one is not LM (else its first point would only wait for the build);
+    the build is waited for at the end, and stopped if the run stops."""
+    events = []
+
+    class Build:
+        def join(self):
+            events.append("join")
+
+        def terminate(self):
+            events.append("terminate")
+
+    def compose(name, root, quick, seed_offset=0, extend=None):
+        return [X.Point(name, [])]
+
+    def prepare(points):
+        events.append(("prepare", sorted({p.experiment for p in points})))
+        return Build()
+
+    def run_points(points, progress=print, isolate=False):
+        events.append(("run", points[0].experiment))
+        if fails and points[0].experiment == "claim_c10":
+            raise KeyboardInterrupt
+        return {}
+
+    monkeypatch.setattr(XR, "run_exact_tests", lambda claims, out, progress=print: None)
+    monkeypatch.setattr(XR, "compose_points", compose)
+    monkeypatch.setattr(XR, "prepare_pipelines", prepare)
+    monkeypatch.setattr(XR, "run_points", run_points)
+    monkeypatch.setattr(XR, "lm_unavailable", lambda: None)
+    runs = [("run", n) for n in X.experiments_for(only)]  # toy first (C3's), then LM (C10's two)
+    if fails and "C10" in only:
+        runs = runs[:runs.index(("run", "claim_c10")) + 1]
+        with pytest.raises(KeyboardInterrupt):
+            XR.run_claims(tmp_path, only=only, progress=lambda s: None)
+    else:
+        XR.run_claims(tmp_path, only=only, progress=lambda s: None)
+    if prepared is None:
+        assert events == runs
+    else:
+        assert events == [("prepare", prepared), *runs, *(["terminate"] if fails else []), "join"]
+
+
 def test_a_missing_opt_in_experiment_names_the_command_that_runs_it(tmp_path):
     verdicts, _, _ = C.evaluate_all(tmp_path, False, only={"C34", "C38"})
     assert [v.claim for v in verdicts] == ["C34", "C38"]

@@ -169,3 +169,43 @@ def test_supervised_training_steps_once_per_batch_and_reports_the_last_twenty_lo
     assert (final, steps) == (30.5, 25) and not model.training
     final, steps = supervised_training(model, iter([]), loss_of, lr=0.1, steps=1, warmup=1)
     assert math.isnan(final) and steps == 0
+
+
+def test_pipelines_prepared_ahead_are_the_stages_a_point_builds(tmp_path):
+    """``harness.experiments.run.prepare_pipelines`` (the claims runner's build of the LM stages
+    beside the experiments before them) builds in a spawned process, once for points with one
+    ``lm`` config, what a point builds itself in-process: every file of every stage byte for byte
+    (stage.json but its build time); a point then reuses both stages. Finished points, points of
+    other tasks and points without a thread count (the SFT weights depend on it) start nothing."""
+    from harness.config import member_configs
+    from harness.experiments import Point, run_dir_for
+    from harness.experiments.run import prepare_pipelines
+
+    def point(cfg):
+        return Point("x", [], cfg=cfg, run_dirs=[run_dir_for(m) for m in member_configs(cfg)])
+
+    ahead = [compose(f"estimator={e}", results_dir=tmp_path / e, cache_dir=tmp_path / "ahead") for e in ("rloo", "grpo")]
+    proc = prepare_pipelines([point(c) for c in ahead])
+    here = build_task(compose("estimator=rloo", results_dir=tmp_path / "here", cache_dir=tmp_path / "here"))
+    assert here.meta["sft"]["cached"] is False and here.meta["rm"]["cached"] is False
+    proc.join(300)
+    assert proc.exitcode == 0
+    for stage in ("sft", "rm"):
+        (a,), (b,) = sorted((tmp_path / "ahead").glob(f"{stage}-*")), sorted((tmp_path / "here").glob(f"{stage}-*"))
+        assert a.name == b.name and sorted(f.name for f in a.iterdir()) == sorted(f.name for f in b.iterdir())
+        for f in a.iterdir():
+            if f.name == "stage.json":
+                ja, jb = (json.loads(p.read_text()) for p in (f, b / f.name))
+                assert ja.pop("build_seconds") > 0 and jb.pop("build_seconds") > 0 and ja == jb
+            else:
+                assert f.read_bytes() == (b / f.name).read_bytes(), f
+    again = build_task(ahead[0])
+    assert again.meta["sft"]["cached"] is True and again.meta["rm"]["cached"] is True
+
+    from omegaconf import OmegaConf
+
+    finished = point(ahead[0])
+    finished.run_dirs = []  # no run left to make
+    toy = Point("y", [], cfg=OmegaConf.create({"task": {"family": "toy"}}), run_dirs=[tmp_path / "toy"])
+    unthreaded = point(compose("estimator=rloo", "threads=null", results_dir=tmp_path / "t", cache_dir=tmp_path / "t"))
+    assert prepare_pipelines([finished, toy, unthreaded]) is None and prepare_pipelines([]) is None

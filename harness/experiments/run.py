@@ -6,6 +6,8 @@ tests (marked ``@pytest.mark.claim``), once, with pytest (outcomes per claim int
 LM: each config of its sweep (expanded by Hydra, see :mod:`harness.experiments`) through
 :func:`harness.app.run`, finished run directories skipped; an experiment that measures memory
 (:attr:`harness.experiments.Experiment.isolate`) runs each point in a fresh process of its own.
+The LM experiments' pipelines (SFT policy, reward model) are built in a background process from
+the start, beside the toy and control experiments (:func:`prepare_pipelines`).
 ``--quick``: the experiments' quick variants, LM skipped; ``--seed-offset K``: on seeds shifted
 by K. ``python -m analysis claims DIR --run`` does this and then judges (with a second stage for
 undecided claims).
@@ -36,7 +38,8 @@ from . import (
     left_out_of_run, lm_unavailable, point_done,
 )
 
-__all__ = ["WorkerDied", "describe", "main", "run_claims", "run_exact_tests", "run_isolated", "run_points"]
+__all__ = ["WorkerDied", "describe", "main", "prepare_pipelines", "run_claims", "run_exact_tests", "run_isolated",
+           "run_points"]
 
 
 # What the fork server imports once, before any point: the training code and the LM's model module
@@ -76,6 +79,52 @@ def run_isolated(cfg: Any, target: Callable[[Any], dict[str, int]] = run) -> dic
 
 class WorkerDied(RuntimeError):
     """The process of an isolated point ended without reporting back."""
+
+
+def _build_pipelines(cfgs: list[Any]) -> None:
+    """:func:`harness.tasks.lm.pipeline.build_task` of each config, on the ``threads`` intra-op
+    threads :func:`harness.train.lm.train` sets before it (the SFT weights differ in their last
+    bits with another count; the stages are cached, so what is built here is what the point would
+    build); a failure is left to the point that needs the stage to report."""
+    import torch
+
+    from ..tasks.lm.pipeline import build_task
+
+    for cfg in cfgs:
+        try:
+            torch.set_num_threads(int(cfg.threads))
+            build_task(cfg)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            print(f"[claims] LM pipeline not prepared ahead ({reason}); the experiment builds it", file=sys.stderr)
+
+
+def prepare_pipelines(points: list[Point]) -> multiprocessing.process.BaseProcess | None:
+    """Start building the LM pipelines (data, SFT policy, reward model: the cached stages of
+    :mod:`harness.tasks.lm.pipeline`) that ``points`` train from, in a background process (spawned;
+    one build per distinct ``lm`` config), so the build runs beside the experiments before them
+    instead of in front of the first LM point (about 2 min for the summarization task's SFT and
+    reward model on one core). A point that needs a stage still being built waits for it (the
+    stage's lock); one the process did not build (it failed, or was killed) builds it itself.
+    A point with ``threads`` null is left to build its own (it builds on the thread count its
+    process has then). None when there is nothing to build."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    cfgs: dict[str, Any] = {}
+    for p in points:
+        if p.cfg is None or p.error or p.cfg.task.family != "lm" or not p.cfg.threads or point_done(p):
+            continue
+        key = json.dumps([OmegaConf.to_container(p.cfg.lm, resolve=True), str(p.cfg.device), p.cfg.threads],
+                         sort_keys=True, default=str)
+        cfgs.setdefault(key, p.cfg)
+    if not cfgs:
+        return None
+    proc = multiprocessing.get_context("spawn").Process(target=_build_pipelines, args=(list(cfgs.values()),),
+                                                        name="claims-lm-pipelines", daemon=True)
+    proc.start()
+    return proc
 
 
 def run_points(points: list[Point], progress: Callable[[str], None] = print,
@@ -183,30 +232,60 @@ def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None =
     names = experiments_for(claims)
     if extensions is not None:
         names = [n for n in names if n in extensions]
-    for name in names:
+
+    def skipped(name: str) -> str | None:
         ex = experiments()[name]
         if quick and ex.quick_skip:
-            progress(f"[claims] experiment {name}: skipped ({ex.quick_skip})")
-            continue
-        reason = left_out_of_run(name, only) or (lm_unavailable() if ex.family == "lm" else None)
-        if reason:
-            progress(f"[claims] experiment {name}: skipped ({reason})")
-            continue
-        try:
-            points = compose_points(name, root, quick, seed_offset=seed_offset,
-                                    extend=(extensions or reached or {}).get(name))
-        except Exception as exc:
-            progress(f"[claims] experiment {name}: cannot compose: {type(exc).__name__}: {exc}".splitlines()[0])
-            totals["error"] = totals.get("error", 0) + 1
-            continue
-        t0 = time.perf_counter()
-        progress(f"[claims] experiment {name}: {len(points)} config(s)"
-                 f"{', each in its own process' if ex.isolate else ''}")
-        for k, v in run_points(points, progress, isolate=ex.isolate).items():
-            totals[k] = totals.get(k, 0) + v
-        if timings is not None:
-            timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
-        progress(f"[claims] experiment {name} done in {time.perf_counter() - t0:.1f} s")
+            return ex.quick_skip
+        return left_out_of_run(name, only) or (lm_unavailable() if ex.family == "lm" else None)
+
+    composed: dict[str, list[Point]] = {}
+
+    def points_of(name: str) -> list[Point]:
+        if name not in composed:
+            composed[name] = compose_points(name, root, quick, seed_offset=seed_offset,
+                                            extend=(extensions or reached or {}).get(name))
+        return composed[name]
+
+    runnable = [n for n in names if not skipped(n)]
+    pipelines = None
+    if runnable and experiments()[runnable[0]].family != "lm":  # else the first point would only wait for it
+        lm_points = []
+        for name in runnable:
+            if experiments()[name].family == "lm":
+                try:
+                    lm_points += points_of(name)
+                except Exception:  # reported where the experiment runs
+                    pass
+        pipelines = prepare_pipelines(lm_points) if lm_points else None
+    try:
+        for name in names:
+            ex = experiments()[name]
+            reason = skipped(name)
+            if reason:
+                progress(f"[claims] experiment {name}: skipped ({reason})")
+                continue
+            try:
+                points = points_of(name)
+            except Exception as exc:
+                progress(f"[claims] experiment {name}: cannot compose: {type(exc).__name__}: {exc}".splitlines()[0])
+                totals["error"] = totals.get("error", 0) + 1
+                continue
+            t0 = time.perf_counter()
+            progress(f"[claims] experiment {name}: {len(points)} config(s)"
+                     f"{', each in its own process' if ex.isolate else ''}")
+            for k, v in run_points(points, progress, isolate=ex.isolate).items():
+                totals[k] = totals.get(k, 0) + v
+            if timings is not None:
+                timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+            progress(f"[claims] experiment {name} done in {time.perf_counter() - t0:.1f} s")
+    except BaseException:
+        if pipelines is not None:  # stopped: the build is not waited for (its stage's lock dies with it)
+            pipelines.terminate()
+        raise
+    finally:
+        if pipelines is not None:
+            pipelines.join()
     return totals
 
 
