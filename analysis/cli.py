@@ -317,7 +317,9 @@ def _run_claims(args) -> int:
         from harness.experiments.run import describe, run_claims  # the one named exception (.importlinter)
 
         from .claims.plan import extensions, next_looks, read_plan, variant, write_plan
+        from .claims.report import commit
 
+        started_at = commit()  # what the run ran (a later commit may write the docs block)
         root = Path(args.results).resolve()
         timings: dict[str, float] = {}
         # stage one, and every look an earlier --run of this offset reached (a stopped run is completed)
@@ -348,7 +350,7 @@ def _run_claims(args) -> int:
         if not only:  # the wall time of a whole run, for the docs blocks
             atomic_write_json(root / f"claims_run{variant(args.quick, args.seed_offset)}.json",
                               {"wall_s": time.time() - t0, "seconds": timings, "command": command,
-                               "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
+                               "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": started_at})
     res = claims.build_claims(args.results, quick=args.quick, only=only, seed_offset=args.seed_offset,
                               diverged=args.diverged, progress=print, judged=judged, command=command)
     out, verdicts = res.out, res.verdicts

@@ -745,7 +745,8 @@ def test_the_time_block_shows_each_offsets_minutes_per_experiment_largest_first(
     _report(tmp_path, 0, {"C3": "supported"})
     _report(tmp_path, 1000, {"C3": "supported"})
     (tmp_path / "claims_run.json").write_text(json.dumps(
-        {"wall_s": 600.0, "seconds": {"claim_c3": 60.0, "claim_c8": 240.0, "judging": 6.0}, "finished": "then"}))
+        {"wall_s": 600.0, "seconds": {"claim_c3": 60.0, "claim_c8": 240.0, "judging": 6.0}, "finished": "then",
+         "commit": "abc1234"}))
     (tmp_path / "claims_run_seed1000.json").write_text(json.dumps(
         {"wall_s": 900.0, "seconds": {"claim_c3": 30.0, "claim_c8": 480.0}, "finished": "later"}))
     page = tmp_path / "toy.md"
@@ -756,6 +757,22 @@ def test_the_time_block_shows_each_offsets_minutes_per_experiment_largest_first(
     assert rows[0] == "| experiment | seeds +0 | seeds +1000 |"
     assert rows[2:5] == ["| claim_c8 | 4.0 | 8.0 |", "| claim_c3 | 1.0 | 0.5 |", "| judging | 0.1 |  |"]
     assert rows[5] == "| **wall time** | **10.0** | **15.0** |" and rows[6] == "| finished | then | later |"
+    assert rows[7] == "| started at commit | abc1234 | not recorded |"  # a record from before the field
+
+
+def test_a_whole_run_records_the_commit_it_started_at(tmp_path, monkeypatch):
+    """claims_run.json names the checkout's commit when the run began, not the one that is checked
+    out when it ends (a commit made during a run of an hour is not what the run ran)."""
+    from analysis import cli
+    from analysis.claims import report
+
+    commits = iter(["1111111", "2222222", "3333333"])
+    monkeypatch.setattr(report, "commit", lambda: next(commits))
+    monkeypatch.setattr(XR, "run_claims", lambda root, **kw: {})
+    monkeypatch.setattr(C, "evaluate_all", lambda *a, **k: ([], {}, {"plan": {"experiments": {}}}))
+    monkeypatch.setattr(C, "build_claims", lambda *a, **k: C.ClaimsResult(tmp_path / "claims.md", [], [], 0))
+    assert cli.main(["claims", str(tmp_path), "--run"]) == 0
+    assert json.loads((tmp_path / "claims_run.json").read_text())["commit"] == "1111111"
 
 
 def test_a_report_compares_its_own_offset_with_the_others_and_prints_the_protocol(tmp_path, monkeypatch):

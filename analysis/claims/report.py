@@ -444,6 +444,8 @@ def time_block(root: Path, quick: bool, command: str) -> str:
         lines.append(f"| {_cell(k)} | " + " | ".join(cells) + " |")
     lines.append("| **wall time** | " + " | ".join(f"**{recs[o]['wall_s'] / 60:.1f}**" for o in offsets) + " |")
     lines.append("| finished | " + " | ".join(_cell(str(recs[o].get("finished", ""))) for o in offsets) + " |")
+    lines.append("| started at commit | " + " | ".join(_cell(str(recs[o].get("commit", "not recorded")))
+                                                      for o in offsets) + " |")
     return "\n".join(lines)
 
 
