@@ -308,7 +308,7 @@ TASK_KINDS: dict[str, TaskKind] = {k.name: k for k in (
              imports_dynamo=False),
     TaskKind("lm", population=False, resumes=True, trainer="harness.train.lm:train",
              validate="harness.validation:check_lm", node="lm", budget="tokens"),
-    TaskKind("toy", population=False, resumes=True, trainer="harness.train.toy:train",
+    TaskKind("toy", population=True, resumes=True, trainer="harness.train.toy:train",
              validate="harness.validation:check_toy", probe="harness.probes.toy:probe_run",
              probe_validate="harness.probes.toy:validate_toy_probe", node="toy", imports_dynamo=False),
 )}

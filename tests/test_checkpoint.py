@@ -146,10 +146,11 @@ def test_killed_run_resumes_from_checkpoint_with_identical_metrics(case, tmp_pat
 
 
 TOY_CASES = {  # overrides, (seed, iteration) at which the run is killed (checkpoints every 3 iterations)
-    # members one by one: seed 0 finishes, seed 1 is killed at 8 and resumes at 6; learning rates
-    # annealed by the sequence budget (16 a iteration: 10 iterations), the token-sum loss
+    # a batched population of 2, killed at 8 and resumed at 6 together; learning rates annealed by
+    # the sequence budget (16 a iteration: 10 iterations), per-member adaptive KL betas, the token-sum loss
     "grpo_population_anneal": (["estimator=grpo", "population=2", "budget.iterations=null", "budget.env_steps=160",
-                                "anneal_lr=true", "loss_agg=seq_mean_token_sum_norm"], (1, 8)),
+                                "anneal_lr=true", "kl.adaptive=true", "kl.beta=0.01",
+                                "loss_agg=seq_mean_token_sum_norm"], (1, 8)),
     # the tabular critic and its Adam state, several epochs of shuffled minibatches (the run's
     # generator), an adaptive in-reward KL penalty to the reference
     "ppo_gae_critic_adaptive_kl": (["estimator=ppo_gae", "budget.iterations=10", "epochs=2", "minibatches=2",
@@ -159,9 +160,11 @@ TOY_CASES = {  # overrides, (seed, iteration) at which the run is killed (checkp
     "remax_random_cispo": (["estimator=remax", "budget.iterations=10", "policy_loss=cispo",
                             "++toy.reward=random"], (0, 7)),
     # DAPO's dynamic sampling (a variable number of draws) and overlong penalty on the EOS preset,
-    # the per-prompt columns; killed right after a checkpoint's iteration
-    "rloo_dynamic_gspo": (["estimator=rloo", "budget.iterations=10", "task.env_id=varlen", "policy_loss=gspo",
-                           "dynamic_sampling=true", "overlong_cache=2", "++toy.log_prompts=true"], (0, 10)),
+    # the per-prompt columns; members one after another (dynamic sampling): seed 0 finishes, seed 1
+    # is killed right after a checkpoint's iteration
+    "rloo_dynamic_gspo": (["estimator=rloo", "population=2", "budget.iterations=10", "task.env_id=varlen",
+                           "policy_loss=gspo", "dynamic_sampling=true", "overlong_cache=2", "++toy.log_prompts=true"],
+                          (1, 10)),
 }
 
 
@@ -175,9 +178,12 @@ def test_killed_toy_run_resumes_from_checkpoint_with_identical_metrics_and_polic
                                                                                   caplog):
     """Issue 38: the toy trainer checkpoints through the loop like control and LM: a member killed
     after a checkpoint and started again ends with the metrics and the final policy (logits,
-    critic) of an uninterrupted run, bit for bit; finished members are skipped."""
+    critic) of an uninterrupted run, bit for bit; finished members are skipped. A batched
+    population is killed and resumed as one; members trained one after another (dynamic
+    sampling) finish before the killed one, and those after it never start."""
     caplog.set_level(logging.INFO, logger="harness")
     overrides, (seed, kill) = TOY_CASES[case]
+    one_by_one = "dynamic_sampling=true" in overrides
     every = 3
     resumed_at = (kill - 1) // every * every
     args = ["task=toy", *overrides, "task.episodes_per_iter=16", "group_size=4", "lr=0.05", "progress=false",
@@ -196,16 +202,20 @@ def test_killed_toy_run_resumes_from_checkpoint_with_identical_metrics_and_polic
     monkeypatch.undo()
     killed = tmp_path / "killed"
     done = set(statuses(killed))
-    assert len(done) == seed  # members before the killed one finished, those after never started
-    (key,) = set(metrics_by_run(killed)) - done
-    df = metrics_by_run(killed)[key]
-    assert resumed_at <= len(df) < kill and df["iteration"].tolist() == list(range(1, len(df) + 1))
-    assert ckpt.load(killed / key / ckpt.CHECKPOINT_FILE)[1]["iteration"] == resumed_at
+    # one by one: the members before the killed one finished; a population: none did
+    assert len(done) == (seed if one_by_one else 0)
+    halfway = set(metrics_by_run(killed)) - done
+    assert len(halfway) == (1 if one_by_one else len(ref))
+    for key in halfway:
+        df = metrics_by_run(killed)[key]
+        assert resumed_at <= len(df) < kill and df["iteration"].tolist() == list(range(1, len(df) + 1))
+        assert ckpt.load(killed / key / ckpt.CHECKPOINT_FILE)[1]["iteration"] == resumed_at
 
     updates = count_updates(monkeypatch)
     assert run(make_cfg(args + [f"results_dir={killed}"])) == {"skipped": len(done), "completed": len(ref) - len(done)}
-    later = sum(n for k, n in lengths.items() if k not in done and k != key)  # members the kill kept from starting
-    assert len(updates) == lengths[key] - resumed_at + later  # the killed member resumed at its checkpoint
+    later = sum(n for k, n in lengths.items() if k not in done and k not in halfway)  # kept from starting
+    # resumed at the checkpoint: one update an iteration for the killed member (or population) from there
+    assert len(updates) == max(lengths[k] for k in halfway) - resumed_at + later
     assert any("resume" in r.message and f"at iteration {resumed_at}" in r.message for r in caplog.records)
     assert_same_runs(tmp_path / "ref", killed)
     got = policies(killed)

@@ -74,29 +74,31 @@ def test_toy_dynamic_sampling_trains_on_informative_groups_and_charges_every_dra
     src = _source("dynamic_sampling=true", "dynamic_sampling_max_draws=20")
     batch = src.collect()
     k = src.k
-    assert not zero_std_groups(batch.reward.view(-1, k)).any()
-    assert batch.prompts.shape[0] == src.n_groups * k
-    drawn = src.drawn
+    reward, prompts = batch.reward[0], batch.prompts[0]  # a lone source's member
+    assert not zero_std_groups(reward.view(-1, k)).any()
+    assert prompts.shape[0] == src.n_groups * k
+    (drawn,) = src.drawn
     assert drawn.draws >= 2 and drawn.zero_std > 0  # this seed's first draw has constant groups
-    assert int(batch.cost) == drawn.draws * src.n_groups * k == src.sequences
+    assert batch.cost.tolist() == [drawn.draws * src.n_groups * k] == src.sequences
 
 
 def test_toy_truncated_responses_leave_the_loss_but_keep_their_scores():
     src = _source("task.env_id=varlen", "mask_truncated=true", "group_size=4", "task.episodes_per_iter=64")
     src.kl_beta_now = torch.zeros(1)
     batch = src.collect()
-    cut = src.truncated(batch)
+    cut = src.truncated(batch)[0]  # a lone source's member
+    tokens, length, reward = batch.tokens[0], batch.length[0], batch.reward[0]
     assert 0 < int(cut.sum()) < len(cut)
     # by hand: a truncated response has the full length and no EOS at its end
     for i in range(len(cut)):
-        ended = int(batch.tokens[i, int(batch.length[i]) - 1]) == src.task.eos_token
-        assert bool(cut[i]) == (int(batch.length[i]) == src.norm_len and not ended)
+        ended = int(tokens[i, int(length[i]) - 1]) == src.task.eos_token
+        assert bool(cut[i]) == (int(length[i]) == src.norm_len and not ended)
     ab = src.advantage_batch(batch)
     ub = src.update_batch(batch, ab.rewards * 0 + 1.0, None, None)
     assert ub.mask[0][:, cut].sum() == 0
     torch.testing.assert_close(ub.mask[0][:, ~cut], ab.mask[:, ~cut])
     # a cut response's score still enters the estimator (its group's baseline): the reward on its last token
-    torch.testing.assert_close((ab.rewards * ab.mask).sum(0)[cut], batch.reward[cut].to(ab.rewards.dtype))
+    torch.testing.assert_close((ab.rewards * ab.mask).sum(0)[cut], reward[cut].to(ab.rewards.dtype))
 
 
 @pytest.mark.parametrize("override,field", [("dynamic_sampling=true", "dynamic_sampling"),

@@ -21,12 +21,12 @@ ENTRY_LAYERS = {"trainer": ("harness.train.",), "validate": ("harness.validation
 
 
 def test_the_three_kinds_and_what_each_says():
-    """The table as the code used to branch: control trains a batched population, LM and toy
-    one member after another; every kind resumes; control and toy have a probe, LM none."""
+    """The table: control and toy train a batched population, LM one member after another; every
+    kind resumes; control and toy have a probe, LM none."""
     got = {k.name: (k.population, k.resumes, k.probe is not None, k.node, k.budget) for k in TASK_KINDS.values()}
     assert got == {"control": (True, True, True, None, "env_steps"),
                    "lm": (False, True, False, "lm", "tokens"),
-                   "toy": (False, True, True, "toy", "env_steps")}
+                   "toy": (True, True, True, "toy", "env_steps")}
 
 
 @pytest.mark.parametrize("name", sorted(TASK_KINDS))
@@ -46,7 +46,7 @@ def test_an_unknown_kind_is_one_line_naming_the_field_and_the_kinds():
         task_kind("nope")
 
 
-@pytest.mark.parametrize("name, how", [("control", "population"), ("lm", "one_by_one"), ("toy", "one_by_one")])
+@pytest.mark.parametrize("name, how", [("control", "population"), ("lm", "one_by_one"), ("toy", "population")])
 def test_the_loop_trains_each_kind_the_way_its_entry_says(name, how, monkeypatch):
     calls = []
     monkeypatch.setattr(train_workers, "train_population", lambda *a, **k: calls.append("population"))

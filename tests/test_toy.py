@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from harness.app import run
+from harness.estimators import ESTIMATORS
 from harness.tasks.toy import DTYPE, PRESETS, PromptSpec, ToySpec, ToyTask, time_major
 from tests.control_helpers import make_cfg
 
@@ -154,7 +155,8 @@ def test_toy_config_errors_name_the_field(tmp_path):
 
 def test_members_trained_one_by_one_never_overlap(tmp_path, monkeypatch):
     """The next member's source (and the memory baseline it takes) is built only after the previous
-    member's trainer is gone: with population 3 no earlier source is alive at any later start."""
+    member's trainer is gone: with population 3 no earlier source is alive at any later start
+    (dynamic sampling: members train one after another)."""
     import gc
     import weakref
 
@@ -170,7 +172,8 @@ def test_members_trained_one_by_one_never_overlap(tmp_path, monkeypatch):
             built.append(weakref.ref(self))
 
     monkeypatch.setattr(toy_train, "ToySource", Tracked)
-    counts = run(make_cfg(TOY_TINY + ["estimator=rloo", "population=3", f"results_dir={tmp_path}"]))
+    counts = run(make_cfg(TOY_TINY + ["estimator=rloo", "population=3", "dynamic_sampling=true",
+                                      f"results_dir={tmp_path}"]))
     assert counts.get("completed") == 3
     assert alive_at_start == [0, 0, 0]
 
@@ -202,20 +205,20 @@ def _source(overrides):
 def test_random_rewards_are_the_same_stream_whatever_the_policy():
     """toy.reward=random: the same seed gives the same rewards under a uniform and a peaked
     policy, although the responses differ; under the reward table the rewards follow the
-    responses."""
+    responses (a lone source's batch: member 0 of ``[1, N]``)."""
     uniform, peaked = _source(["++toy.reward=random"]), _source(["++toy.reward=random"])
     with torch.no_grad():
-        peaked.theta[:, 0] = 5.0  # almost always token 0: other responses than the uniform policy's
+        peaked.theta[..., 0] = 5.0  # almost always token 0: other responses than the uniform policy's
     for _ in range(3):
         a, b = uniform.collect(), peaked.collect()
         assert not torch.equal(a.leaf, b.leaf)
         assert torch.equal(a.reward, b.reward)
-        assert set(a.reward.tolist()) == {0.0, 1.0}
+        assert set(a.reward.flatten().tolist()) == {0.0, 1.0}
     table = _source([])
     t = table.collect()
     assert torch.equal(t.reward, table.task.leaf_reward[t.leaf])
     # Bernoulli(1/2): over 200 batches of 64 the share of ones is 1/2 within 4 standard errors
-    many = torch.cat([uniform.collect().reward for _ in range(200)])
+    many = torch.cat([uniform.collect().reward[0] for _ in range(200)])
     assert abs(float(many.mean()) - 0.5) < 4 * 0.5 / math.sqrt(len(many))
     # and it does not follow the reward table: the rewarded share of the 61/64 prompt is 1/2 too
     src = _source(["++toy.reward=random"])
@@ -329,3 +332,86 @@ def test_toy_population_with_random_rewards_and_prompt_columns_equals_lone_runs(
         assert a.parent.name == b.parent.name
         pd.testing.assert_frame_equal(pd.read_parquet(a).drop(columns=["wall_time_s"]),
                                       pd.read_parquet(b).drop(columns=["wall_time_s"]))
+
+
+def _toy_frames(root, seed):
+    (path,) = root.rglob(f"seed{seed}-*/metrics.parquet")
+    return path.parent.name, pd.read_parquet(path).drop(columns=["wall_time_s"])
+
+
+@pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
+def test_toy_population_member_equals_its_lone_run_with_schedules(estimator, tmp_path):
+    """A batched toy population of 3 with annealed learning rates (by each member's sequence
+    budget), adaptive KL betas (from each member's exact KL to the reference), several epochs of
+    shuffled minibatches and an exact evaluation every iteration: each member equals the lone run
+    of its seed (the same samples; losses and diagnostics to float rounding); the logged lr is
+    lr0 * (1 - sequences before the iteration / budget)."""
+    budget = 60
+    common = TOY_TINY + [f"estimator={estimator}", "anneal_lr=true", "lr=0.1", "kl.adaptive=true", "kl.beta=0.05",
+                         "kl.kl_target=0.002", "epochs=2", "minibatches=2", f"budget.env_steps={budget}",
+                         "budget.iterations=null"]
+    run(make_cfg(common + ["seed=0", "population=3", f"results_dir={tmp_path}/pop"]))
+    for seed in range(3):
+        run(make_cfg(common + [f"seed={seed}", f"results_dir={tmp_path}/lone"]))
+        name_p, a = _toy_frames(tmp_path / "pop", seed)
+        name_l, b = _toy_frames(tmp_path / "lone", seed)
+        assert name_p == name_l
+        assert a["env_steps"].tolist() == b["env_steps"].tolist()
+        assert a["episode_return"].equals(b["episode_return"])  # the same samples
+        pd.testing.assert_frame_equal(a, b, check_exact=False, atol=1e-9, rtol=1e-7)
+        before = [0] + a["env_steps"].tolist()[:-1]
+        assert a["lr"].tolist() == pytest.approx([0.1 * max(1 - s / budget, 0.0) for s in before], rel=1e-12)
+        assert a["kl_beta"].nunique() > 1  # the adaptive beta moved
+        assert a["eval_return"].notna().all()
+
+
+def test_a_diverging_toy_member_stops_alone_and_its_neighbours_equal_their_lone_runs(tmp_path, monkeypatch):
+    """Seed 1's advantages turn non-finite from its third update on (the same in its lone run):
+    in a population it is recorded as diverged at iteration 3, as its lone run is, its weights
+    frozen, and seeds 0 and 2 go on to the end exactly as their lone runs."""
+    import json
+
+    from harness.train import toy as toy_train
+
+    original = toy_train.ToySource.update_batch
+
+    def poisoned(self, batch, adv, returns, values):
+        ub = original(self, batch, adv, returns, values)
+        self.updates = getattr(self, "updates", 0) + 1
+        for p, seed in enumerate(self.seeds):
+            if seed == 1 and self.updates >= 3:
+                ub.adv[p] = float("nan")
+        return ub
+
+    monkeypatch.setattr(toy_train.ToySource, "update_batch", poisoned)
+    common = TOY_TINY + ["estimator=rloo", "budget.iterations=6", "epochs=2", "minibatches=2"]
+    run(make_cfg(common + ["seed=0", "population=3", f"results_dir={tmp_path}/pop"]))
+    outcomes = {}
+    for seed in range(3):
+        run(make_cfg(common + [f"seed={seed}", f"results_dir={tmp_path}/lone"]))
+        for kind in ("pop", "lone"):
+            (s,) = (tmp_path / kind).rglob(f"seed{seed}-*/summary.json")
+            outcomes[kind, seed] = {k: json.loads(s.read_text())[k] for k in ("status", "reason", "iterations")}
+        assert outcomes["pop", seed] == outcomes["lone", seed]
+        pd.testing.assert_frame_equal(_toy_frames(tmp_path / "pop", seed)[1], _toy_frames(tmp_path / "lone", seed)[1],
+                                      check_exact=False, atol=1e-9, rtol=1e-7)
+    assert outcomes["lone", 1] == {"status": "diverged", "reason": "non-finite loss at iteration 3", "iterations": 3}
+    assert outcomes["lone", 0]["status"] == outcomes["lone", 2]["status"] == "completed"
+    assert outcomes["lone", 0]["iterations"] == 6
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "ppo_gae", "remax"])
+def test_toy_population_with_in_reward_kl_and_sampling_options_equals_lone_runs(estimator, tmp_path):
+    """The in-reward KL penalty at each member's own adaptive beta, TRL's truncated-response mask
+    and DAPO's overlong penalty on the EOS preset, the per-prompt columns: a batched population of
+    3 equals its members' lone runs."""
+    common = TOY_TINY + [f"estimator={estimator}", "task.env_id=varlen", "kl.in_reward=true", "kl.adaptive=true",
+                         "kl.beta=0.1", "kl.kl_target=0.001", "mask_truncated=true", "overlong_cache=2",
+                         "++toy.log_prompts=true", "epochs=2", "minibatches=2", "budget.iterations=5"]
+    run(make_cfg(common + ["seed=0", "population=3", f"results_dir={tmp_path}/pop"]))
+    for seed in range(3):
+        run(make_cfg(common + [f"seed={seed}", f"results_dir={tmp_path}/lone"]))
+        a, b = _toy_frames(tmp_path / "pop", seed)[1], _toy_frames(tmp_path / "lone", seed)[1]
+        assert a["episode_return"].equals(b["episode_return"])
+        pd.testing.assert_frame_equal(a, b, check_exact=False, atol=1e-9, rtol=1e-7)
+        assert a["kl_beta"].nunique() > 1 and (a["truncated_frac"] > 0).any()

@@ -95,9 +95,9 @@ def test_toy_source_exact_equals_the_task_functions():
         with torch.no_grad():
             src.theta.add_(torch.randn(src.theta.shape, generator=torch.Generator().manual_seed(step), dtype=DTYPE))
         src._exact = None  # a new iteration
-        stats, kl = src.exact()
-        theta = src.theta.detach()
-        assert kl == float(src.task.sequence_kl(theta, src.theta_ref)) and kl > 0
+        ((stats, kl),) = src.exact()  # a lone source: one member
+        theta = src.theta.detach()[0]
+        assert kl == float(src.task.sequence_kl(theta, src.theta_ref[0])) and kl > 0
         assert {k: v for k, v in stats.items() if k != "kl_ref"} == src.task.exact_stats(theta)
 
 

@@ -485,7 +485,8 @@ class ToyTask:
 def time_major(task: ToyTask, batch: ToyBatch, state_values: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Estimator inputs ``[T = L, B = N]``: reward on the last token, ``terminated`` there (the
     response ends; nothing to bootstrap), and, given a value table ``[S]``, ``values`` /
-    ``next_values`` (0 after the last token)."""
+    ``next_values`` (0 after the last token). ``state_values [P, S]``: one table per population
+    member, whose rows are then ``P`` equal member-major blocks of the ``N``."""
     N, L = batch.tokens.shape
     last = torch.nn.functional.one_hot(batch.length - 1, L).to(DTYPE)  # [N, L]
     out = {
@@ -495,7 +496,11 @@ def time_major(task: ToyTask, batch: ToyBatch, state_values: torch.Tensor | None
         "mask": batch.mask.T.contiguous(),
     }
     if state_values is not None:
-        v = state_values[batch.states] * batch.mask  # [N, L]
+        if state_values.dim() == 1:
+            v = state_values[batch.states] * batch.mask  # [N, L]
+        else:  # member p's rows look up its own table
+            P = state_values.shape[0]
+            v = state_values.gather(1, batch.states.reshape(P, -1)).view(N, L) * batch.mask
         nv = torch.cat([v[:, 1:], torch.zeros(N, 1, dtype=v.dtype)], dim=1) * (1.0 - last)
         out["values"], out["next_values"] = v.T.contiguous(), nv.T.contiguous()
     return out
@@ -503,7 +508,8 @@ def time_major(task: ToyTask, batch: ToyBatch, state_values: torch.Tensor | None
 
 def advantage_batch(task: ToyTask, batch: ToyBatch, state_values: torch.Tensor | None, greedy: torch.Tensor | None,
                     group_size: int | None, reward_penalty: torch.Tensor | None = None) -> AdvantageBatch:
-    """The estimator's input ``[T = L, B = N]`` (:func:`time_major`); ``reward_penalty [L, N]`` is
+    """The estimator's input ``[T = L, B = N]`` (:func:`time_major`, which says how a population's
+    members lie side by side); ``reward_penalty [L, N]`` is
     subtracted from the per-token rewards (the in-reward KL penalty, InstructGPT style)."""
     tm = time_major(task, batch, state_values)
     rewards = tm["rewards"] if reward_penalty is None else tm["rewards"] - reward_penalty * tm["mask"]

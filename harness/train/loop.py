@@ -12,7 +12,7 @@ One iteration, the same for every task and estimator (the loop asks the
    (common columns here, the family's own from ``source.row_extras``; appended to the run and
    handed to the ``logger``, :mod:`harness.io.trackers`), finish, checkpoint, flush.
 
-Seeds are a leading population axis ``P`` (control: batched weights; LM and toy: ``P = 1``, the
+Seeds are a leading population axis ``P`` (control and toy: batched weights; LM: ``P = 1``, the
 members train one after another). Everything per member is the member's own: learning-rate
 schedule, adaptive KL beta, evaluation schedule, budget, divergence. A member that stops is
 frozen (weights and Adam state kept) while its neighbours go on.

@@ -24,10 +24,22 @@ from the run's generator after the responses; ``reward`` and ``episode_return`` 
 ``eval_return`` and the other exact columns stay those of the reward table); ``toy.log_prompts``
 adds ``success_prompt<x>`` (before the update) and ``update_prompt<x>``
 (:meth:`~harness.tasks.toy.ToyTask.prompt_update_norms` of the iteration's update) for every
-prompt. Population members train one after another. With ``mode=probe`` the app calls
-:func:`harness.probes.run_probe` instead.
+prompt. With ``mode=probe`` the app calls :func:`harness.probes.run_probe` instead.
+
+Population members train as one batched population (:func:`harness.train.workers.train_population`):
+member ``p`` is the lone run of seed ``seed + p`` (its own logits ``theta[p]``, critic, generator,
+budget, learning rate, KL beta); each member samples, draws its random rewards and shuffles its
+minibatches from its own generator in the order of its lone run (a loop over the members), the
+advantages, the update and the batch's policy-gradient estimate run on all members' ``[P, ...]``
+tensors at once, and the exact statistics and gradients are worked out member by member. A member
+equals its lone run to float rounding (``tests/test_toy.py``: the same samples, every estimator,
+with annealing and adaptive KL, and a member that diverges). With ``dynamic_sampling`` a member's
+batch can end short of the others' (``dynamic_sampling_max_draws``), so such runs train one after
+another.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from omegaconf import DictConfig
@@ -38,23 +50,33 @@ from ..io import RunDir
 from ..io.schema import prompt_column
 from ..io import checkpoint as ckpt
 from ..losses import PolicyInputs, get_policy_loss, loss_settings
-from ..tasks.toy import DTYPE, ToyTask, advantage_batch, build_task, random_rewards, validate_toy
+from ..tasks.toy import DTYPE, ToyBatch, ToyTask, advantage_batch, build_task, random_rewards, validate_toy
 from .loop import Source
-from .workers import train_members
+from .workers import train_members, train_one_by_one
 from .sampling import cat_rows, dynamic_sample, overlong_penalty, take_groups
-from .update import UpdateBatch, clip_grad_groups, norms_finite
+from .update import UpdateBatch, clip_grad_groups, clip_grad_norms, norms_finite
 
 POLICY_FILE = "policy.safetensors"  # the final policy (older runs: policy.pt, a torch.save dict)
 
 
 def gather_logp(theta: torch.Tensor, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """``log pi(a_t | s_t)`` time-major ``[L, N]`` from batch-major states/tokens ``[N, L]``."""
-    return torch.log_softmax(theta, dim=-1)[states, tokens].T
+    """``log pi(a_t | s_t)`` time-major: ``[L, N]`` from a table ``theta [S, V]`` and batch-major
+    states/tokens ``[N, L]``; ``[P, L, N]`` from a population's tables ``[P, S, V]`` and ``[P, N, L]``."""
+    return _time_major(_rows(torch.log_softmax(theta, dim=-1), states, tokens))
 
 
-def token_entropy(theta: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-    logpi = torch.log_softmax(theta, dim=-1)[states]  # [N, L, V]
-    return -(logpi.exp() * logpi).sum(-1).T
+def _rows(logpi: torch.Tensor, states: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows ``logpi[states]`` (with ``tokens``: entries ``logpi[states, tokens]``) of one table
+    ``[S, V]`` or of each member's own table ``[P, S, V]`` (``states [P, N, L]``), batch-major."""
+    if logpi.dim() == 2:
+        return logpi[states] if tokens is None else logpi[states, tokens]
+    rows = torch.arange(logpi.shape[0]).view(-1, 1, 1)
+    return logpi[rows, states] if tokens is None else logpi[rows, states, tokens]
+
+
+def _time_major(x: torch.Tensor) -> torch.Tensor:
+    """Batch-major ``[N, L]`` (or ``[P, N, L]``) as a time-major view ``[L, N]`` (``[P, L, N]``)."""
+    return x.transpose(-1, -2)
 
 
 def toy_settings(cfg) -> dict:
@@ -65,51 +87,86 @@ def toy_settings(cfg) -> dict:
 
 
 class ToyLearner:
-    """The logits table and the optional tabular critic."""
-
-    population = 1
+    """Each member's logits table ``theta [P, S, V]`` and optional tabular critic ``[P, S]``."""
 
     def __init__(self, theta: torch.Tensor, critic: torch.Tensor | None):
         self.theta, self.critic = theta, critic
+        self.population = theta.shape[0]
         self.params = [theta] + ([critic] if critic is not None else [])
 
     def named_params(self):
         return [("theta", self.theta)] + ([("critic", self.critic)] if self.critic is not None else [])
 
     def forward(self, batch, idx, need_entropy):
-        i = slice(None) if idx is None else idx[0]
-        st, tk = batch.states[i], batch.tokens[i]
-        logp = gather_logp(self.theta, st, tk).unsqueeze(0)
-        entropy = token_entropy(self.theta, st).unsqueeze(0) if need_entropy else None
-        values = None if self.critic is None else (self.critic[st] * batch.mask[i]).T.unsqueeze(0)
+        """``batch.states`` / ``tokens`` / ``mask`` ``[P, N, L]``; ``idx [P, b]``: each member's
+        sequences of the minibatch."""
+        st, tk, mk = batch.states, batch.tokens, batch.mask
+        if idx is not None:
+            rows = idx.unsqueeze(-1).expand(-1, -1, st.shape[-1])
+            st, tk, mk = st.gather(1, rows), tk.gather(1, rows), mk.gather(1, rows)
+        logpi = torch.log_softmax(self.theta, dim=-1)
+        logp = _time_major(_rows(logpi, st, tk))
+        entropy = None
+        if need_entropy:  # the entropy of pi(. | s_t) at every sampled state
+            lp = _rows(logpi, st)  # [P, b, L, V]
+            entropy = _time_major(-(lp.exp() * lp).sum(-1))
+        values = None
+        if self.critic is not None:
+            values = _time_major(self.critic.gather(1, st.reshape(st.shape[0], -1)).view(st.shape) * mk)
         return logp, entropy, values
 
     def clip_grads(self, max_norm, per_network):
-        return clip_grad_groups([[self.theta], [self.critic] if self.critic is not None else []], max_norm,
-                                per_network)
+        if self.population == 1:  # a lone run: its tensors as they are (no unbinding of [1, ...] blocks)
+            return clip_grad_groups([[self.theta], [self.critic] if self.critic is not None else []], max_norm,
+                                    per_network)
+        grads = [(net, p.grad) for net, p in enumerate(self.params) if p.grad is not None]
+        return clip_grad_norms([g for _, g in grads], max_norm, per_network, self.population,
+                               first_net=[net for net, _ in grads])
 
     @torch.no_grad()
     def finite_members(self) -> torch.Tensor:
-        """``[1]``: every weight finite (fused norms first, :func:`~harness.train.update.norms_finite`)."""
-        return torch.tensor([norms_finite(self.params) or all(bool(torch.isfinite(p).all()) for p in self.params)])
+        """``[P]``: every weight of member ``p`` finite (fused norms first, :func:`~harness.train.update.norms_finite`)."""
+        ok = torch.ones(self.population, dtype=torch.bool)
+        if norms_finite(self.params):
+            return ok
+        for prm in self.params:
+            ok &= torch.isfinite(prm.reshape(self.population, -1)).all(dim=1)
+        return ok
+
+
+def stack_members(batches: list[ToyBatch]) -> ToyBatch:
+    """The members' batches ``[N, ...]`` stacked ``[P, N, ...]`` (every member has ``N`` rows)."""
+    first = batches[0]
+    return dataclasses.replace(first, **{f.name: torch.stack([getattr(b, f.name) for b in batches])
+                                         for f in dataclasses.fields(first)})
+
+
+def flat_members(batch: ToyBatch) -> ToyBatch:
+    """A stacked batch ``[P, N, ...]`` as ``[P * N, ...]`` rows, member-major."""
+    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name).flatten(0, 1)
+                                         for f in dataclasses.fields(batch)})
 
 
 class ToySource(Source):
     cost_unit = "seq"
     uses_groups = True
 
-    def __init__(self, cfg: DictConfig, task: ToyTask):
-        self.cfg, self.task, self.P = cfg, task, 1
-        self.seed = int(cfg.seed)
-        self.seeds = [self.seed]
+    def __init__(self, cfg: DictConfig, task: ToyTask, runs: list[RunDir] | None = None):
+        """``runs``: the members (a :class:`~harness.train.workers.ShadowRun` for one that only rides
+        along); None: the lone run of ``cfg.seed``."""
+        self.cfg, self.task = cfg, task
+        self.seeds = [int(cfg.seed)] if runs is None else [int(r.cfg.seed) for r in runs]
+        self.P = len(self.seeds)
         self.spec = get_estimator(cfg.estimator)
-        self.gen = torch.Generator().manual_seed(self.seed)
+        self.gens = [torch.Generator().manual_seed(s) for s in self.seeds]
         ts = toy_settings(cfg)
-        self.theta = task.init_logits(ts["init_scale"], ts["init_seed"]).requires_grad_(True)
+        init = task.init_logits(ts["init_scale"], ts["init_seed"])  # the same start for every member
+        self.theta = init.expand(self.P, *init.shape).clone().requires_grad_(True)
         self.theta_ref = self.theta.detach().clone()
         with torch.no_grad():  # the reference never changes: its leaf log-probs once, for the exact KL
-            self.ref_log_probs = task.leaf_log_probs(self.theta_ref)
-        self.critic = torch.zeros(task.n_states, dtype=DTYPE, requires_grad=True) if self.spec.needs_critic else None
+            self.ref_log_probs = task.leaf_log_probs(init)
+        self.critic = (torch.zeros(self.P, task.n_states, dtype=DTYPE, requires_grad=True)
+                       if self.spec.needs_critic else None)
         self.learner = ToyLearner(self.theta, self.critic)
         self.k = int(cfg.group_size)
         self.n_groups = int(cfg.task.episodes_per_iter) // self.k
@@ -123,165 +180,190 @@ class ToySource(Source):
         settings = toy_settings_from_config(cfg)
         self.random_reward, self.log_prompts = settings.reward == "random", settings.log_prompts
         self.dynamic, self.max_draws = bool(cfg.dynamic_sampling), int(cfg.dynamic_sampling_max_draws)
+        if self.dynamic and self.P > 1:
+            raise ValueError("dynamic_sampling: a member's batch can end short of the others'; "
+                             "train such members one after another (harness.train.toy.train does)")
         self.mask_truncated = bool(cfg.mask_truncated)
         self.overlong_cache = None if cfg.overlong_cache is None else int(cfg.overlong_cache)
-        self.drawn = None
-        self.sequences = 0
-        self.tokens = 0
-        self._exact: tuple[dict, float] | None = None
+        self.drawn = [None] * self.P
+        self.sequences = [0] * self.P
+        self.tokens = [0] * self.P
+        self._exact: list[tuple[dict, float]] | None = None
 
     def generators(self):
-        return [self.gen]
+        return self.gens
 
     def shuffle_generators(self):
-        return [self.gen]
+        return self.gens
 
-    def _draw(self):
-        """One generation batch: ``n_groups`` prompts, ``group_size`` responses each, scored
-        (the random rewards drawn after the responses; DAPO's overlong penalty added)."""
-        task = self.task
-        prompts = torch.randint(task.n_prompts, (self.n_groups,), generator=self.gen)
-        batch = task.sample(self.theta, prompts.repeat_interleave(self.k), self.gen)
+    def _draw(self, p: int):
+        """One generation batch of member ``p``: ``n_groups`` prompts, ``group_size`` responses each,
+        scored (the random rewards drawn after the responses; DAPO's overlong penalty added)."""
+        task, gen = self.task, self.gens[p]
+        prompts = torch.randint(task.n_prompts, (self.n_groups,), generator=gen)
+        batch = task.sample(self.theta.detach()[p], prompts.repeat_interleave(self.k), gen)
         if self.random_reward:  # drawn after the responses, as many whatever they are
-            batch.reward = random_rewards(batch.prompts.shape[0], self.gen)
+            batch.reward = random_rewards(batch.prompts.shape[0], gen)
         if self.overlong_cache is not None:
             batch.reward = batch.reward + overlong_penalty(batch.length, self.norm_len, self.overlong_cache)
         return batch
 
-    def collect(self):
-        self._exact = None  # this iteration's exact statistics, computed once after its update
+    def _collect_member(self, p: int) -> tuple[ToyBatch, torch.Tensor | None, int]:
+        """Member ``p``'s batch, its greedy scores (ReMax) and the sequences it sampled."""
         task = self.task
         if self.dynamic:  # DAPO: informative groups only; every drawn sequence counts
-            batch, drawn = dynamic_sample(self._draw, lambda b: b.reward.view(-1, self.k),
+            batch, drawn = dynamic_sample(lambda: self._draw(p), lambda b: b.reward.view(-1, self.k),
                                           lambda b, g: take_groups(b, g, self.k), cat_rows, self.n_groups,
                                           self.max_draws)
             batches = drawn.batches
         else:
-            batch = self._draw()
+            batch = self._draw(p)
             batches, drawn = [batch], None
-        self.drawn = drawn
+        self.drawn[p] = drawn
         prompts = batch.prompts.view(-1, self.k)[:, 0]
         greedy = None
         n = sum(b.prompts.shape[0] for b in batches)
-        self.tokens += sum(int(b.length.sum()) for b in batches)
+        self.tokens[p] += sum(int(b.length.sum()) for b in batches)
         if self.spec.needs_greedy:
-            leaves = task.greedy(self.theta)[prompts]
-            greedy = random_rewards(len(prompts), self.gen) if self.random_reward else task.leaf_reward[leaves]
+            leaves = task.greedy(self.theta.detach()[p])[prompts]
+            greedy = random_rewards(len(prompts), self.gens[p]) if self.random_reward else task.leaf_reward[leaves]
             if self.overlong_cache is not None:
                 greedy = greedy + overlong_penalty(task.leaf_len[leaves], self.norm_len, self.overlong_cache)
             n += len(prompts)
-            self.tokens += int(task.leaf_len[leaves].sum())
-        self.sequences += n
-        batch.greedy = greedy
-        batch.cost = torch.tensor([n])
+            self.tokens[p] += int(task.leaf_len[leaves].sum())
+        self.sequences[p] += n
+        return batch, greedy, n
+
+    def collect(self):
+        """Every member's batch, stacked ``[P, N, ...]``; ``greedy [P * n_groups]`` member-major."""
+        self._exact = None  # this iteration's exact statistics, computed once after its update
+        members = [self._collect_member(p) for p in range(self.P)]
+        batch = stack_members([b for b, _, _ in members])
+        batch.greedy = None if members[0][1] is None else torch.cat([g for _, g, _ in members])
+        batch.cost = torch.tensor([n for _, _, n in members])
         return batch
 
     def advantage_batch(self, batch) -> AdvantageBatch:
         with torch.no_grad():
-            batch.old_logp = gather_logp(self.theta, batch.states, batch.tokens)
+            batch.old_logp = gather_logp(self.theta, batch.states, batch.tokens)  # [P, L, N]
             batch.ref_logp = gather_logp(self.theta_ref, batch.states, batch.tokens)
-        beta = float(self.kl_beta_now[0])
+        P, L, N = batch.old_logp.shape
+        time_major = lambda x: x.transpose(0, 1).reshape(L, P * N)  # noqa: E731  [P, L, N] -> [L, P * N]
         penalty = None
-        if self.kl_in_reward and beta > 0:  # InstructGPT: per-token penalty folded into the reward
-            penalty = beta * kl_estimate(self.kl_estimator, batch.old_logp, batch.ref_logp, **self.kl_guards)
-        ab = advantage_batch(self.task, batch, self.critic.detach() if self.critic is not None else None,
+        beta = self.kl_beta_now.to(DTYPE)
+        if self.kl_in_reward and bool((beta > 0).any()):  # InstructGPT: per-token penalty folded into the reward
+            k = kl_estimate(self.kl_estimator, batch.old_logp, batch.ref_logp, **self.kl_guards)
+            b = beta.view(P, 1, 1)
+            penalty = time_major(torch.where(b > 0, b * k, 0.0))  # a member at beta 0 has none
+        ab = advantage_batch(self.task, flat_members(batch), self.critic.detach() if self.critic is not None else None,
                              batch.greedy, self.k if self.spec.needs_groups else None, penalty)
         batch.mask_tm = ab.mask
         return ab
 
     def truncated(self, batch) -> torch.Tensor:
-        """``[N]`` bool: responses that reached the maximal length without EOS."""
-        last = batch.tokens.gather(1, (batch.length - 1).clamp(min=0).view(-1, 1)).view(-1)
+        """``[..., N]`` bool: responses that reached the maximal length without EOS."""
+        last = batch.tokens.gather(-1, (batch.length - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
         return (batch.length >= self.norm_len) & (last != self.task.eos_token)
 
     def update_batch(self, batch, adv, returns, values) -> UpdateBatch:
-        one = lambda x: None if x is None else x.unsqueeze(0)  # noqa: E731
-        mask = batch.mask_tm
+        P, L, N = batch.old_logp.shape
+        members = lambda x: None if x is None else x.reshape(L, P, N).transpose(0, 1)  # noqa: E731  [P, L, N]
+        mask = members(batch.mask_tm)
         if self.mask_truncated:  # TRL's mask_truncated_completions: scored, counted, not in the loss
-            mask = mask * (~self.truncated(batch)).to(mask.dtype).view(1, -1)
-        return UpdateBatch(adv=one(adv * mask), mask=one(mask), old_logp=one(batch.old_logp), inputs=batch,
-                           returns=one(returns), old_values=one(values),
-                           kl_target=one(batch.ref_logp if self.kl_ref_target else batch.old_logp))
+            mask = mask * (~self.truncated(batch)).to(mask.dtype).view(P, 1, N)
+        return UpdateBatch(adv=members(adv) * mask, mask=mask, old_logp=batch.old_logp, inputs=batch,
+                           returns=members(returns), old_values=members(values),
+                           kl_target=batch.ref_logp if self.kl_ref_target else batch.old_logp)
 
     def before_update(self, batch, ub):
-        """Cosine between this batch's policy-gradient estimate and the exact gradient; with
-        ``log_prompts`` also the logits before the update and each prompt's exact success."""
+        """Cosine between each member's policy-gradient estimate on this batch and the exact
+        gradient; with ``log_prompts`` also the logits before the update and each prompt's exact
+        success."""
         if self.log_prompts:
             self._before = self.theta.detach().clone()
-            self._success_before = self.task.prompt_success(self._before)
+            self._success_before = [self.task.prompt_success(t) for t in self._before]
         th = self.theta.detach().clone().requires_grad_(True)
         logp = gather_logp(th, batch.states, batch.tokens)
-        x = PolicyInputs(logp, batch.old_logp, ub.adv[0], ub.mask[0], agg=self.loss_agg, norm_len=self.norm_len,
+        x = PolicyInputs(logp, batch.old_logp, ub.adv, ub.mask, agg=self.loss_agg, norm_len=self.norm_len,
                          with_metrics=False)
         loss, _ = self.policy_loss(x, self.loss_settings)
-        (g,) = torch.autograd.grad(-loss, th)
-        true = self.task.exact_gradient(self.theta.detach())
-        den = float(g.norm() * true.norm())
-        return [{"grad_cos": float((g * true).sum()) / den if den > 0 else float("nan")}]
+        (g,) = torch.autograd.grad(-loss.sum(), th)  # members' losses are apart: each its own gradient
+        out = []
+        for p in range(self.P):
+            true = self.task.exact_gradient(self.theta.detach()[p])
+            den = float(g[p].norm() * true.norm())
+            out.append({"grad_cos": float((g[p] * true).sum()) / den if den > 0 else float("nan")})
+        return out
 
-    def exact(self) -> tuple[dict, float]:
-        """``(exact_stats, exact KL to the reference)`` of the updated policy, computed once per
-        iteration (evaluation, adaptive KL and the metric row all read them)."""
+    def exact(self) -> list[tuple[dict, float]]:
+        """Per member ``(exact_stats, exact KL to the reference)`` of the updated policy, computed
+        once per iteration (evaluation, adaptive KL and the metric row all read them)."""
         if self._exact is None:
             with torch.no_grad():
-                stats = self.task.exact_stats(self.theta.detach(), self.ref_log_probs)
-                self._exact = (stats, stats["kl_ref"])
+                self._exact = []
+                for t in self.theta.detach():
+                    stats = self.task.exact_stats(t, self.ref_log_probs)
+                    self._exact.append((stats, stats["kl_ref"]))
         return self._exact
 
     def kl_to_reference(self, batch):
-        return torch.tensor([self.exact()[1]])
+        return torch.tensor([kl for _, kl in self.exact()])
 
     def evaluate(self, flags):
-        return [{"eval_return": self.exact()[0]["J"]}]
+        return [{"eval_return": ex["J"]} if f else None for (ex, _), f in zip(self.exact(), flags)]
 
     def episode_return(self, p, batch):
-        return float(batch.reward.mean())
+        return float(batch.reward[p].mean())
 
     def row_extras(self, p, batch, stats, ev, pre, row) -> dict:
-        ex, kl_ref = self.exact()
+        ex, kl_ref = self.exact()[p]
         out = {
-            "reward": float(batch.reward.mean()), "gold_reward": None, "kl_ref": kl_ref,
-            "response_len": float(batch.length.double().mean()), "tokens": int(self.tokens),
+            "reward": float(batch.reward[p].mean()), "gold_reward": None, "kl_ref": kl_ref,
+            "response_len": float(batch.length[p].double().mean()), "tokens": int(self.tokens[p]),
             # toy extras (exact unless named otherwise)
             "grad_cos": pre["grad_cos"], "exact_response_len": ex["response_len"], "wrong_len": ex["wrong_len"],
             "right_len": ex["right_len"], "success": ex["success"], "exact_entropy": ex["entropy"],
         }
-        if self.drawn is not None:  # dynamic sampling: generation batches drawn, their groups' zero-std share
-            out["sample_draws"], out["zero_std_frac"] = self.drawn.draws, self.drawn.zero_std_frac
+        drawn = self.drawn[p]
+        if drawn is not None:  # dynamic sampling: generation batches drawn, their groups' zero-std share
+            out["sample_draws"], out["zero_std_frac"] = drawn.draws, drawn.zero_std_frac
         if self.mask_truncated:
-            out["truncated_frac"] = float(self.truncated(batch).double().mean())
+            out["truncated_frac"] = float(self.truncated(batch)[p].double().mean())
         for x, j in enumerate(ex["J_prompt"]):
             out[f"J_prompt{x}"] = j
         if self.log_prompts:
-            sizes = self.task.prompt_update_norms(self._before, self.theta)
+            sizes = self.task.prompt_update_norms(self._before[p], self.theta.detach()[p])
             for x in range(self.task.n_prompts):
-                out[prompt_column("success_prompt", x)] = self._success_before[x]
+                out[prompt_column("success_prompt", x)] = self._success_before[p][x]
                 out[prompt_column("update_prompt", x)] = float(sizes[x])
         return out
 
     def summary_extra(self, p) -> dict:
-        return {"sequences": self.sequences, "tokens": self.tokens, "env_steps_unit": "sampled sequences",
+        return {"sequences": self.sequences[p], "tokens": self.tokens[p], "env_steps_unit": "sampled sequences",
                 "toy_spec": repr(self.task.spec)}
 
     def on_finish(self, p, run, iteration) -> None:
-        """The final policy for ``mode=probe`` (``probe.checkpoint=<run dir>``), as
+        """Member ``p``'s final policy for ``mode=probe`` (``probe.checkpoint=<run dir>``), as
         ``policy.safetensors`` through :mod:`harness.io.checkpoint` (no pickles)."""
-        tensors = {"theta": self.theta.detach(), "theta_ref": self.theta_ref}
+        tensors = {"theta": self.theta[p].detach().clone(), "theta_ref": self.theta_ref[p].clone()}
         if self.critic is not None:
-            tensors["critic"] = self.critic.detach()
+            tensors["critic"] = self.critic[p].detach().clone()
         ckpt.save(run.path / POLICY_FILE, tensors, {"iteration": iteration, "spec": repr(self.task.spec)})
 
     def postfix(self, batch, rows):
         return {"J": f"{rows[0]['eval_return']:.3f}"} if rows and rows[0].get("eval_return") is not None else {}
 
     def state(self):
-        return {}, {"sequences": int(self.sequences), "tokens": int(self.tokens)}
+        return {}, {"sequences": list(self.sequences), "tokens": list(self.tokens)}
 
     def load_state(self, tensors, meta):
         seqs, toks = meta.get("sequences"), meta.get("tokens")
-        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (seqs, toks)):
+        if self.P == 1 and not isinstance(seqs, list) and not isinstance(toks, list):  # a lone run's, before lists
+            seqs, toks = [seqs], [toks]
+        if not (isinstance(seqs, list) and isinstance(toks, list) and len(seqs) == len(toks) == self.P
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seqs + toks)):
             raise ckpt.CheckpointError(f"toy source state: sequences {seqs!r}, tokens {toks!r}")
-        self.sequences, self.tokens = seqs, toks
+        self.sequences, self.tokens = list(seqs), list(toks)
 
 
 def train(cfg: DictConfig, runs: list[RunDir]) -> None:
@@ -289,4 +371,8 @@ def train(cfg: DictConfig, runs: list[RunDir]) -> None:
     # tiny tensors: intra-op threads only add synchronisation (as for control)
     torch.set_num_threads(int(cfg.threads or 1))
     task = build_task(cfg)
-    train_members(cfg, runs, lambda c, rs: ToySource(c, task), "toy")
+    make = lambda c, rs: ToySource(c, task, rs)  # noqa: E731
+    if cfg.dynamic_sampling:  # a member's batch can end short of the others' (ToySource)
+        train_one_by_one(cfg, runs, make, "toy")
+    else:
+        train_members(cfg, runs, make, "toy")

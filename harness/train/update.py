@@ -3,8 +3,8 @@ value loss, entropy bonus and KL penalty, per-member gradient clipping, per-memb
 rates and the divergence guard. Every task family (control, LM, toy) calls :func:`update`.
 
 Layout (docs/design.md, "Tensor conventions"): every tensor of an :class:`UpdateBatch` is
-``[P, T, B]``: ``P`` population members (1 for the LM and toy tasks, whose members train one
-after another), ``T`` steps of a column, ``B`` columns. Minibatches are drawn over the ``B``
+``[P, T, B]``: ``P`` population members (1 for the LM task, whose members train one after
+another), ``T`` steps of a column, ``B`` columns. Minibatches are drawn over the ``B``
 columns, per member from the member's own generator. The LM and toy tasks put one sequence
 per column; the control task puts one *step* per column (``T = 1``, ``B = steps``: CleanRL's and
 SB3's step-level minibatches) and names each step's sequence in ``seq_id`` (an episode for
@@ -16,7 +16,8 @@ minibatches; ``grad_norm`` is the policy's gradient norm before clipping, ``valu
 the critic's; ``adv_mean``/``adv_std`` describe the advantages before whitening.
 
 A member whose loss or gradient is non-finite in a minibatch takes no optimizer step from then
-on in this update (weights and Adam state kept); the caller marks it diverged.
+on in this update (weights and Adam state kept), and its minibatch statistics of the update are
+NaN; the caller marks it diverged.
 """
 from __future__ import annotations
 
@@ -470,6 +471,10 @@ def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: Update
                for k, v in stats.items() if len(v) == len(present)}
     else:
         out = {k: torch.stack([x.reshape(P).cpu() for x in v]).mean(0) for k, v in stats.items()}
+    if any_bad:  # a member whose update went non-finite: its minibatch statistics are empty (a lone run
+        # stops at its first non-finite loss, a population goes on past it: the same row either way)
+        gone = bad != 0
+        out = {k: torch.where(gone, float("nan"), v) for k, v in out.items()}
     a_mean, a_std = masked_mean_std(batch.adv, mask)
     out["adv_mean"], out["adv_std"] = a_mean.cpu().double(), a_std.cpu().double()
     if batch.adv.shape[1] > 1:  # columns are sequences (LM, toy); control columns are single steps
