@@ -20,7 +20,7 @@ from harness.estimators import ESTIMATORS
 from harness.losses import aggregate, kl_penalty
 from harness.train.control import sequence_ids
 from harness.train.update import ADAM_EPS, MemberOptimizer, UpdateBatch, UpdateSettings, update
-from tests.control_helpers import TINY, make_cfg
+from tests.control_helpers import population_against_lone_runs, TINY, make_cfg
 
 
 def _frames(root, seed):
@@ -338,19 +338,8 @@ def test_a_diverging_member_stops_alone_and_its_neighbours_equal_their_lone_runs
     """Pendulum a2c at lr 30: seed 1 diverges at iteration 2, seeds 0 and 2 finish; in a
     population the diverged member is frozen and recorded as its lone run is, and the others
     go on exactly as their lone runs."""
-    import json
-
     common = ["task=pendulum", "estimator=a2c", *TINY, "lr=3e1", "max_grad_norm=null", "budget.iterations=6",
               "eval_every=0"]
-    run(make_cfg(common + ["seed=0", "population=3", f"results_dir={tmp_path}/pop"]))
-    outcomes = {}
-    for seed in range(3):
-        run(make_cfg(common + [f"seed={seed}", f"results_dir={tmp_path}/lone"]))
-        for kind in ("pop", "lone"):
-            (s,) = (tmp_path / kind).rglob(f"seed{seed}-*/summary.json")
-            outcomes[kind, seed] = {k: json.loads(s.read_text())[k] for k in ("status", "reason", "iterations")}
-        assert outcomes["pop", seed] == outcomes["lone", seed]
-        pd.testing.assert_frame_equal(_frames(tmp_path / "pop", seed)[1], _frames(tmp_path / "lone", seed)[1],
-                                      atol=1e-5, rtol=1e-4)
-    assert outcomes["lone", 1]["status"] == "diverged" and outcomes["lone", 0]["status"] == "completed"
-    assert outcomes["lone", 1]["iterations"] < outcomes["lone", 0]["iterations"] == 6
+    outcome = {seed: o for seed, (o, _) in population_against_lone_runs(common, tmp_path, atol=1e-5, rtol=1e-4).items()}
+    assert outcome[1]["status"] == "diverged" and outcome[0]["status"] == "completed"
+    assert outcome[1]["iterations"] < outcome[0]["iterations"] == 6

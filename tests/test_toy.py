@@ -8,7 +8,7 @@ import torch
 from harness.app import run
 from harness.estimators import ESTIMATORS
 from harness.tasks.toy import DTYPE, PRESETS, PromptSpec, ToySpec, ToyTask, time_major
-from tests.control_helpers import make_cfg
+from tests.control_helpers import make_cfg, population_against_lone_runs
 
 TOY_TINY = ["task=toy", "budget.iterations=3", "task.episodes_per_iter=8", "group_size=2", "progress=false",
             "lr=0.05"]
@@ -334,11 +334,6 @@ def test_toy_population_with_random_rewards_and_prompt_columns_equals_lone_runs(
                                       pd.read_parquet(b).drop(columns=["wall_time_s"]))
 
 
-def _toy_frames(root, seed):
-    (path,) = root.rglob(f"seed{seed}-*/metrics.parquet")
-    return path.parent.name, pd.read_parquet(path).drop(columns=["wall_time_s"])
-
-
 @pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
 def test_toy_population_member_equals_its_lone_run_with_schedules(estimator, tmp_path):
     """A batched toy population of 3 with annealed learning rates (by each member's sequence
@@ -350,15 +345,7 @@ def test_toy_population_member_equals_its_lone_run_with_schedules(estimator, tmp
     common = TOY_TINY + [f"estimator={estimator}", "anneal_lr=true", "lr=0.1", "kl.adaptive=true", "kl.beta=0.05",
                          "kl.kl_target=0.002", "epochs=2", "minibatches=2", f"budget.env_steps={budget}",
                          "budget.iterations=null"]
-    run(make_cfg(common + ["seed=0", "population=3", f"results_dir={tmp_path}/pop"]))
-    for seed in range(3):
-        run(make_cfg(common + [f"seed={seed}", f"results_dir={tmp_path}/lone"]))
-        name_p, a = _toy_frames(tmp_path / "pop", seed)
-        name_l, b = _toy_frames(tmp_path / "lone", seed)
-        assert name_p == name_l
-        assert a["env_steps"].tolist() == b["env_steps"].tolist()
-        assert a["episode_return"].equals(b["episode_return"])  # the same samples
-        pd.testing.assert_frame_equal(a, b, check_exact=False, atol=1e-9, rtol=1e-7)
+    for a in (frame for _, frame in population_against_lone_runs(common, tmp_path, atol=1e-9, rtol=1e-7).values()):
         before = [0] + a["env_steps"].tolist()[:-1]
         assert a["lr"].tolist() == pytest.approx([0.1 * max(1 - s / budget, 0.0) for s in before], rel=1e-12)
         assert a["kl_beta"].nunique() > 1  # the adaptive beta moved
@@ -369,8 +356,6 @@ def test_a_diverging_toy_member_stops_alone_and_its_neighbours_equal_their_lone_
     """Seed 1's advantages turn non-finite from its third update on (the same in its lone run):
     in a population it is recorded as diverged at iteration 3, as its lone run is, its weights
     frozen, and seeds 0 and 2 go on to the end exactly as their lone runs."""
-    import json
-
     from harness.train import toy as toy_train
 
     original = toy_train.ToySource.update_batch
@@ -385,19 +370,9 @@ def test_a_diverging_toy_member_stops_alone_and_its_neighbours_equal_their_lone_
 
     monkeypatch.setattr(toy_train.ToySource, "update_batch", poisoned)
     common = TOY_TINY + ["estimator=rloo", "budget.iterations=6", "epochs=2", "minibatches=2"]
-    run(make_cfg(common + ["seed=0", "population=3", f"results_dir={tmp_path}/pop"]))
-    outcomes = {}
-    for seed in range(3):
-        run(make_cfg(common + [f"seed={seed}", f"results_dir={tmp_path}/lone"]))
-        for kind in ("pop", "lone"):
-            (s,) = (tmp_path / kind).rglob(f"seed{seed}-*/summary.json")
-            outcomes[kind, seed] = {k: json.loads(s.read_text())[k] for k in ("status", "reason", "iterations")}
-        assert outcomes["pop", seed] == outcomes["lone", seed]
-        pd.testing.assert_frame_equal(_toy_frames(tmp_path / "pop", seed)[1], _toy_frames(tmp_path / "lone", seed)[1],
-                                      check_exact=False, atol=1e-9, rtol=1e-7)
-    assert outcomes["lone", 1] == {"status": "diverged", "reason": "non-finite loss at iteration 3", "iterations": 3}
-    assert outcomes["lone", 0]["status"] == outcomes["lone", 2]["status"] == "completed"
-    assert outcomes["lone", 0]["iterations"] == 6
+    outcome = {seed: o for seed, (o, _) in population_against_lone_runs(common, tmp_path, atol=1e-9, rtol=1e-7).items()}
+    assert outcome[1] == {"status": "diverged", "reason": "non-finite loss at iteration 3", "iterations": 3}
+    assert outcome[0] == outcome[2] == {"status": "completed", "reason": None, "iterations": 6}
 
 
 @pytest.mark.parametrize("estimator", ["rloo", "ppo_gae", "remax"])
@@ -408,10 +383,5 @@ def test_toy_population_with_in_reward_kl_and_sampling_options_equals_lone_runs(
     common = TOY_TINY + [f"estimator={estimator}", "task.env_id=varlen", "kl.in_reward=true", "kl.adaptive=true",
                          "kl.beta=0.1", "kl.kl_target=0.001", "mask_truncated=true", "overlong_cache=2",
                          "++toy.log_prompts=true", "epochs=2", "minibatches=2", "budget.iterations=5"]
-    run(make_cfg(common + ["seed=0", "population=3", f"results_dir={tmp_path}/pop"]))
-    for seed in range(3):
-        run(make_cfg(common + [f"seed={seed}", f"results_dir={tmp_path}/lone"]))
-        a, b = _toy_frames(tmp_path / "pop", seed)[1], _toy_frames(tmp_path / "lone", seed)[1]
-        assert a["episode_return"].equals(b["episode_return"])
-        pd.testing.assert_frame_equal(a, b, check_exact=False, atol=1e-9, rtol=1e-7)
+    for _, a in population_against_lone_runs(common, tmp_path, atol=1e-9, rtol=1e-7).values():
         assert a["kl_beta"].nunique() > 1 and (a["truncated_frac"] > 0).any()
