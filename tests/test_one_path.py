@@ -20,12 +20,7 @@ from harness.estimators import ESTIMATORS
 from harness.losses import aggregate, kl_penalty
 from harness.train.control import sequence_ids
 from harness.train.update import ADAM_EPS, MemberOptimizer, UpdateBatch, UpdateSettings, update
-from tests.control_helpers import population_against_lone_runs, TINY, make_cfg
-
-
-def _frames(root, seed):
-    (p,) = root.rglob(f"seed{seed}-*/metrics.parquet")
-    return p.parent.name, pd.read_parquet(p).drop(columns=["wall_time_s"])
+from tests.control_helpers import TINY, make_cfg, population_against_lone_runs, run_frames
 
 
 # ----------------------------------------------------------------- 1. loss_agg on control
@@ -71,7 +66,7 @@ def test_loss_agg_changes_the_control_update(estimator, tmp_path):
     frames = {}
     for mode in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
         run(make_cfg(common + [f"loss_agg={mode}", f"results_dir={tmp_path}/{mode}"]))
-        frames[mode] = _frames(tmp_path / mode, 0)[1]
+        frames[mode] = run_frames(tmp_path / mode, 0)[1]
         assert (frames[mode]["loss_agg"] == mode).all()
     for a, b in (("token_mean", "seq_mean_token_mean"), ("token_mean", "seq_mean_token_sum_norm"),
                  ("seq_mean_token_mean", "seq_mean_token_sum_norm")):
@@ -96,8 +91,8 @@ def test_population_member_equals_its_lone_run_with_schedules(estimator, tmp_pat
     lengths = set()
     for seed in range(3):
         run(make_cfg(common + [f"seed={seed}", f"results_dir={tmp_path}/lone"]))
-        name_p, a = _frames(tmp_path / "pop", seed)
-        name_l, b = _frames(tmp_path / "lone", seed)
+        name_p, a = run_frames(tmp_path / "pop", seed)
+        name_l, b = run_frames(tmp_path / "lone", seed)
         assert name_p == name_l
         assert a["env_steps"].tolist() == b["env_steps"].tolist()  # same samples, same budget use
         assert a["episode_return"].equals(b["episode_return"])
@@ -305,7 +300,7 @@ def test_every_family_uses_the_one_optimizer_and_logs_the_same_columns(family, t
     (loop,) = built
     assert isinstance(loop.source, Source)
     assert loop.opt.optim.defaults["eps"] == ADAM_EPS == 1e-5
-    (_, df) = _frames(tmp_path / "r", 0)
+    (_, df) = run_frames(tmp_path / "r", 0)
     assert (df["update"] == "clip").all() and (df["loss_agg"] == "token_mean").all()
     assert df["lr"].notna().all() and df["kl_beta"].notna().all()
 

@@ -248,13 +248,13 @@ class ToySource(Source):
             batch.old_logp = gather_logp(self.theta, batch.states, batch.tokens)  # [P, L, N]
             batch.ref_logp = gather_logp(self.theta_ref, batch.states, batch.tokens)
         P, L, N = batch.old_logp.shape
-        time_major = lambda x: x.transpose(0, 1).reshape(L, P * N)  # noqa: E731  [P, L, N] -> [L, P * N]
+        side_by_side = lambda x: x.transpose(0, 1).reshape(L, P * N)  # noqa: E731  [P, L, N] -> [L, P * N]
         penalty = None
         beta = self.kl_beta_now.to(DTYPE)
         if self.kl_in_reward and bool((beta > 0).any()):  # InstructGPT: per-token penalty folded into the reward
             k = kl_estimate(self.kl_estimator, batch.old_logp, batch.ref_logp, **self.kl_guards)
             b = beta.view(P, 1, 1)
-            penalty = time_major(torch.where(b > 0, b * k, 0.0))  # a member at beta 0 has none
+            penalty = side_by_side(torch.where(b > 0, b * k, 0.0))  # a member at beta 0 has none
         ab = advantage_batch(self.task, flat_members(batch), self.critic.detach() if self.critic is not None else None,
                              batch.greedy, self.k if self.spec.needs_groups else None, penalty)
         batch.mask_tm = ab.mask
@@ -270,7 +270,8 @@ class ToySource(Source):
         members = lambda x: None if x is None else x.reshape(L, P, N).transpose(0, 1)  # noqa: E731  [P, L, N]
         mask = members(batch.mask_tm)
         if self.mask_truncated:  # TRL's mask_truncated_completions: scored, counted, not in the loss
-            mask = mask * (~self.truncated(batch)).to(mask.dtype).view(P, 1, N)
+            batch.cut = self.truncated(batch)  # [P, N], also each member's truncated_frac
+            mask = mask * (~batch.cut).to(mask.dtype).view(P, 1, N)
         return UpdateBatch(adv=members(adv) * mask, mask=mask, old_logp=batch.old_logp, inputs=batch,
                            returns=members(returns), old_values=members(values),
                            kl_target=batch.ref_logp if self.kl_ref_target else batch.old_logp)
@@ -328,7 +329,7 @@ class ToySource(Source):
         if drawn is not None:  # dynamic sampling: generation batches drawn, their groups' zero-std share
             out["sample_draws"], out["zero_std_frac"] = drawn.draws, drawn.zero_std_frac
         if self.mask_truncated:
-            out["truncated_frac"] = float(self.truncated(batch)[p].double().mean())
+            out["truncated_frac"] = float(batch.cut[p].double().mean())
         for x, j in enumerate(ex["J_prompt"]):
             out[f"J_prompt{x}"] = j
         if self.log_prompts:
