@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.validation import validate
 from harness.tasks.lm.pipeline import build_task
@@ -30,6 +31,16 @@ def test_stages_are_cached_and_rebuilt_when_their_config_changes(tmp_path):
     sft_changed = build_task(compose("estimator=rloo", "lm.sft.steps=31", results_dir=tmp_path, cache_dir=cache))
     assert sft_changed.meta["sft"]["cached"] is False and sft_changed.meta["rm"]["cached"] is False
     assert len(list(cache.glob("sft-*"))) == 2 and len(list(cache.glob("rm-*"))) == 3
+    # another intra-op thread count is another stage (on a CPU the weights differ in their last bits
+    # with the count): a run never loads weights built on another count
+    torch.set_num_threads(2)
+    try:
+        two = build_task(cfg)
+    finally:
+        torch.set_num_threads(1)
+    assert two.meta["sft"]["cached"] is False and two.meta["rm"]["cached"] is False
+    assert build_task(cfg).meta["sft"]["key"] == first.meta["sft"]["key"]
+    assert len(list(cache.glob("sft-*"))) == 3 and len(list(cache.glob("rm-*"))) == 4
     # safetensors only, no pickles; no half-built temporary folders left
     files = [f.name for f in cache.rglob("*") if f.is_file()]
     assert "model.safetensors" in files and "reward_head.safetensors" in files

@@ -566,13 +566,19 @@ def build_task(cfg: DictConfig) -> LMTask:
         "max_prompt_len": lm.max_prompt_len, "max_response_len": lm.max_response_len,
     })
 
+    # on a CPU the trained weights differ in their last bits with the intra-op thread count (the
+    # ``threads`` that harness.train.lm.train sets before this): a stage built on another count is
+    # another stage, so what a run loads is what it would build, whatever ran in this cache before
+    compute = {"threads": torch.get_num_threads()} if device.type == "cpu" else {}
+
     # stage 1: SFT
     if lm.model is not None and lm.sft.steps == 0:
         policy_source = pretrained_source(lm.model)
         meta["sft"] = {"skipped": True}
         sft_material = data_material
     else:
-        sft_material = {**data_material, "sft": _plain(lm.sft), "dtype": dtype if device.type == "cuda" else "float32"}
+        sft_material = {**data_material, "sft": _plain(lm.sft), "dtype": dtype if device.type == "cuda" else "float32",
+                        **compute}
 
         def build_sft(out: Path) -> dict:
             from transformers import AutoModelForCausalLM
@@ -612,7 +618,7 @@ def build_task(cfg: DictConfig) -> LMTask:
                                             dtype=dtype)
             meta["rm"] = {"source": str(lm.reward_model)}
         else:
-            rm_material = {"sft": sft_material, "rm": _plain(lm.rm), "temperature": lm.temperature}
+            rm_material = {"sft": sft_material, "rm": _plain(lm.rm), "temperature": lm.temperature, **compute}
 
             def build_rm(out: Path) -> dict:
                 from transformers import AutoModelForCausalLM
