@@ -200,3 +200,41 @@ def test_lm_top_level_ops_are_the_calls_made_not_what_they_call():
     assert names[:6] == ["aten::linear", "aten::softmax", "aten::view", "aten::numpy_T", "aten::matmul", "aten::sum"]
     assert "aten::_softmax" not in names and "aten::transpose" not in names and "aten::as_strided" not in names
     assert "aten::ones_like" in names[6:] and "aten::mm" in names[6:]  # the backward's: seed gradient, matmul's
+
+
+def test_lm_population_stand_in_batches_the_members_lone_passes():
+    """``benchmarks/lm_population.py`` compares equal work: its pass over ``P`` members' stacked
+    weights is each member's lone pass (the same loss summed, each member's own gradients), for
+    the teacher-forced shapes and the decode step alike."""
+    import torch
+
+    from benchmarks.lm_population import WIDTH, block_stack, stacked
+
+    P, B, T, vocab = 3, 2, 5, 11
+    blocks, head = stacked(P, vocab, seed=3)
+    x = torch.randn(P, B * T, WIDTH, generator=torch.Generator().manual_seed(4))
+    together = block_stack(blocks, head, x, P, B, T)
+    together.backward()
+    total = 0.0
+    for p in range(P):
+        one = lambda t: t[p:p + 1].detach().clone().requires_grad_()  # noqa: E731
+        mine = [{k: one(v) for k, v in b.items()} for b in blocks]
+        my_head = one(head)
+        loss = block_stack(mine, my_head, x[p:p + 1], 1, B, T)
+        loss.backward()
+        total += loss.item()
+        torch.testing.assert_close(my_head.grad, head.grad[p:p + 1])
+        for b, m in zip(blocks, mine):
+            for k in b:
+                torch.testing.assert_close(m[k].grad, b[k].grad[p:p + 1])
+    assert abs(together.item() - total) <= 1e-4 * abs(total)
+    # the decode step: each member's new token against its own rows of the cache
+    cache = [tuple(torch.randn(P * B, 4, 7, WIDTH // 4) for _ in range(2)) for _ in blocks]
+    step = x[:, :B]
+    with torch.no_grad():
+        whole = float(block_stack(blocks, head, step, P, B, 1, cache))
+        parts = sum(float(block_stack([{k: v[p:p + 1] for k, v in b.items()} for b in blocks], head[p:p + 1],
+                                      step[p:p + 1], 1, B, 1, [(k[p * B:(p + 1) * B], v[p * B:(p + 1) * B])
+                                                               for k, v in cache]))
+                    for p in range(P))
+    assert abs(whole - parts) <= 1e-4 * abs(parts)
