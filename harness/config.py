@@ -86,7 +86,7 @@ class Config:
     mode: str = "train"  # train | probe (gradient bias/variance at a frozen policy)
     device: str = "cpu"  # auto | cpu | cuda
     threads: Optional[int] = None  # torch intra-op threads; None: the trainer's default (control: the cores each population worker has)
-    population_workers: Optional[int] = None  # control: processes a population's members are split across; None: one per core
+    population_workers: Optional[int] = None  # processes a population's members are split across; None: control one per core, toy and LM one
     checkpoint_every: int = 0  # iterations between checkpoints (every trainer; resume continues from the last); 0: off
     deterministic: bool = False  # torch deterministic algorithms + cuDNN/cuBLAS settings (GPU bitwise repeatability)
     logger: str = "none"  # none | tensorboard | wandb | mlflow: also send each metric row to that tracker (harness.io.trackers); not hashed

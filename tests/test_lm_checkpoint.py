@@ -177,6 +177,19 @@ def test_population_members_resume_from_their_own_checkpoints(tmp_path, monkeypa
     assert not list((tmp_path / "k").rglob(ckpt.CHECKPOINT_FILE))
 
 
+def test_population_workers_split_the_members_and_change_no_number(tmp_path, caplog):
+    """``population_workers=2``: the members are split over two forked processes (a log line names
+    the split), each training its slice one after another; every member's files are its run's with
+    one process, bit for bit (the measured columns aside)."""
+    caplog.set_level(logging.INFO, logger="harness")
+    args = ["estimator=ppo_gae", "population=3", "budget.iterations=3", "minibatches=2"]
+    assert run(compose(*args, "population_workers=1", results_dir=tmp_path / "one")) == {"skipped": 0, "completed": 3}
+    assert "worker processes" not in caplog.text
+    assert run(compose(*args, "population_workers=2", results_dir=tmp_path / "two")) == {"skipped": 0, "completed": 3}
+    assert "population of 3: 2 worker processes (seeds 0-1, 2-2)" in caplog.text
+    assert_same_runs(tmp_path / "one", tmp_path / "two")
+
+
 @pytest.mark.parametrize("damage", ["truncated", "other_seed", "missing_generator", "missing_adam", "adam_shape",
                                     "past_budget", "bad_prompt_rng"])
 def test_unusable_lm_checkpoint_is_named_and_the_run_restarts_from_zero(damage, tmp_path, monkeypatch, caplog):

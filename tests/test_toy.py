@@ -327,6 +327,21 @@ def test_toy_population_with_random_rewards_and_prompt_columns_equals_lone_runs(
     population_against_lone_runs(common, tmp_path)  # pandas' default tolerance (rtol 1e-5, atol 1e-8)
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_toy_population_split_over_workers_equals_lone_runs(dynamic, tmp_path, caplog):
+    """``population_workers=2``: the members are split over two forked processes (a batched
+    population each, or one after another with ``dynamic_sampling``), and each member still equals
+    the lone run of its seed."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="harness")
+    common = TOY_TINY + ["estimator=grpo", "epochs=2", "minibatches=2", "population_workers=2"]
+    if dynamic:
+        common += ["dynamic_sampling=true", "dynamic_sampling_max_draws=2"]
+    population_against_lone_runs(common, tmp_path, atol=1e-9, rtol=1e-7)
+    assert "population of 3: 2 worker processes (seeds 0-1, 2-2)" in caplog.text
+
+
 @pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
 def test_toy_population_member_equals_its_lone_run_with_schedules(estimator, tmp_path):
     """A batched toy population of 3 with annealed learning rates (by each member's sequence

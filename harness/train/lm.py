@@ -606,8 +606,9 @@ class LMSource(Source):
 
 def train(cfg: DictConfig, runs: list[RunDir]) -> None:
     """Build (or load) the cached pipeline once, then train the members one after another,
-    each resuming from its own checkpoint if it has one."""
+    each resuming from its own checkpoint if it has one (``population_workers``: split over that
+    many forked processes, which share the pipeline; default one)."""
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     task = build_task(cfg)
-    train_members(cfg, runs, lambda c, rs: LMSource(c, task), "lm")
+    train_members(cfg, runs, lambda c, rs: LMSource(c, task), "lm", workers=int(cfg.population_workers or 1))

@@ -373,7 +373,8 @@ def train(cfg: DictConfig, runs: list[RunDir]) -> None:
     torch.set_num_threads(int(cfg.threads or 1))
     task = build_task(cfg)
     make = lambda c, rs: ToySource(c, task, rs)  # noqa: E731
+    workers = int(cfg.population_workers or 1)  # default one: a whole toy population is a few small tensors
     if cfg.dynamic_sampling:  # a member's batch can end short of the others' (ToySource)
-        train_one_by_one(cfg, runs, make, "toy")
+        train_one_by_one(cfg, runs, make, "toy", workers=workers)
     else:
-        train_members(cfg, runs, make, "toy")
+        train_members(cfg, runs, make, "toy", workers=workers)

@@ -1,9 +1,10 @@
-"""Members to loops: one batched population (in worker processes or not) or one by one.
+"""Members to loops: one batched population or one by one, in worker processes or not.
 
 :func:`train_members` trains a task kind's members the way its :class:`harness.config.TaskKind`
 entry says: :func:`train_population` (members that are finished or held elsewhere ride along as
-write-nothing :class:`ShadowRun` s, so batch shapes stay those of an uninterrupted run; with
-``population_workers`` the members are split over forked processes) or :func:`train_one_by_one`.
+write-nothing :class:`ShadowRun` s, so batch shapes stay those of an uninterrupted run) or
+:func:`train_one_by_one`; with ``population_workers`` the members are split over forked
+processes either way (:func:`in_workers`).
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def train_members(cfg: DictConfig, runs: list[RunDir], make_source, family: str,
     if task_kind(family).population:
         train_population(cfg, runs, make_source, family, workers=workers)
     else:
-        train_one_by_one(cfg, runs, make_source, family)
+        train_one_by_one(cfg, runs, make_source, family, workers=workers)
 
 
 def train_population(cfg: DictConfig, runs: list[RunDir], make_source, family: str, workers: int = 1) -> None:
@@ -78,25 +79,34 @@ def train_population(cfg: DictConfig, runs: list[RunDir], make_source, family: s
     to float rounding (as it is its lone run's). Each slice checkpoints and resumes on its own:
     a resumed run with the same split continues, one with another split restarts the slices
     whose checkpoint does not fit (named in a log line)."""
-    full = population_runs(cfg, runs)
-    slices = worker_slices(len(full), workers)
+    in_workers(cfg, population_runs(cfg, runs), train_slice, make_source, family, workers)
+
+
+def in_workers(cfg: DictConfig, runs: list[RunDir], target, make_source, family: str, workers: int) -> None:
+    """``target(cfg, part, make_source, family)`` on each of ``min(workers, len(runs))`` contiguous
+    slices of ``runs`` (:func:`worker_slices`), each in a forked process (:func:`_slice_worker`,
+    with this process's torch thread count; a slice with nothing to write is skipped), this
+    process waiting for them; one slice runs here. A worker that exits non-zero is raised here,
+    naming its seeds."""
+    slices = worker_slices(len(runs), workers)
     if len(slices) == 1:
-        train_slice(cfg, full, make_source, family)
+        target(cfg, runs, make_source, family)
         return
     import multiprocessing
 
     threads = torch.get_num_threads()
-    log.info("population of %d: %d worker processes (seeds %s), %d torch thread(s) each", len(full), len(slices),
-             ", ".join(f"{full[i.start].cfg.seed}-{full[i.stop - 1].cfg.seed}" for i in slices), threads)
+    log.info("population of %d: %d worker processes (seeds %s), %d torch thread(s) each", len(runs), len(slices),
+             ", ".join(f"{runs[i.start].cfg.seed}-{runs[i.stop - 1].cfg.seed}" for i in slices), threads)
     ctx = multiprocessing.get_context("fork")  # the children need nothing re-imported or pickled
     procs = []
     try:
         for idx in slices:
-            part = [full[i] for i in idx]
+            part = [runs[i] for i in idx]
             if not any(getattr(r, "writable", True) for r in part):
                 continue  # every member finished or held elsewhere
             show = cfg.progress and not procs  # one progress bar: the first slice's
-            procs.append((ctx.Process(target=_slice_worker, args=(cfg, part, make_source, family, show, threads),
+            procs.append((ctx.Process(target=_slice_worker, args=(cfg, part, target, make_source, family, show,
+                                                                  threads),
                                       name=f"population-worker-{part[0].cfg.seed}", daemon=True), part))
             procs[-1][0].start()
         for proc, _ in procs:
@@ -132,18 +142,19 @@ def train_slice(cfg: DictConfig, runs: list[RunDir], make_source, family: str) -
     loop.run(resume)
 
 
-def _slice_worker(cfg: DictConfig, runs: list[RunDir], make_source, family: str, progress: bool,
+def _slice_worker(cfg: DictConfig, runs: list[RunDir], target, make_source, family: str, progress: bool,
                   threads: int) -> None:
-    """A worker process's :func:`train_slice`, on ``threads`` torch threads, with or without its
-    progress bar. If it raises, its unfinished members are recorded as failed with the exception
-    (the parent sees only an exit code), then the worker exits non-zero."""
+    """A worker process's ``target`` (:func:`train_slice` or :func:`train_one_by_one`), on
+    ``threads`` torch threads, with or without its progress bar. If it raises, its unfinished
+    members are recorded as failed with the exception (the parent sees only an exit code), then
+    the worker exits non-zero."""
     torch.set_num_threads(threads)
     if progress != cfg.progress:
         cfg = cfg.copy()
         cfg.progress = progress
     t0 = time.perf_counter()
     try:
-        train_slice(cfg, runs, make_source, family)
+        target(cfg, runs, make_source, family)
     except Exception as exc:
         log.exception("%s population worker (seeds %s-%s) failed", family, runs[0].cfg.seed, runs[-1].cfg.seed)
         for r in runs:  # a shadow's finish writes nothing
@@ -152,14 +163,23 @@ def _slice_worker(cfg: DictConfig, runs: list[RunDir], make_source, family: str,
         raise
 
 
-def train_one_by_one(cfg: DictConfig, runs: list[RunDir], make_source, family: str) -> None:
+def train_one_by_one(cfg: DictConfig, runs: list[RunDir], make_source, family: str, workers: int = 1) -> None:
     """Train the members one after another, each a lone run of its own seed (``P = 1``); a
-    member that raises is recorded as failed and the next one goes on."""
+    member that raises is recorded as failed and the next one goes on. ``workers > 1``: the
+    members are split over that many forked processes (:func:`in_workers`), each training its
+    slice one after another; a member's run is its lone run whichever process trains it."""
+    if workers > 1 and len(runs) > 1:
+        in_workers(cfg, runs, train_one_by_one, make_source, family, workers)
+        return
     for r in runs:
         t0 = time.perf_counter()
+        mcfg = r.cfg
+        if mcfg.progress and not cfg.progress:  # a worker without the progress bar (_slice_worker)
+            mcfg = mcfg.copy()
+            mcfg.progress = False
         loop = None  # the previous member's trainer is freed before this one is built (and measured)
         try:
-            loop, resume = start(r.cfg, lambda: Loop(r.cfg, make_source(r.cfg, [r]), [r], family), [r])
+            loop, resume = start(mcfg, lambda: Loop(mcfg, make_source(mcfg, [r]), [r], family), [r])
             loop.run(resume)
             loop = None
         except Exception as exc:  # record this member as failed, go on with the next
