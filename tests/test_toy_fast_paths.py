@@ -85,6 +85,43 @@ def test_exact_stats_from_one_enumeration_equal_the_separate_functions(preset):
     assert task.exact_stats(ref, task.leaf_log_probs(ref))["kl_ref"] == 0.0
 
 
+def _reference_exact_stats(task: ToyTask, theta: torch.Tensor, ref_log_probs: torch.Tensor) -> dict:
+    """ToyTask.exact_stats as it was (one policy at a time, before 2026-12-07)."""
+    J_x = task.prompt_rewards(theta)
+    lp = task.leaf_log_probs(theta)
+    p = lp.exp() / task.n_prompts
+    length = task.leaf_len.to(DTYPE)
+    out = {"J": float(J_x.mean()), "J_prompt": [float(j) for j in J_x], "response_len": float((p * length).sum()),
+           "entropy": float(task._prompt_entropy(lp).mean()), "kl_ref": float(task._sequence_kl(lp, ref_log_probs))}
+    has = torch.isfinite(task.leaf_correct)
+    for name, sel in (("right_len", has & (task.leaf_correct == 1)), ("wrong_len", has & (task.leaf_correct == 0))):
+        w = p * sel.to(DTYPE)
+        out[name] = float((w * length).sum() / w.sum()) if float(w.sum()) > 0 else None
+    out["success"] = (float((p * torch.nan_to_num(task.leaf_correct)).sum() / (p * has.to(DTYPE)).sum())
+                      if bool(has.any()) else None)
+    return out
+
+
+@pytest.mark.parametrize("preset", ["mixed", "varlen", "bandit", "dense_only"])
+def test_a_populations_exact_quantities_in_one_pass_are_each_members_own(preset):
+    """A population's exact statistics and exact gradients come from one pass over the stacked
+    logits (``torch.func.vmap``): each member's are the ones it gets alone, bit for bit, for
+    members far apart (and for one member alone, a lone run's case); ``dense_only`` has no graded
+    response (success and the right/wrong lengths None)."""
+    from harness.tasks.toy import PromptSpec, ToySpec
+
+    dense = ToySpec(vocab=3, length=2, eos=False, prompts=(PromptSpec("dense"), PromptSpec("dense")))
+    task = ToyTask(dense if preset == "dense_only" else PRESETS[preset])
+    ref = task.leaf_log_probs(task.init_logits(scale=0.3, seed=9))
+    stack = torch.stack([task.init_logits(scale=0.5 * s, seed=s) for s in range(5)])
+    for thetas in (stack, stack[2:3]):
+        stats, grads = task.exact_stats_of(thetas, ref), task.exact_gradient(thetas)
+        assert grads.shape == thetas.shape and len(stats) == len(thetas)
+        for p, theta in enumerate(thetas):
+            assert stats[p] == _reference_exact_stats(task, theta, ref), p
+            assert torch.equal(grads[p], task.exact_gradient(theta)), p
+
+
 def test_toy_source_exact_equals_the_task_functions():
     from harness.tasks.toy import build_task
     from harness.train.toy import ToySource

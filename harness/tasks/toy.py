@@ -54,6 +54,14 @@ from ..estimators import AdvantageBatch
 DTYPE = torch.float64  # exact quantities and estimates: float64 keeps rounding far below any bias measured
 
 
+def _vmap(fn):
+    """``torch.func.vmap(fn)``: a population's exact quantities in one pass (imported when first
+    used; unlike ``torch.func.grad`` it does not import ``torch._dynamo``)."""
+    from torch.func import vmap
+
+    return vmap(fn)
+
+
 @dataclass(frozen=True)
 class PromptSpec:
     kind: str = "binary"  # binary | dense | first_token
@@ -360,9 +368,13 @@ class ToyTask:
         return mean, ((w * (G - mean) ** 2).sum() / tokens).sqrt()
 
     def exact_gradient(self, theta: torch.Tensor) -> torch.Tensor:
-        """``grad J`` by autograd through :meth:`values`, shape of theta."""
+        """``grad J`` by autograd through :meth:`values`, shape of theta. A stack of policies
+        ``[P, S, V]`` gives each its own gradient, from one pass over all of them
+        (``torch.func.vmap`` of :meth:`expected_reward`; each member's gradient is the one it gets
+        alone, bit for bit: tests/test_toy_fast_paths.py)."""
         th = theta.detach().clone().requires_grad_(True)
-        (grad,) = torch.autograd.grad(self.expected_reward(th), th)
+        J = self.expected_reward(th) if th.dim() == 2 else _vmap(self.expected_reward)(th).sum()
+        (grad,) = torch.autograd.grad(J, th)
         return grad
 
     def leaf_log_probs(self, theta: torch.Tensor) -> torch.Tensor:
@@ -412,28 +424,42 @@ class ToyTask:
         return torch.zeros(self.n_prompts, dtype=sq.dtype).index_add(0, self.state_prompt, sq).sqrt()
 
     def exact_stats(self, theta: torch.Tensor, ref_log_probs: torch.Tensor | None = None) -> dict[str, Any]:
-        """Exact diagnostics: J, per-prompt J, expected length (all, right, wrong responses), the
-        response entropy averaged over prompts (:meth:`prompt_entropy`); given the reference's
-        :meth:`leaf_log_probs` ``ref_log_probs``, also ``kl_ref`` = :meth:`sequence_kl` (the
-        policy's leaf log-probs computed once for all of them)."""
+        """Exact diagnostics of one policy: :meth:`exact_stats_of` of ``theta`` alone."""
+        return self.exact_stats_of(theta[None], ref_log_probs)[0]
+
+    def exact_stats_of(self, thetas: torch.Tensor, ref_log_probs: torch.Tensor | None = None) -> list[dict[str, Any]]:
+        """Exact diagnostics of each policy of the stack ``thetas [P, S, V]``: J, per-prompt J,
+        expected length (all, right, wrong responses), the response entropy averaged over prompts
+        (:meth:`prompt_entropy`); given the reference's :meth:`leaf_log_probs` ``ref_log_probs``,
+        also ``kl_ref`` = :meth:`sequence_kl` (the policy's leaf log-probs computed once for all of
+        them). One pass over the stack (``torch.func.vmap``); each policy's numbers are the ones it
+        gets alone, bit for bit (tests/test_toy_fast_paths.py)."""
         with torch.no_grad():
-            J_x = self.prompt_rewards(theta)
-            lp = self.leaf_log_probs(theta)
+            J_x = _vmap(self.prompt_rewards)(thetas)  # [P, X]
+            lp = _vmap(self.leaf_log_probs)(thetas)  # [P, N]
             p = lp.exp() / self.n_prompts
             length = self.leaf_len.to(DTYPE)
-            out = {"J": float(J_x.mean()), "J_prompt": [float(j) for j in J_x],
-                   "response_len": float((p * length).sum()),
-                   "entropy": float(self._prompt_entropy(lp).mean())}
+            cols = {"J": J_x.mean(-1), "response_len": (p * length).sum(-1),
+                    "entropy": _vmap(self._prompt_entropy)(lp).mean(-1)}
             if ref_log_probs is not None:
-                out["kl_ref"] = float(self._sequence_kl(lp, ref_log_probs))
+                cols["kl_ref"] = _vmap(lambda a: self._sequence_kl(a, ref_log_probs))(lp)
             has = torch.isfinite(self.leaf_correct)
+            shares = {}
             for name, sel in (("right_len", has & (self.leaf_correct == 1)), ("wrong_len", has & (self.leaf_correct == 0))):
                 w = p * sel.to(DTYPE)
-                out[name] = float((w * length).sum() / w.sum()) if float(w.sum()) > 0 else None
-            if bool(has.any()):
-                out["success"] = float((p * torch.nan_to_num(self.leaf_correct)).sum() / (p * has.to(DTYPE)).sum())
-            else:
-                out["success"] = None
+                shares[name] = ((w * length).sum(-1), w.sum(-1))
+            graded = bool(has.any())
+            if graded:
+                cols["success"] = (p * torch.nan_to_num(self.leaf_correct)).sum(-1) / (p * has.to(DTYPE)).sum(-1)
+            out = []
+            for i in range(thetas.shape[0]):
+                row = {k: float(v[i]) for k, v in cols.items()}
+                row["J_prompt"] = [float(j) for j in J_x[i]]
+                for name, (num, den) in shares.items():
+                    row[name] = float(num[i] / den[i]) if float(den[i]) > 0 else None
+                if not graded:
+                    row["success"] = None
+                out.append(row)
         return out
 
     # ------------------------------------------------------------------ sampling

@@ -289,9 +289,10 @@ class ToySource(Source):
                          with_metrics=False)
         loss, _ = self.policy_loss(x, self.loss_settings)
         (g,) = torch.autograd.grad(-loss.sum(), th)  # members' losses are apart: each its own gradient
+        exact = self.task.exact_gradient(self.theta.detach())  # [P, S, V], each member's own
         out = []
         for p in range(self.P):
-            true = self.task.exact_gradient(self.theta.detach()[p])
+            true = exact[p]
             den = float(g[p].norm() * true.norm())
             out.append({"grad_cos": float((g[p] * true).sum()) / den if den > 0 else float("nan")})
         return out
@@ -300,11 +301,8 @@ class ToySource(Source):
         """Per member ``(exact_stats, exact KL to the reference)`` of the updated policy, computed
         once per iteration (evaluation, adaptive KL and the metric row all read them)."""
         if self._exact is None:
-            with torch.no_grad():
-                self._exact = []
-                for t in self.theta.detach():
-                    stats = self.task.exact_stats(t, self.ref_log_probs)
-                    self._exact.append((stats, stats["kl_ref"]))
+            self._exact = [(stats, stats["kl_ref"])
+                           for stats in self.task.exact_stats_of(self.theta.detach(), self.ref_log_probs)]
         return self._exact
 
     def kl_to_reference(self, batch):
