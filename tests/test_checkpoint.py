@@ -7,6 +7,7 @@ catch: no summary.json is written, as after SIGKILL (tests/test_faults.py kills 
 """
 import json
 import logging
+import time
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -418,6 +419,17 @@ def test_deterministic_run_equals_the_default_run_on_cpu(tmp_path):
     run(make_cfg(args + [f"results_dir={tmp_path}/b", "deterministic=true"]))
     assert not torch.are_deterministic_algorithms_enabled()  # the job's setting does not leak
     assert_same_runs(tmp_path / "a", tmp_path / "b")  # same directory too: deterministic is not hashed
+
+
+def test_a_slow_rewrite_spaces_the_next_ones_out():
+    """A rewrite of a population's files that took ``cost`` seconds waits ``10 cost`` (FLUSH_SHARE
+    0.1) before the next when that is over FLUSH_SECONDS (1 s): the rewrites stay a tenth of the time."""
+    started = time.perf_counter() - 2.0  # the last rewrite began two seconds ago
+    assert train_loop.flush_due(20, started, cost=0.0) and train_loop.flush_due(20, started, cost=0.1)
+    assert train_loop.flush_due(20, started, cost=0.19)  # waits 1.9 s
+    assert not train_loop.flush_due(20, started, cost=0.21)  # waits 2.1 s
+    assert not train_loop.flush_due(20, started, cost=0.5)  # waits 5 s
+    assert not train_loop.flush_due(25, started, cost=0.0)  # every FLUSH_EVERY (10) iterations only
 
 
 @pytest.mark.parametrize("seconds, flushed_at", [(0.0, [10, 20]), (3600.0, [])])

@@ -44,14 +44,19 @@ log = logging.getLogger("harness")
 
 FLUSH_EVERY = 10  # iterations between metrics.parquet rewrites (and at every checkpoint) ...
 FLUSH_SECONDS = 1.0  # ... and at least this long after the last one: a run of 6-10 ms iterations (a2c
-# on CartPole, 5 members a worker) rewrote its members' files every 60-100 ms (2-5 ms each)
+# on CartPole, 5 members a worker) rewrote its members' files every 60-100 ms (2-5 ms each) ...
+FLUSH_SHARE = 0.1  # ... and longer when the last rewrite took more than this share of FLUSH_SECONDS: a
+# toy population of 120 members rewrote 120 files (about 0.3 s) every second
 
 
-def flush_due(iteration: int, last_flush: float) -> bool:
-    """Whether metrics.parquet is rewritten after ``iteration`` (the last rewrite at
-    ``time.perf_counter()`` ``last_flush``): the rule of the training loop and of the SB3 and TRL
-    references."""
-    return iteration % FLUSH_EVERY == 0 and time.perf_counter() - last_flush >= FLUSH_SECONDS
+def flush_due(iteration: int, last_flush: float, cost: float = 0.0) -> bool:
+    """Whether metrics.parquet is rewritten after ``iteration``: every ``FLUSH_EVERY`` iterations,
+    once ``FLUSH_SECONDS`` have passed since the last rewrite began (``time.perf_counter()``
+    ``last_flush``), or ``cost / FLUSH_SHARE`` seconds where that rewrite took ``cost`` seconds (a
+    population's files: the rewrites stay a tenth of the time). The rule of the training loop and
+    of the SB3 and TRL references."""
+    wait = FLUSH_SECONDS * max(1.0, cost / (FLUSH_SHARE * FLUSH_SECONDS)) if FLUSH_SECONDS > 0 else 0.0
+    return iteration % FLUSH_EVERY == 0 and time.perf_counter() - last_flush >= wait
 
 
 class Diverged(FloatingPointError):
@@ -224,7 +229,7 @@ class Loop(Checkpoints):
         budget, max_iters = src.budget, self.max_iters
         t0 = time.perf_counter() - (resume["wall_time_s"] if resume else 0.0)
         iteration = resume["iteration"] if resume else 0
-        flushed = time.perf_counter()
+        flushed, flush_cost = time.perf_counter(), 0.0
         if not resume:
             self.init = src.initial_evaluation() if (self.eval_every > 0 or self.eval_every_steps) else {}
         bar = tqdm(total=budget or max_iters, disable=not cfg.progress, unit=src.cost_unit if budget else "it",
@@ -280,11 +285,12 @@ class Loop(Checkpoints):
                         self._finish(p, status, reason, wall, iteration)
                 if self.checkpoint_every and iteration % self.checkpoint_every == 0:
                     self.save_checkpoint(iteration, wall)
-                elif flush_due(iteration, flushed):
+                elif flush_due(iteration, flushed, flush_cost):
                     flushed = time.perf_counter()
                     for p, r in enumerate(self.runs):
                         if self.active[p]:
                             r.flush()
+                    flush_cost = time.perf_counter() - flushed
                 bar.n = min(int(self.cost.max()), budget) if budget else iteration
                 bar.set_postfix(**src.postfix(ro, rows), refresh=False)
                 bar.refresh()
