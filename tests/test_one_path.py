@@ -338,3 +338,23 @@ def test_a_diverging_member_stops_alone_and_its_neighbours_equal_their_lone_runs
     outcome = {seed: o for seed, (o, _) in population_against_lone_runs(common, tmp_path, atol=1e-5, rtol=1e-4).items()}
     assert outcome[1]["status"] == "diverged" and outcome[0]["status"] == "completed"
     assert outcome[1]["iterations"] < outcome[0]["iterations"] == 6
+
+
+def test_population_runs_are_the_members_in_seed_order_with_shadows_for_the_rest(tmp_path):
+    """``harness.train.workers.population_runs``: every member given, they come back as given in
+    seed order; some given, the others are write-nothing shadows of their member configs; runs of
+    another config come back as they are."""
+    from harness.config import member_configs
+    from harness.io import RunDir
+    from harness.train.workers import ShadowRun, population_runs, worker_slices
+
+    cfg = make_cfg(TINY + ["task=cartpole", "estimator=rloo", "seed=3", "population=4", f"results_dir={tmp_path}"])
+    runs = [RunDir(m) for m in member_configs(cfg)]
+    out = population_runs(cfg, runs[::-1])
+    assert all(a is b for a, b in zip(out, runs)) and len(out) == 4
+    out = population_runs(cfg, [runs[2], runs[0]])
+    assert [int(r.cfg.seed) for r in out] == [3, 4, 5, 6] and out[0] is runs[0] and out[2] is runs[2]
+    assert [type(r) is ShadowRun for r in out] == [False, True, False, True]
+    other = RunDir(make_cfg(TINY + ["task=cartpole", "estimator=rloo", "seed=40", f"results_dir={tmp_path}"]))
+    assert population_runs(cfg, [other]) == [other]
+    assert worker_slices(5, 2) == [range(0, 3), range(3, 5)] and worker_slices(2, 8) == [range(0, 1), range(1, 2)]

@@ -50,11 +50,13 @@ class ShadowRun(RunDir):
 def population_runs(cfg: DictConfig, runs: list[RunDir]) -> list[RunDir]:
     """All ``cfg.population`` members in seed order: ``runs`` where given, a :class:`ShadowRun`
     for each other member (finished already, or held by another sweep)."""
-    members = member_configs(cfg)
+    seeds = [int(cfg.seed) + i for i in range(int(cfg.population))]  # member_configs' seeds
     mine = {int(r.cfg.seed): r for r in runs}
-    if not set(mine) <= {int(m.seed) for m in members}:  # not this config's members: as given
+    if not set(mine) <= set(seeds):  # not this config's members: as given
         return list(runs)
-    return [mine.get(int(m.seed)) or ShadowRun(m) for m in members]
+    if len(mine) == len(seeds):  # every member given: no shadow to configure
+        return [mine[s] for s in seeds]
+    return [mine.get(int(m.seed)) or ShadowRun(m) for m in member_configs(cfg)]
 
 
 def train_members(cfg: DictConfig, runs: list[RunDir], make_source, family: str, workers: int = 1) -> None:
