@@ -55,7 +55,7 @@ def flush_due(iteration: int, last_flush: float, cost: float = 0.0) -> bool:
     ``last_flush``), or ``cost / FLUSH_SHARE`` seconds where that rewrite took ``cost`` seconds (a
     population's files: the rewrites stay a tenth of the time). The rule of the training loop and
     of the SB3 and TRL references."""
-    wait = FLUSH_SECONDS * max(1.0, cost / (FLUSH_SHARE * FLUSH_SECONDS)) if FLUSH_SECONDS > 0 else 0.0
+    wait = max(FLUSH_SECONDS, cost / FLUSH_SHARE) if FLUSH_SECONDS > 0 else 0.0
     return iteration % FLUSH_EVERY == 0 and time.perf_counter() - last_flush >= wait
 
 

@@ -88,7 +88,7 @@ def in_workers(cfg: DictConfig, runs: list[RunDir], target, make_source, family:
     """``target(cfg, part, make_source, family)`` on each of ``min(workers, len(runs))`` contiguous
     slices of ``runs`` (:func:`worker_slices`), each in a forked process (:func:`_slice_worker`,
     with this process's torch thread count; a slice with nothing to write is skipped), this
-    process waiting for them; one slice runs here. A worker that exits non-zero is raised here,
+    process waiting for them; a single slice runs in this process. A worker that exits non-zero is raised here,
     naming its seeds."""
     slices = worker_slices(len(runs), workers)
     if len(slices) == 1:
@@ -170,7 +170,7 @@ def train_one_by_one(cfg: DictConfig, runs: list[RunDir], make_source, family: s
     member that raises is recorded as failed and the next one goes on. ``workers > 1``: the
     members are split over that many forked processes (:func:`in_workers`), each training its
     slice one after another; a member's run is its lone run whichever process trains it."""
-    if workers > 1 and len(runs) > 1:
+    if workers > 1:  # in_workers runs a single slice here, as workers=1
         in_workers(cfg, runs, train_one_by_one, make_source, family, workers)
         return
     for r in runs:
