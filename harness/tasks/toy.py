@@ -451,12 +451,16 @@ class ToyTask:
             graded = bool(has.any())
             if graded:
                 cols["success"] = (p * torch.nan_to_num(self.leaf_correct)).sum(-1) / (p * has.to(DTYPE)).sum(-1)
+            # to Python floats a column at a time (float64: a quotient of two is the tensor one's)
+            values = {k: v.tolist() for k, v in cols.items()}
+            J_rows = J_x.tolist()
+            share_values = {name: (num.tolist(), den.tolist()) for name, (num, den) in shares.items()}
             out = []
             for i in range(thetas.shape[0]):
-                row = {k: float(v[i]) for k, v in cols.items()}
-                row["J_prompt"] = [float(j) for j in J_x[i]]
-                for name, (num, den) in shares.items():
-                    row[name] = float(num[i] / den[i]) if float(den[i]) > 0 else None
+                row = {k: v[i] for k, v in values.items()}
+                row["J_prompt"] = J_rows[i]
+                for name, (num, den) in share_values.items():
+                    row[name] = num[i] / den[i] if den[i] > 0 else None
                 if not graded:
                     row["success"] = None
                 out.append(row)
