@@ -760,6 +760,39 @@ def test_the_time_block_shows_each_offsets_minutes_per_experiment_largest_first(
     assert rows[7] == "| started at commit | abc1234 | not recorded |"  # a record from before the field
 
 
+def test_the_commit_is_read_from_a_clone_and_from_a_linked_worktree(tmp_path):
+    """commit() reads the short hash from ``.git`` without starting git; git itself says what it
+    should read: a clone on a branch (loose ref, then packed), a linked worktree (``.git`` a
+    ``gitdir:`` file) on its own branch and detached at another commit; "?" outside a checkout."""
+    import shutil
+    import subprocess
+
+    from analysis.claims.report import commit
+
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    git = lambda *a, cwd=tmp_path / "clone": subprocess.run(  # noqa: E731
+        ["git", *a], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "clone").mkdir()
+    git("init", "-q", "-b", "main")
+    for i in range(2):
+        (tmp_path / "clone" / "f").write_text(str(i))
+        git("add", "f")
+        git("commit", "-q", "-m", str(i))
+    first, second = git("rev-parse", "HEAD~1"), git("rev-parse", "HEAD")
+    assert commit(tmp_path / "clone") == second[:7]
+    git("worktree", "add", "-q", "-b", "side", str(tmp_path / "wt"), "HEAD")
+    git("worktree", "add", "-q", "--detach", str(tmp_path / "old"), first)
+    git("pack-refs", "--all")  # the branches now only in packed-refs, in the shared folder
+    assert (tmp_path / "wt" / ".git").is_file()
+    assert commit(tmp_path / "clone") == second[:7]
+    assert commit(tmp_path / "wt") == git("rev-parse", "HEAD", cwd=tmp_path / "wt")[:7] == second[:7]
+    assert commit(tmp_path / "old") == first[:7]
+    assert commit(tmp_path / "nothing") == "?"
+
+
 def test_a_whole_run_records_the_commit_it_started_at(tmp_path, monkeypatch):
     """claims_run.json names the checkout's commit when the run began, not the one that is checked
     out when it ends (a commit made during a run of an hour is not what the run ran)."""

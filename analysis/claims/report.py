@@ -47,18 +47,27 @@ def _level(level: float) -> str:
     return f"{pct:.4f}%"
 
 
-def commit() -> str:
-    """The harness checkout's commit (short hash), read from its ``.git`` folder (analysis starts no
-    processes); "?" outside a git checkout (an installed package)."""
-    git = Path(__file__).resolve().parents[2] / ".git"
+def commit(checkout: Path | None = None) -> str:
+    """The harness checkout's commit (short hash), read from its ``.git`` (analysis starts no
+    processes); "?" outside a git checkout (an installed package). ``.git`` is a folder in a clone
+    and a ``gitdir: <path>`` file in a linked worktree (``git worktree add``), whose own folder
+    holds its ``HEAD`` and names the shared one (refs, ``packed-refs``) in ``commondir``.
+    ``checkout``: another checkout's root (tests)."""
+    git = (checkout or Path(__file__).resolve().parents[2]) / ".git"
     try:
+        if git.is_file():
+            text = git.read_text().strip()
+            if not text.startswith("gitdir: "):
+                return "?"
+            git = git.parent / text[len("gitdir: "):]  # a relative path is relative to the checkout
+        common = git / (git / "commondir").read_text().strip() if (git / "commondir").is_file() else git
         head = (git / "HEAD").read_text().strip()
         if head.startswith("ref: "):
             ref = head[5:]
-            path = git / ref
+            path = common / ref
             if path.is_file():
                 return path.read_text().strip()[:7]
-            for line in (git / "packed-refs").read_text().splitlines():
+            for line in (common / "packed-refs").read_text().splitlines():
                 if line.endswith(" " + ref):
                     return line.split()[0][:7]
             return "?"
