@@ -329,13 +329,18 @@ def entry_point(path: str):
     return getattr(importlib.import_module(module), attr)
 
 
+def member_seeds(cfg: DictConfig) -> list[int]:
+    """The seeds of ``cfg``'s population members in order: member i has ``seed + i``."""
+    return [int(cfg.seed) + i for i in range(int(cfg.population))]
+
+
 def member_configs(cfg: DictConfig) -> list[DictConfig]:
-    """Population member i is the lone run with seed ``seed + i`` (same config otherwise)."""
+    """Population member i is the lone run with seed ``seed + i`` (:func:`member_seeds`; same config otherwise)."""
     out = []
-    for i in range(cfg.population):
+    for seed in member_seeds(cfg):
         m = cfg.copy()
         with open_dict(m):
-            m.seed = int(cfg.seed) + i
+            m.seed = seed
             m.population = 1
             m.pop("hydra", None)
         out.append(m)

@@ -14,7 +14,7 @@ import time
 import torch
 from omegaconf import DictConfig
 
-from ..config import member_configs, task_kind
+from ..config import member_configs, member_seeds, task_kind
 from ..io import RunDir
 from .checkpointing import start
 from .loop import Loop
@@ -50,7 +50,7 @@ class ShadowRun(RunDir):
 def population_runs(cfg: DictConfig, runs: list[RunDir]) -> list[RunDir]:
     """All ``cfg.population`` members in seed order: ``runs`` where given, a :class:`ShadowRun`
     for each other member (finished already, or held by another sweep)."""
-    seeds = [int(cfg.seed) + i for i in range(int(cfg.population))]  # member_configs' seeds
+    seeds = member_seeds(cfg)
     mine = {int(r.cfg.seed): r for r in runs}
     if not set(mine) <= set(seeds):  # not this config's members: as given
         return list(runs)
