@@ -3,8 +3,10 @@ rliable's score matrices as an .npz: :mod:`analysis.interop`) and ``claims`` (re
 ``--run`` it first runs the claim experiments that are missing, through :mod:`harness.experiments`).
 
 Exit codes: 0 success, 2 bad input: an argument outside its allowed values (one line naming
-the argument and what is allowed, no usage dump, no traceback), a folder without runs, or an
-output folder that cannot be written (checked before anything is computed); 130 interrupted
+the argument and what is allowed, no usage dump, no traceback), a folder without runs, an
+output folder that cannot be written (checked before anything is computed), or a confirmatory
+``claims --run`` while the claims differ from their registration (``claims --register`` writes
+it: :mod:`analysis.claims.registry`; one line per change, before anything runs); 130 interrupted
 (Ctrl-C: one line, ``interrupted; rerun the same command to resume``).
 Every run either command leaves out (not finished, a non-finite score, a symlink, an
 unreadable file) is printed with its path and reason, and listed in report.md / claims.md.
@@ -255,8 +257,12 @@ def _run_rliable(args) -> int:
 
 
 def _claims_arguments(p) -> None:
-    p.add_argument("results", metavar="DIR", type=_claims_folder,
-                   help="folder holding the claim experiments' runs")
+    p.add_argument("results", metavar="DIR", type=_claims_folder, nargs="?", default=None,
+                   help="folder holding the claim experiments' runs (not with --register)")
+    p.add_argument("--register", action="store_true",
+                   help="write harness/conf/claims_registry.json from this checkout (the hash of the protocol and "
+                        "of what decides each claim, with the date and commit each was registered at) and print "
+                        "what changed since the last registration; commit it before a confirmatory --run")
     p.add_argument("--run", action="store_true",
                    help="run the missing claim experiments and the exact claims' tests first (finished runs are "
                         "skipped)")
@@ -286,11 +292,66 @@ def _holds_runs(root: Path) -> bool:
     return (root / "exact_tests.json").is_file() or bool(find_run_dirs(root))
 
 
+def _register_claims(args) -> int:
+    """``claims --register``: write the registry and print what changed since the last one."""
+    given = [flag for flag, on in (("DIR", args.results is not None), ("--run", args.run), ("--quick", args.quick),
+                                   ("--only", args.only), ("--seed-offset", args.seed_offset),
+                                   ("--readme", args.readme), ("--publish", args.publish)) if on]
+    if given:
+        print(f"python -m analysis claims: error: argument --register: not with {', '.join(given)}; allowed: "
+              "--register alone (it reads the checkout, not a results folder)", file=sys.stderr)
+        return 2
+    from .claims import registry
+
+    try:
+        changed = registry.register()
+    except ValueError as exc:  # a malformed claims file or registry: one line naming it
+        print(f"python -m analysis claims: error: argument --register: {exc}", file=sys.stderr)
+        return 2
+    reg = registry.load()
+    where = (f"{registry.REGISTRY_FILE.relative_to(registry.REPO)}: {len(reg['claims'])} statistical claims, "
+             f"registered {reg['registered']} at commit {reg['commit']}")
+    if not changed:
+        print(f"claims registry: nothing changed since the last registration ({where})")
+        return 0
+    print(f"claims registry written ({where}); changed since the last registration:")
+    for line in changed:
+        print(f"  {line}")
+    print("commit the registry with the change it registers")
+    return 0
+
+
+def _refused_before_any_work(args) -> bool:
+    """One line per reason on stderr, before any folder is made or anything runs: no DIR, or a
+    confirmatory ``--run`` (not the ``--quick`` pilot) while the checkout differs from the claims
+    registry (one line per change: a confirmatory run decides only registered claims)."""
+    if args.results is None:
+        print("python -m analysis claims: error: argument DIR: missing; allowed: a folder holding the claim "
+              "experiments' runs (or --register alone)", file=sys.stderr)
+        return True
+    if not args.run or args.quick:
+        return False
+    from .claims import registry
+
+    try:
+        changed = registry.check()
+    except ValueError as exc:
+        changed = [str(exc)]
+    for line in changed:
+        print(f"python -m analysis claims: error: --run: not registered: {line}; first run "
+              f"`{registry.REGISTER_COMMAND}` and commit {registry.REGISTRY_FILE.name}", file=sys.stderr)
+    return bool(changed)
+
+
 def _run_claims(args) -> int:
     import time
 
     from harness.io import atomic_write_json
 
+    if args.register:
+        return _register_claims(args)
+    if _refused_before_any_work(args):
+        return 2
     from . import claims
 
     only = args.only
@@ -417,7 +478,9 @@ _COMMANDS = (
         "help": "verdicts for the claims from the runs in DIR (claims.md)",
         "description": "Verdicts for the claims of harness/conf/claims.yaml (docs/claims_list.md) from runs the "
                        "harness produced in DIR: DIR/claims.md, DIR/claims.json and DIR/claims_figures/. With --run, "
-                       "first runs what is missing (every claim experiment's sweep and the exact claims' tests)."}),
+                       "first runs what is missing (every claim experiment's sweep and the exact claims' tests); "
+                       "a --run without --quick refuses to start while the claims differ from their registration "
+                       "(harness/conf/claims_registry.json), which --register writes."}),
 )
 
 

@@ -27,12 +27,12 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.experiments import EXPERIMENTS, FAMILY_ORDER, Point, lm_unavailable
+from harness.experiments import EXPERIMENTS, FAMILY_ORDER, Point, lm_unavailable, run_command
 
 from ..stats import DEFAULT_DIVERGED
 from .evidence import ExpData, NotRun, compose_points, load_points, sweep_key
-from .intervals import Estimate, decision_p, n_needed
-from .kinds import KINDS
+from .intervals import MAX_N, Estimate, decision_p, n_needed
+from .kinds import KINDS, Undecidable
 from .plan import extensions, looks_of, read_plan, write_plan
 from .protocol import holm, nominal_level, sequential_p, spending_boundaries
 from .rules import PILOT, VERDICTS, Part, Rule
@@ -86,11 +86,13 @@ class Verdict:
     def needs(self) -> str:
         """For an undecided claim: "undecided at n = .., the registered effect needs about n = ..". """
         p = self.primary
-        if self.verdict != "undecided" or self.not_run or p is None or p.n_needed is None:
+        if self.verdict != "undecided" or self.not_run or p is None or self.estimate is None \
+                or zero_information(self.estimate):
             return ""
+        needs = f"about n = {p.n_needed:g}" if p.n_needed is not None else \
+            f"more than {MAX_N} (or a truth the registered range cannot hold)"
         return (f"undecided at n = {p.n_units:g} {p.unit} per arm; detecting the registered effect "
-                f"{p.effect:g} with {PROTOCOL.power:.0%} power at the level it was tested needs about "
-                f"n = {p.n_needed:g}")
+                f"{p.effect:g} with {PROTOCOL.power:.0%} power at the level it was tested needs {needs}")
 
 
 def expand(ps: PartSpec, e: ExpData) -> list[PartSpec]:
@@ -111,21 +113,23 @@ def expand(ps: PartSpec, e: ExpData) -> list[PartSpec]:
     return out
 
 
-def _powered_distance(est: Estimate, rule: Rule, effect: float) -> float:
-    """The registered effect on the estimate's scale: from the rule's boundary to ``effect`` away."""
-    ds = []
-    for b in rule.boundaries:
-        for alt in (b - effect, b + effect):
-            d = abs(est.to_scale(b) - est.to_scale(alt))
-            if math.isfinite(d) and d > 0:
-                ds.append(d)
-    return min(ds) if ds else float("nan")
+def zero_information(est: Estimate) -> str:
+    """Why an estimate carries no information to decide on ("" when it does): every unit's value
+    equal, or a standard error of 0, under a method whose interval would then have zero width.
+    A betting interval on a registered range stays valid (and wide) on equal values."""
+    if est.bounded or not est.flat:
+        return ""
+    if est.unit == "seeds":
+        return f"all seeds equal (value {est.point:g})"
+    return f"no spread information (standard error 0 at value {est.point:g})"
 
 
 def _part(ps: PartSpec, est: Estimate, level: float, look: int = 0) -> Part:
     lo, hi = est.interval(level)
     if ps.rule is None:
         verdict = "reported"
+    elif zero_information(est):
+        verdict = "undecided"
     else:
         verdict = ps.rule.judge(est.point, lo, hi)
     return Part(ps.name, est.point, lo, hi, ps.rule.text if ps.rule else "", verdict, est.n_text, est.n, est.unit,
@@ -159,7 +163,7 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
             incomplete = (n, absent)
             break
         est = KINDS[pr.stat](sub, pr.args)
-        p_nom = decision_p(est, pr.rule.judge)
+        p_nom = 1.0 if zero_information(est) else decision_p(est, pr.rule.judge)
         look = k
         if bounds and k < len(looks) - 1 and p_nom <= nominal_level(bounds[k]):
             stopped = True  # crossed the stopping boundary at this look: judged here
@@ -189,7 +193,7 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
                 if part.verdict != "supported" and (failed is None or failed[0] == "power"):
                     failed = (ps.role, f"{ps.role} check {one.name!r} not supported ({part.verdict} at "
                                        f"{PROTOCOL.check_level:.0%})")
-        except NotRun as exc:
+        except (NotRun, Undecidable) as exc:
             v.parts.append(Part(ps.name, math.nan, math.nan, math.nan, ps.rule.text, "undecided", "not run",
                                 role=ps.role, spec=ps.rule, experiment=ps.experiment))
             failed = failed or (ps.role, f"{ps.role} check {ps.name!r} not run ({exc})")
@@ -202,7 +206,7 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
             for one in expand(ps, data[ps.experiment]):
                 v.reported.append(_part(one, KINDS[one.stat](_data_at(data[one.experiment], at_n), one.args),
                                         PROTOCOL.check_level, look))
-        except NotRun as exc:
+        except (NotRun, Undecidable) as exc:
             notes.append(f"{ps.name}: {exc}")
     v.note = " ".join(notes)
     if quick:
@@ -216,6 +220,9 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
         return v
     if failed is not None:
         v.deciding = f"{failed[1]}: the design could not have detected the effect"
+        return v
+    if zero_information(est):
+        v.deciding = f"undecided: {zero_information(est)}; a zero-width interval decides nothing"
         return v
     if est.unit == "seeds" and est.n < PROTOCOL.min_seeds:
         v.deciding = f"n = {est.n} < {PROTOCOL.min_seeds} seeds per arm: a learning claim is not decided below that"
@@ -231,26 +238,35 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
     return v
 
 
+def family(claims: dict[str, Claim] | None = None) -> list[str]:
+    """Holm's family: every statistical claim of ``harness/conf/claims.yaml`` (the registered
+    family, whatever ran or was asked for), and any other claim in ``claims`` (one judged from
+    another file)."""
+    return list(dict.fromkeys(cid for cid, c in {**CLAIMS_BY_ID, **(claims or {})}.items() if not c.exact))
+
+
 def apply_holm(verdicts: list[Verdict], claims: dict[str, Claim] | None = None) -> None:
-    """Holm's procedure over the tested claims: each one's level, interval, verdict and n needed."""
+    """Holm's procedure over the whole family (:func:`family`): a claim not tested (not run, its
+    premise failed, zero information, pending) counts with p = 1, so it is undecided and the
+    levels of the others are the same whatever else ran. Sets each claim's level, interval,
+    verdict and, when undecided, the n its registered effect needs."""
     claims = claims or CLAIMS_BY_ID
     tested = {v.claim: v.p for v in verdicts if v.tested}
-    res = holm(tested, PROTOCOL.alpha)
+    res = holm({cid: tested.get(cid, 1.0) for cid in family(claims)}, PROTOCOL.alpha)
     for v in verdicts:
         if v.not_run or v.exact or v.verdict == PILOT or v.estimate is None:
             continue
         pr = claims[v.claim].primary
         part = v.parts[0]
-        alpha = res[v.claim].level if v.claim in res else PROTOCOL.alpha / max(M_REGISTERED, 1)
+        alpha = res[v.claim].level
         level = 1 - alpha
         lo, hi = v.estimate.interval_alpha(alpha)
         part.low, part.high, part.level = lo, hi, level
         part.p = v.p
         v.low, v.high, v.level = lo, hi, level
-        part.n_needed = n_needed(v.estimate, _powered_distance(v.estimate, pr.rule, pr.effect), alpha,
-                                 PROTOCOL.power)
-        if v.claim not in res:
+        if not v.tested:
             part.verdict = "not tested"
+            part.n_needed = _n_needed(v.estimate, pr, alpha)
             continue
         h = res[v.claim]
         v.rank, v.m, v.p_adjusted = h.rank, h.m, h.p_adjusted
@@ -258,10 +274,15 @@ def apply_holm(verdicts: list[Verdict], claims: dict[str, Claim] | None = None) 
         part.verdict = verdict
         v.verdict = verdict if verdict in ("supported", "refuted") else "undecided"
         if v.verdict == "undecided":
+            part.n_needed = _n_needed(v.estimate, pr, alpha)
             v.deciding = (f"primary undecided: its {level:.4%} interval (Holm rank {h.rank} of {h.m}) straddles "
                           f"{pr.rule.text}")
         else:
             v.deciding = f"primary {v.verdict}: {level:.4%} interval (Holm rank {h.rank} of {h.m}) vs {pr.rule.text}"
+
+
+def _n_needed(est: Estimate, pr: PartSpec, alpha: float) -> float | None:
+    return n_needed(est, pr.rule, pr.effect, alpha, PROTOCOL.power)
 
 
 def eval_exact(claim: Claim, record: dict | None) -> Verdict:
@@ -296,6 +317,9 @@ def compose_all(root: Path, quick: bool, names: list[str], seed_offset: int, ext
             if reason:
                 skipped[name] = reason
                 continue
+        if not (root / name).is_dir():  # nothing of it ran here: no need to compose its configs
+            skipped[name] = f"{name}: no runs in DIR (run them: {run_command(name)})"
+            continue
         try:
             points[name] = compose_points(name, root, quick, seed_offset, extended.get(name))
         except NotRun as exc:
@@ -310,7 +334,8 @@ def evaluate_all(root: Path, quick: bool, only: set[str] | None = None, seed_off
                  ) -> tuple[list[Verdict], dict[str, ExpData], dict]:
     """Verdicts from what lies in ``root`` (runs nothing); ``diverged``: how a diverged run's
     score and AUC count after it diverged (:data:`analysis.stats.DIVERGED_RULES`)."""
-    claims = [c for c in (claims or CLAIMS) if only is None or c.id in only]
+    # every claim is judged (Holm's levels are the whole family's, --only or not); a pilot has no levels
+    claims = [c for c in (claims or CLAIMS) if not quick or only is None or c.id in only]
     names = sorted({x for c in claims for x in c.experiments}, key=lambda x: (FAMILY_ORDER[EXPERIMENTS[x].family], x))
     plan = read_plan(root, quick, seed_offset)
     points, skipped = compose_all(root, quick, names, seed_offset, extensions(plan))
@@ -329,12 +354,16 @@ def evaluate_all(root: Path, quick: bool, only: set[str] | None = None, seed_off
             verdicts.append(evaluate_claim(c, data, skipped, quick, reached))
         except NotRun as exc:
             verdicts.append(Verdict(c.id, "undecided", c.primary.name, not_run=str(exc)))
+        except Undecidable as exc:
+            verdicts.append(Verdict(c.id, "undecided", c.primary.name, deciding=f"undecided: {exc}"))
         except Exception as exc:  # an analysis error is reported, never turned into a verdict
             traceback.print_exc(file=sys.stderr)
             verdicts.append(Verdict(c.id, "undecided", c.primary.name,
                                     not_run=f"analysis error: {type(exc).__name__}: {exc}"))
     if not quick:
         apply_holm(verdicts, {c.id: c for c in claims})
+    if only is not None:
+        verdicts = [v for v in verdicts if v.claim in only]
     return verdicts, data, {"skipped": skipped, "tests": record, "plan": plan, "diverged": diverged}
 
 

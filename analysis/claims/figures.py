@@ -93,7 +93,7 @@ def _seed_panel(ax, verdict, claim, colors: dict[str, str] | None = None) -> boo
     vals = getattr(est, "values", None) or {}
     if est is None or est.unit != "seeds" or not vals:
         return False
-    if "a" in vals and "b" in vals and len(vals["a"]) == len(vals["b"]) and est.method != "Agresti-Caffo":
+    if "a" in vals and "b" in vals and len(vals["a"]) == len(vals["b"]):
         a, b = np.asarray(vals["a"], float), np.asarray(vals["b"], float)
         for ya, yb in zip(a, b):
             ax.plot([0, 1], [yb, ya], color="tab:grey", lw=0.5, alpha=0.6)

@@ -1,36 +1,35 @@
 """Interval methods of the claims report: each gives an interval at *any* confidence level.
 
 A claim's primary statistic is an :class:`Estimate`: its point, the number of units per arm
-(seeds or batches), the per-unit standard deviation on the scale the interval is formed on, and
-a function that returns the interval at a given level. The multiplicity control
-(:mod:`.protocol`) asks for intervals at levels such as 99.8%, so every method here is analytic
-(no bootstrap percentiles, whose tails at those levels rest on a handful of replicates), and
-its coverage at the n the report uses is tested by simulation (``tests/test_claims_coverage.py``,
-which also shows the percentile bootstrap failing at n = 4).
+(seeds or batches), the per-unit standard deviation, and a function that returns the interval at
+a given level. The multiplicity control (:mod:`.protocol`) asks for intervals at levels up to
+1 - 0.05/51, where an interval that is right at 95% can miss thirty times too often on skewed
+data; so each method is one whose error is controlled on the shapes RL results take (bounded,
+skewed, some seeds failing, ties at a ceiling), checked by simulation at every level the report
+uses (:mod:`.calibration`, ``tests/test_claims_calibration.py``).
 
-The methods, fixed before any claim's data is read:
-
-* :func:`mean_estimate` - the mean of per-unit values: one arm's per-seed values, per-seed paired
-  differences ``a_s - b_s`` (every arm of a claim experiment runs the same seeds, so two arms are
-  always paired by seed), or per-seed log ratios ``log(a_s / b_s)`` (a ratio claim: the geometric
-  mean ratio). The interval is the union of Student's t interval and Hall's skewness-corrected t
-  interval (Hall 1992, "On the removal of skewness by transformation", JRSS B 54: the
-  transformation ``g(T) = T + a T^2 + a^2 T^3 / 3 + b`` with ``a = gamma / (3 sqrt n)``,
-  ``b = gamma / (6 sqrt n)``, ``gamma`` the sample skewness). Student's t alone undercovers with
-  skewed data (0.90 at n = 10 for exponential data), Hall's alone with heavy tails (0.93 at
-  n = 20-40 for t(3) data); their union covers at least what the better of the two does, and
-  equals the t interval for symmetric data.
-* :func:`proportion_difference` - the difference of two proportions of binary per-run outcomes
-  (e.g. "the run collapsed"): Agresti & Caffo (2000), one success and one failure added to each
-  arm, then the Wald interval. Its coverage is computed exactly (by enumeration) in the tests.
+* :func:`bounded_mean_estimate` - the mean of per-seed values in a registered range ``[lo, hi]``
+  (one arm's values, or per-seed paired differences ``a_s - b_s`` in ``[lo - hi, hi - lo]``; 0/1
+  outcomes on [0, 1]): the betting confidence interval of Waudby-Smith & Ramdas, "Estimating
+  means of bounded random variables by betting", JRSS-B (2023; arXiv 2010.09686):
+  the hedged capital process with predictable plug-in bets tuned to n, truncated at ``c / m``
+  and ``c / (1 - m)``, c = 1/2. The authors' ``confseq`` package (``betting_mart``,
+  ``betting_ci``) is the reference; it is not a dependency because it computes one interval on a
+  grid of means at a time, where the calibration needs tens of thousands vectorised, and it
+  imports matplotlib and a multiprocessing package at import. Its error is at most alpha for
+  *every* distribution on the range, at every n and every look (Ville's inequality), so failing
+  seeds, ceilings and ties need no approximation. With ten seeds it decides only effects large
+  against the range: ten CartPole seeds at 500 show the mean above 152 at alpha / 51.
 * :func:`delta_estimate` - a smooth function of batch means (the probes' variance ratios,
   C17's up-weighting): the delta method with the sample covariance of the per-batch values,
-  normal, on the log scale for ratios. For the thousands of batches the probes draw.
+  normal, on the log scale for ratios; for the thousands of batches the probes draw.
 * :func:`normal_estimate` - a probe statistic with its bootstrap standard error
   (``<column>_se``, :mod:`harness.probes.stats`): point +- z se.
 
-:func:`decision_p` turns a rule and an estimate into the p-value that the interval-inversion
-gives: the largest level at which the interval still decides the rule (either way).
+:func:`decision_p` turns a rule and an estimate into the p-value of the interval inversion: the
+smallest alpha at which the interval decides the rule (either way). :func:`n_needed` is the
+number of units per arm at which the rule decides the registered effect with the registered
+power.
 """
 from __future__ import annotations
 
@@ -41,7 +40,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.stats
 
+from .rules import Rule
+
 LOG, IDENTITY = "log", "identity"
+DELTA = "delta method"
+BOOTSTRAP_SE = "bootstrap se"
+SQUARED_NORM = "bootstrap se, with the square-root scale for a squared norm"
 
 
 @dataclass
@@ -62,6 +66,17 @@ class Estimate:
     n_text: str = ""
     scale: str = IDENTITY
     values: dict = field(default_factory=dict)  # per-unit values, for the figures
+    units: np.ndarray | None = None  # the per-unit values the interval is formed on (seed-level methods)
+    bounds: tuple[float, float] | None = None  # the registered range of those values (betting)
+
+    @property
+    def bounded(self) -> bool:
+        return self.bounds is not None
+
+    @property
+    def flat(self) -> bool:
+        """No spread information: every unit's value equal, or a standard error of 0."""
+        return not self.sd > 0
 
     def interval(self, level: float) -> tuple[float, float]:
         if not 0 < level < 1:
@@ -82,121 +97,138 @@ class Estimate:
         return float(x)
 
 
-# ============================================================================ means
+# ============================================================================ bounded means (betting)
 
-def _hall_inverse(y, a, b):
-    """The inverse of Hall's g(t) = ((1 + a t)^3 - 1) / (3 a) + b (monotone for every t)."""
-    y = np.asarray(y, dtype=float) - b
-    a = np.asarray(a, dtype=float)
-    small = np.abs(a) < 1e-12
-    with np.errstate(all="ignore"):
-        out = (np.cbrt(1.0 + 3.0 * a * y) - 1.0) / np.where(small, 1.0, a)
-    return np.where(small, y, out)
+#: c of the bets' truncation ``lambda <= c / m`` (and ``c / (1 - m)``), which keeps every factor of
+#: the capital at least 1 - c; ``confseq.betting.betting_mart`` defaults to 1/2.
+TRUNCATION = 0.5
+#: The method's name, as the report and the registered protocol state it.
+BETTING = f"betting (Waudby-Smith & Ramdas 2023, c = {TRUNCATION:g})"
+#: Bisection steps for an interval's end on [0, 1] (2^-45: far below any reported digit).
+_STEPS = 45
 
 
-def mean_interval(x: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """The ``1 - alpha`` union of Student's t and Hall's skewness-corrected t interval for the mean
-    of ``x`` (along its last axis: a ``[sims, n]`` array gives ``sims`` intervals, as the coverage
-    simulation uses it)."""
+def _bets(z: np.ndarray, alpha: float) -> np.ndarray:
+    """Predictable plug-in bets ``lambda_i = sqrt(2 log(2 / alpha) / (n sigma_{i-1}^2))`` (Waudby-Smith &
+    Ramdas 2023, tuned to the fixed n), ``sigma^2`` the running variance of the values before
+    ``i`` with one prior pseudo-observation of mean 1/2 and variance 1/4 (as ``confseq``'s
+    ``lambda_predmix_eb``)."""
+    n = z.shape[-1]
+    t = np.arange(1, n + 1)
+    mu = (0.5 + np.cumsum(z, axis=-1)) / (t + 1)
+    s2 = (0.25 + np.cumsum((z - mu) ** 2, axis=-1)) / (t + 1)
+    before = np.concatenate([np.full(z.shape[:-1] + (1,), 0.25), s2[..., :-1]], axis=-1)
+    return np.sqrt(2.0 * math.log(2.0 / alpha) / (n * before))
+
+
+def _log_wealth(z: np.ndarray, bets: np.ndarray, m, side: int) -> np.ndarray:
+    """``max_t log K_t(m)`` of the capital betting that the mean lies above ``m`` (``side`` +1:
+    ``prod (1 + lambda (z - m))``) or below it (-1: ``prod (1 - lambda (z - m))``); ``m`` has the
+    shape of ``z`` without its last axis. Each factor is positive and monotone in ``m``, so the
+    ``m`` a side rejects form an interval that ends at the mean's bound."""
+    m = np.asarray(m, dtype=float)[..., None]
+    with np.errstate(divide="ignore"):
+        cap = TRUNCATION / (m if side > 0 else 1.0 - m)
+    lam = np.minimum(bets, cap)
+    return np.max(np.cumsum(np.log1p(side * lam * (z - m)), axis=-1), axis=-1)
+
+
+def rejects(z: np.ndarray, alpha: float, m, side: int, bets: np.ndarray | None = None) -> np.ndarray:
+    """Whether the hedged test (``max(K+ / 2, K- / 2) >= 1 / alpha``, the hedged capital of Waudby-Smith & Ramdas 2023) rejects
+    the mean ``m`` on ``side`` (+1: the mean lies above ``m``; -1: below) for values ``z`` in
+    [0, 1] (last axis). The running maximum over t is valid by Ville's inequality."""
+    bets = _bets(z, alpha) if bets is None else bets
+    return _log_wealth(z, bets, m, side) >= math.log(2.0 / alpha)
+
+
+def betting_interval(z: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """The ``1 - alpha`` betting interval for the mean of values ``z`` in [0, 1] (along the last
+    axis: ``[sims, n]`` gives ``sims`` intervals). Each end by bisection, kept on the wide side."""
+    z = np.asarray(z, dtype=float)
+    bets = _bets(z, alpha)
+    shape = z.shape[:-1]
+    ends = []
+    for side, edge in ((1, 0.0), (-1, 1.0)):
+        # side +1 rejects [0, lo), side -1 rejects (hi, 1]: bisect between a rejected m and an accepted one
+        out, acc = np.full(shape, edge), np.full(shape, 1.0 - edge)
+        any_rejected = rejects(z, alpha, out, side, bets)
+        for _ in range(_STEPS):
+            mid = (out + acc) / 2
+            r = rejects(z, alpha, mid, side, bets)
+            out, acc = np.where(r, mid, out), np.where(r, acc, mid)
+        ends.append(np.where(any_rejected, out, edge))
+    return ends[0][()], ends[1][()]
+
+
+def to_unit(x, lo: float, hi: float) -> np.ndarray:
+    """Values in ``[lo, hi]`` mapped onto [0, 1]; a value outside the range is an error."""
     x = np.asarray(x, dtype=float)
-    n = x.shape[-1]
-    m = x.mean(axis=-1)
-    s = x.std(axis=-1, ddof=1)
-    se = s / math.sqrt(n)
-    q = float(scipy.stats.t.isf(alpha / 2, n - 1))
-    with np.errstate(all="ignore"):
-        gamma = np.where(s > 0, ((x - m[..., None]) ** 3).mean(axis=-1) / np.where(s > 0, s, 1.0) ** 3, 0.0)
-    a, b = gamma / (3 * math.sqrt(n)), gamma / (6 * math.sqrt(n))
-    # T = (mean - mu) / se and g(T) ~ t: mu in [m - se g^-1(q), m - se g^-1(-q)]
-    with np.errstate(invalid="ignore"):
-        lo = np.minimum(m - q * se, m - se * _hall_inverse(q, a, b))
-        hi = np.maximum(m + q * se, m - se * _hall_inverse(-q, a, b))
-    # values all equal (se = 0): the interval is the point at every level; at alpha so small that
-    # q is infinite (decision_p goes down to 1e-300) 0 * inf would make it NaN
-    flat = se == 0
-    return np.where(flat, m, lo)[()], np.where(flat, m, hi)[()]
+    if not hi > lo:
+        raise ValueError(f"a range needs lo < hi, got [{lo:g}, {hi:g}]")
+    bad = x[(x < lo) | (x > hi) | ~np.isfinite(x)]
+    if bad.size:
+        raise ValueError(f"value {bad[0]:g} outside the registered range [{lo:g}, {hi:g}]")
+    return (x - lo) / (hi - lo)
 
 
-def mean_estimate(x, unit: str = "seeds", n_text: str | None = None, scale: str = IDENTITY,
-                  values: dict | None = None) -> Estimate:
-    """The mean of per-unit values ``x`` (``scale="log"``: ``x`` are logs; the estimate and its
-    interval are reported as ``exp``, a geometric mean)."""
+def bounded_mean_estimate(x, lo: float, hi: float, unit: str = "seeds", n_text: str | None = None,
+                          values: dict | None = None) -> Estimate:
+    """The mean of per-unit values ``x`` in ``[lo, hi]`` with its betting interval (the values in
+    seed order: the bets are predictable in that order)."""
     x = np.asarray(x, dtype=float)
-    x = x[np.isfinite(x)]
     if x.size < 2:
         raise ValueError(f"needs at least 2 values, got {x.size}")
-    def back(v: float) -> float:
-        if scale != LOG:
-            return v
-        with np.errstate(over="ignore"):
-            return float(np.exp(v))
+    z = to_unit(x, lo, hi)
 
     def at(alpha):
-        lo, hi = mean_interval(x, alpha)
-        return back(float(lo)), back(float(hi))
+        a, b = betting_interval(z, alpha)
+        return lo + float(a) * (hi - lo), lo + float(b) * (hi - lo)
 
-    return Estimate(float(back(x.mean())), int(x.size), unit, "t ∪ Hall", float(x.std(ddof=1)), at,
-                    n_text or f"{x.size} {unit}", scale, values or {"value": x})
-
-
-# ============================================================================ proportions
-
-def proportion_difference(a, b, unit: str = "seeds", values: dict | None = None) -> Estimate:
-    """``mean(a) - mean(b)`` of two arms of 0/1 outcomes, Agresti & Caffo's interval."""
-    a, b = (np.asarray(v, dtype=float) for v in (a, b))
-    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-    if a.size < 2 or b.size < 2:
-        raise ValueError(f"needs at least 2 runs per arm, got {a.size} and {b.size}")
-    if not set(np.unique(np.concatenate([a, b]))) <= {0.0, 1.0}:
-        raise ValueError("proportion_difference needs 0/1 outcomes")
-    qa, qb = (a.sum() + 1) / (a.size + 2), (b.sum() + 1) / (b.size + 2)
-    se = math.sqrt(qa * (1 - qa) / (a.size + 2) + qb * (1 - qb) / (b.size + 2))
-
-    def at(alpha):
-        z = float(scipy.stats.norm.isf(alpha / 2))
-        return qa - qb - z * se, qa - qb + z * se
-
-    n = min(a.size, b.size)
-    sd = math.sqrt(qa * (1 - qa) + qb * (1 - qb))  # per run and arm: se ~ sd / sqrt(n)
-    return Estimate(float(a.mean() - b.mean()), n, unit, "Agresti-Caffo", sd, at,
-                    f"{a.size}+{b.size} {unit}", IDENTITY, values or {"a": a, "b": b})
+    return Estimate(float(x.mean()), int(x.size), unit, BETTING, float(x.std(ddof=1)), at,
+                    n_text or f"{x.size} {unit}", IDENTITY, values or {"value": x}, units=x,
+                    bounds=(float(lo), float(hi)))
 
 
 # ============================================================================ functions of batch means
 
-def delta_estimate(arrays: dict[str, np.ndarray], f: Callable[[dict[str, float]], float], *, paired: bool = True,
-                   log: bool = True, unit: str = "batches", values: dict | None = None) -> Estimate:
-    """``f`` of the means of per-batch arrays, delta-method interval (on ``log f`` when ``log``).
+def delta_point_se(arrays: dict[str, np.ndarray], f: Callable[[dict], object], paired: bool = True,
+                   log: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(point, se, n)`` of ``g = f`` (or ``log f``) of the means of per-batch arrays, by the
+    delta method: ``se^2 = var(sum_k dg/dmu_k x_k) / n`` over aligned batches (``paired``: their
+    covariance enters) or ``sum_k (dg/dmu_k)^2 var(x_k) / n_k`` (independent arrays). The gradient
+    of ``f`` by central differences. Vectorised over leading axes (``[sims, n]`` arrays give
+    ``sims`` estimates) for the calibration simulation; ``f`` must take arrays of means."""
+    keys = list(arrays)
+    mu = {k: arrays[k].mean(axis=-1) for k in keys}
+    g = (lambda m: np.log(f(m))) if log else f
+    with np.errstate(all="ignore"):
+        point = np.asarray(g(mu), dtype=float)
+        grad = {}
+        for k in keys:
+            h = 1e-6 * np.maximum(np.abs(mu[k]), 1e-12)
+            grad[k] = (np.asarray(g({**mu, k: mu[k] + h})) - np.asarray(g({**mu, k: mu[k] - h}))) / (2 * h)
+        if paired:
+            infl = sum(grad[k][..., None] * (arrays[k] - mu[k][..., None]) for k in keys)
+            n = np.asarray(arrays[keys[0]].shape[-1])
+            se = infl.std(axis=-1, ddof=1) / np.sqrt(n)
+        else:
+            se = np.sqrt(sum(grad[k] ** 2 * arrays[k].var(axis=-1, ddof=1) / arrays[k].shape[-1] for k in keys))
+            n = np.asarray(min(v.shape[-1] for v in arrays.values()))
+    return point, se, n
 
-    ``paired``: the arrays are aligned (the same batches: common random numbers) and their
-    covariance enters; otherwise each mean's variance is its own. The gradient of ``f`` is taken
-    by central differences."""
+
+def delta_estimate(arrays: dict[str, np.ndarray], f: Callable[[dict], object], *, paired: bool = True,
+                   log: bool = True, unit: str = "batches", values: dict | None = None) -> Estimate:
+    """``f`` of the means of per-batch arrays, delta-method interval (on ``log f`` when ``log``):
+    :func:`delta_point_se`, then ``point +- z se`` (exponentiated when ``log``)."""
     arrays = {k: np.asarray(v, dtype=float) for k, v in arrays.items()}
     if paired and len({v.size for v in arrays.values()}) != 1:
         raise ValueError("paired arrays must have equal lengths")
     if min(v.size for v in arrays.values()) < 2:
         raise ValueError("needs at least 2 batches per array")
-    keys = list(arrays)
-    mu = {k: float(arrays[k].mean()) for k in keys}
-    g = (lambda m: math.log(f(m))) if log else f
-    point = g(mu)
-    grad = {}
-    for k in keys:
-        h = 1e-6 * max(abs(mu[k]), 1e-12)
-        up, dn = dict(mu), dict(mu)
-        up[k] += h
-        dn[k] -= h
-        grad[k] = (g(up) - g(dn)) / (2 * h)
-    if paired:
-        infl = sum(grad[k] * (arrays[k] - mu[k]) for k in keys)
-        n = arrays[keys[0]].size
-        sd = float(np.std(infl, ddof=1))
-        se = sd / math.sqrt(n)
-    else:
-        var = sum(grad[k] ** 2 * arrays[k].var(ddof=1) / arrays[k].size for k in keys)
-        se = math.sqrt(var)
-        n = min(v.size for v in arrays.values())
-        sd = se * math.sqrt(n)
+    point, se, n = (float(v) for v in delta_point_se(arrays, f, paired, log))
+    n = int(n)
+
     def back(v: float) -> float:
         if not log:
             return v
@@ -208,31 +240,44 @@ def delta_estimate(arrays: dict[str, np.ndarray], f: Callable[[dict[str, float]]
         return back(point - z * se), back(point + z * se)
 
     n_text = f"{n} {unit}" if paired else "+".join(str(v.size) for v in arrays.values()) + f" {unit}"
-    return Estimate(float(back(point)), int(n), unit, "delta method", sd, at, n_text, LOG if log else IDENTITY,
+    return Estimate(float(back(point)), n, unit, DELTA, se * math.sqrt(n), at, n_text, LOG if log else IDENTITY,
                     values or {})
 
 
-def normal_estimate(point: float, se: float, n: int, unit: str = "batches", method: str = "bootstrap se") -> Estimate:
-    """``point +- z se`` (a probe statistic with its bootstrap standard error)."""
+def normal_estimate(point: float, se: float, n: int, unit: str = "batches", method: str = BOOTSTRAP_SE,
+                    squared: bool = False) -> Estimate:
+    """``point +- z se`` (a probe statistic with its bootstrap standard error). ``squared``: the
+    statistic is a (debiased) squared norm ``||d||^2``, whose variance grows with it
+    (``4 d' Sigma d / M + 2 tr Sigma^2 / M^2``), so a standard error read off a low estimate is too
+    small where the truth is larger; the interval is then the union with the normal interval on
+    the square-root scale (``sqrt(point) +- z se / (2 sqrt(point))``, squared back), where that
+    variance is nearly constant. :mod:`.calibration` measures both on the probes' squared bias."""
     if not (np.isfinite(point) and np.isfinite(se) and se >= 0):
         raise ValueError(f"needs a finite point and standard error, got {point}, {se}")
 
     def at(alpha):
         z = float(scipy.stats.norm.isf(alpha / 2))
-        return point - z * se, point + z * se
+        lo, hi = point - z * se, point + z * se
+        if squared and point > 0 and se > 0:
+            root, root_se = math.sqrt(point), se / (2 * math.sqrt(point))
+            lo, hi = min(lo, max(root - z * root_se, 0.0) ** 2), max(hi, (root + z * root_se) ** 2)
+        return lo, hi
 
-    return Estimate(float(point), int(n), unit, method, float(se) * math.sqrt(max(n, 1)), at, f"{n} {unit}")
+    name = SQUARED_NORM if squared else method
+    return Estimate(float(point), int(n), unit, name, float(se) * math.sqrt(max(n, 1)), at, f"{n} {unit}")
 
 
 def transformed(est: Estimate, fn: Callable[[float], float], decreasing: bool = False) -> Estimate:
-    """``fn`` of an estimate (a monotone map, e.g. ``1 - x``): the same intervals, mapped."""
+    """``fn`` of an estimate, for a *linear* map (``1 - x``, ``x / s``): the same intervals, mapped,
+    and the per-unit sd scaled by the map's slope (so n needed stays in the new units)."""
 
     def at(alpha):
         lo, hi = est.interval_alpha(alpha)
         lo, hi = fn(lo), fn(hi)
         return (hi, lo) if decreasing else (lo, hi)
 
-    return Estimate(fn(est.point), est.n, est.unit, est.method, est.sd, at, est.n_text, est.scale, est.values)
+    slope = abs(fn(est.point + 1.0) - fn(est.point))
+    return Estimate(fn(est.point), est.n, est.unit, est.method, est.sd * slope, at, est.n_text, est.scale, est.values)
 
 
 # ============================================================================ rules and p-values
@@ -261,16 +306,107 @@ def decision_p(est: Estimate, judge: Callable[[float, float, float], str]) -> fl
     return float(math.exp(b))
 
 
-def n_needed(est: Estimate, distance: float, alpha: float, power: float = 0.8) -> float | None:
-    """Units per arm for ``power`` to decide the rule when the truth lies ``distance`` (the
-    registered smallest effect or margin, on the estimate's scale) from the rule's boundary, at a
-    two-sided level ``alpha``: ``((z_{1 - alpha/2} + z_power) sd / distance)^2`` with the
-    estimate's per-unit sd (normal approximation)."""
-    if not (distance > 0 and np.isfinite(est.sd) and est.sd > 0):
+#: n needed beyond this many units per arm is reported as "more than" it.
+MAX_N = 2 ** 14
+
+
+def _target(rule: Rule, effect: float) -> tuple[float, tuple[float, ...]]:
+    """Where the truth is put to size a design: ``effect`` past a threshold rule's boundary on its
+    supported side, or the centre of an equivalence or between band; and the rule's boundaries."""
+    if rule.kind == "greater":
+        return rule.threshold + effect, (rule.threshold,)
+    if rule.kind == "less":
+        return rule.threshold - effect, (rule.threshold,)
+    lo, hi = rule.band
+    return (lo + hi) / 2, (lo, hi)
+
+
+def _normal_n(est: Estimate, rule: Rule, effect: float, alpha: float, power: float) -> float | None:
+    """``ceil(((z_{1 - alpha/2} + z_b) sd / d)^2)`` on the estimate's scale, ``d`` the distance from
+    the truth to the nearest boundary; ``z_b = z_power`` for a threshold rule (one boundary), and
+    ``z_{(1 + power)/2}`` for a band, whose interval must clear both ends (TOST)."""
+    truth, edges = _target(rule, effect)
+    d = min(abs(est.to_scale(truth) - est.to_scale(b)) for b in edges)
+    if not (math.isfinite(d) and d > 0 and np.isfinite(est.sd) and est.sd > 0):
         return None
-    z = float(scipy.stats.norm.isf(alpha / 2)) + float(scipy.stats.norm.ppf(power))
-    return float(math.ceil((z * est.sd / distance) ** 2))
+    zb = scipy.stats.norm.ppf(power if len(edges) == 1 else (1 + power) / 2)
+    z = float(scipy.stats.norm.isf(alpha / 2)) + float(zb)
+    return float(math.ceil((z * est.sd / d) ** 2))
 
 
-__all__ = ["Estimate", "IDENTITY", "LOG", "decision_p", "delta_estimate", "mean_estimate", "mean_interval", "n_needed",
-           "normal_estimate", "proportion_difference", "transformed"]
+def betting_supports(z: np.ndarray, alpha: float, rule: Rule, lo: float, hi: float) -> np.ndarray:
+    """Whether the betting interval of values ``z`` (in [0, 1], last axis; the statistic's range
+    ``[lo, hi]``) lies on the supported side of every boundary of ``rule``: each boundary tested
+    directly (the interval's ends are where these tests switch)."""
+    bets = _bets(z, alpha)
+    out = np.ones(z.shape[:-1], dtype=bool)
+    sides = {"greater": (1,), "less": (-1,)}.get(rule.kind, (1, -1))
+    for edge, side in zip(rule.boundaries, sides):
+        m = np.full(z.shape[:-1], (edge - lo) / (hi - lo))
+        if not 0 <= m.flat[0] <= 1:  # a boundary outside the range: nothing lies beyond it
+            return np.zeros(z.shape[:-1], dtype=bool)
+        out &= rejects(z, alpha, m, side, bets)
+    return out
+
+
+def _shift_to(pool: np.ndarray, mean: float) -> np.ndarray:
+    """``pool`` moved to mean ``mean`` inside [0, 1] (shifted and clipped until the mean is right)."""
+    y = pool.astype(float)
+    for _ in range(100):
+        y = np.clip(y + (mean - y.mean()), 0.0, 1.0)
+        if abs(y.mean() - mean) < 1e-9:
+            break
+    return y
+
+
+def betting_power(pool: np.ndarray, n: int, alpha: float, rule: Rule, bounds: tuple[float, float],
+                  sims: int = 400, seed: int = 0) -> float:
+    """The share of ``sims`` samples of ``n`` values drawn from ``pool`` (in [0, 1]) whose betting
+    interval supports ``rule``."""
+    rng = np.random.default_rng(seed)
+    hits, chunk = 0, max(1, 2_000_000 // n)
+    for start in range(0, sims, chunk):
+        z = rng.choice(pool, size=(min(chunk, sims - start), n))
+        hits += int(betting_supports(z, alpha, rule, *bounds).sum())
+    return hits / sims
+
+
+def _betting_n(est: Estimate, rule: Rule, effect: float, alpha: float, power: float) -> float | None:
+    """The smallest n whose simulated power reaches ``power`` when the per-unit values are the
+    observed ones moved to the truth of :func:`_target` (resampled with replacement)."""
+    lo, hi = est.bounds
+    truth, _ = _target(rule, effect)
+    if not lo < truth < hi:
+        return None
+    pool = _shift_to(to_unit(est.units, lo, hi), (truth - lo) / (hi - lo))
+    sims = 1 if np.ptp(pool) == 0 else 400  # equal values: every sample is the same one
+
+    def reached(n: int) -> bool:
+        return betting_power(pool, n, alpha, rule, (lo, hi), sims) >= power
+    n = 2
+    while not reached(n):
+        if n >= MAX_N:
+            return None
+        n *= 2
+    low = n // 2
+    while n - low > 1:  # reached(n), not reached(low)
+        mid = (low + n) // 2
+        low, n = (low, mid) if reached(mid) else (mid, n)
+    return float(n)
+
+
+def n_needed(est: Estimate, rule: Rule, effect: float, alpha: float, power: float = 0.8) -> float | None:
+    """Units per arm at which ``rule`` is decided (supported) with probability ``power`` at the
+    two-sided level ``alpha`` when the truth lies the registered ``effect`` beyond the rule's
+    boundary (a threshold rule) or at the centre of its band (equivalence, between: the interval
+    must clear both ends). Normal methods: the closed form of :func:`_normal_n`; betting: by
+    simulation of the betting rule itself (:func:`_betting_n`). None when it cannot be sized (no
+    spread information, a truth outside the range, or more than :data:`MAX_N`)."""
+    if est.bounded:
+        return _betting_n(est, rule, effect, alpha, power)
+    return _normal_n(est, rule, effect, alpha, power)
+
+
+__all__ = ["BETTING", "BOOTSTRAP_SE", "DELTA", "SQUARED_NORM", "Estimate", "IDENTITY", "LOG", "betting_interval", "betting_power",
+           "betting_supports", "bounded_mean_estimate", "decision_p", "delta_estimate", "delta_point_se", "n_needed",
+           "normal_estimate", "rejects", "to_unit", "transformed"]

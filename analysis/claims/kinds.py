@@ -12,10 +12,12 @@ reusable, and each uses one interval method of :mod:`.intervals` (intervals at a
   ``den``, by the delta method on the log scale; over the batches both saw (same seed and batch
   index: common random numbers, their covariance counted) unless ``paired: false``.
 * ``run_metric``: one value per training run (``metric: {column, reduce}``, reducers below), then
-  ``op: mean`` of arm ``a``, ``diff`` (per-seed ``a - b``) or ``ratio`` (per-seed ``log(a / b)``, a
-  geometric mean ratio) of arms ``a`` and ``b``, paired by seed (every arm of a claim experiment
-  runs the same seeds), with the t-and-Hall interval of a mean; ``method: proportion`` for 0/1
-  values (``reduce: collapsed``): the difference of the two arms' proportions, Agresti-Caffo.
+  ``op: mean`` of arm ``a`` or ``diff`` (per-seed ``a - b``) of arms ``a`` and ``b``, paired by
+  seed (every arm of a claim experiment runs the same seeds), with the betting interval of a
+  bounded mean on the part's registered ``range`` (of one arm's per-seed value; a difference lies
+  in ``[lo - hi, hi - lo]``); ``method: proportion`` for 0/1 values (``reduce: collapsed``, range
+  [0, 1]). Without a range, or for ``op: ratio``, the part is :class:`Undecidable`: no interval
+  with controlled error exists for an unbounded mean of a few seeds.
 * ``prompt_upweighting`` (C17) and ``frontier_gap`` (C21): one claim's own statistic each.
 
 Exact claims are not a kind: their unit tests carry ``@pytest.mark.claim("C<k>")`` and the
@@ -30,14 +32,31 @@ import pandas as pd
 
 from ..stats import run_table
 from .evidence import ExpData, NotRun
-from .intervals import LOG, Estimate, delta_estimate, mean_estimate, normal_estimate, proportion_difference, transformed
+from .intervals import BETTING, BOOTSTRAP_SE, DELTA, SQUARED_NORM, Estimate, bounded_mean_estimate, delta_estimate, normal_estimate, transformed
+
+
+class Undecidable(Exception):
+    """The evidence exists but no method with controlled error can judge it (no registered range,
+    a value outside it): the claim is undecided, with this reason, inside Holm's family."""
 
 
 def _estimate(fn, *args, **kw) -> Estimate:
     try:
         return fn(*args, **kw)
-    except ValueError as exc:  # too few values, no spread information: no evidence to judge
+    except ValueError as exc:  # too few values, or a value outside the registered range
+        if "outside the registered range" in str(exc):
+            raise Undecidable(str(exc)) from None
         raise NotRun(str(exc)) from None
+
+
+def value_range(part: dict, what: str) -> tuple[float, float]:
+    """The registered range ``[lo, hi]`` of one arm's per-seed value (``range:`` of the part)."""
+    r = part.get("range")
+    if r is None:
+        raise Undecidable(f"{what}: no registered range for the per-seed values, and a mean of a few seeds has no "
+                          "interval with controlled error without one (register `range: [lo, hi]`)")
+    lo, hi = (float(v) for v in r)
+    return lo, hi
 
 
 # ============================================================================ probe kinds
@@ -47,14 +66,19 @@ def probe_row(e: ExpData, where: dict | None, scope: str = "all") -> pd.Series:
     return rows.sort_values("seed").iloc[0]
 
 
+#: Probe columns that are debiased squared norms (:mod:`harness.probes.stats`): their normal interval
+#: is joined with the square-root scale's (:func:`.intervals.normal_estimate`, ``squared``).
+SQUARED_NORMS = frozenset({"bias_sq", "rel_bias_sq", "mean_sq", "rel_mean_sq"})
+
+
 def _probe_estimate(e: ExpData, row: pd.Series, col: str) -> Estimate:
     if col not in row.index:
         raise NotRun(f"{e.name}: probe column {col} missing")
     if f"{col}_se" not in row.index or (np.isfinite(float(row[col])) and not np.isfinite(float(row[f"{col}_se"]))):
-        raise NotRun(f"{e.name}: probe column {col}_se missing (probe.parquet written before the claims protocol "
-                     "of 2026-12-02: run the probe again)")
+        raise NotRun(f"{e.name}: probe column {col}_se missing (a probe.parquet without standard errors: run "
+                     "the probe again)")
     n = int(row.get("batches", 0) or 0)
-    return _estimate(normal_estimate, float(row[col]), float(row[f"{col}_se"]), n)
+    return _estimate(normal_estimate, float(row[col]), float(row[f"{col}_se"]), n, squared=col in SQUARED_NORMS)
 
 
 def probe_value(e: ExpData, part: dict) -> Estimate:
@@ -170,26 +194,27 @@ def run_values(e: ExpData, where: dict | None, metric: dict) -> pd.DataFrame:
 
 
 def run_metric(e: ExpData, part: dict) -> Estimate:
+    """Per-seed values of arm ``a`` (``op: mean``) or per-seed differences ``a - b`` (``op: diff``;
+    ``method: proportion`` checks the values are 0/1, range [0, 1] by default), with the betting
+    interval of a bounded mean on the registered range (differences: ``[lo - hi, hi - lo]``)."""
     op = part.get("op", "diff" if "b" in part else "mean")
+    if op not in ("mean", "diff", "ratio"):
+        raise ValueError(f"op must be mean, diff or ratio, got {op!r}")
+    if op == "ratio":
+        raise Undecidable(f"{e.name}: a ratio of per-seed values has no interval with controlled error at a few "
+                          "seeds (register a difference on a bounded quantity instead)")
+    proportion = part.get("method") == "proportion"
+    lo, hi = (0.0, 1.0) if proportion and "range" not in part else value_range(part, e.name)
     a = run_values(e, part.get("a"), part["metric"])
     if op == "mean":
-        return _estimate(mean_estimate, a.value.to_numpy(), values={"a": a.value.to_numpy()})
+        return _estimate(bounded_mean_estimate, a.value.to_numpy(), lo, hi, values={"a": a.value.to_numpy()})
     b = run_values(e, part.get("b"), part["metric"])
-    if part.get("method") == "proportion":
-        if op != "diff":
-            raise ValueError("method: proportion compares arms by their difference (op: diff)")
-        return _estimate(proportion_difference, a.value.to_numpy(), b.value.to_numpy(),
-                         values={"a": a.value.to_numpy(), "b": b.value.to_numpy()})
     j = a.merge(b, on="seed", suffixes=("_a", "_b")).sort_values("seed")
     va, vb = j.value_a.to_numpy(dtype=float), j.value_b.to_numpy(dtype=float)
-    values = {"a": va, "b": vb}
-    if op == "diff":
-        return _estimate(mean_estimate, va - vb, n_text=f"{len(j)} seed pairs", values=values)
-    if op == "ratio":
-        if not (np.all(va > 0) and np.all(vb > 0)):
-            raise NotRun(f"{e.name}: a ratio needs positive values in both arms")
-        return _estimate(mean_estimate, np.log(va / vb), n_text=f"{len(j)} seed pairs", scale=LOG, values=values)
-    raise ValueError(f"op must be mean, diff or ratio, got {op!r}")
+    if proportion and not set(np.unique(np.concatenate([va, vb]))) <= {0.0, 1.0}:
+        raise ValueError("method: proportion needs 0/1 outcomes")
+    return _estimate(bounded_mean_estimate, va - vb, lo - hi, hi - lo, n_text=f"{len(j)} seed pairs",
+                     values={"a": va, "b": vb})
 
 
 # ============================================================================ one claim's own
@@ -221,7 +246,8 @@ def frontier_gap(e: ExpData, part: dict) -> Estimate:
     """C21, per seed: the mean gold gap of that seed's penalised runs (arm ``a``, e.g. every
     kl.beta > 0) to the same seed's unpenalised run's curve (arm ``b``: gold against sqrt(KL to
     the reference), linearly interpolated), over the iterations whose sqrt(KL) lies within that
-    curve's range; then the mean over seeds (t-and-Hall interval). In gold units."""
+    curve's range; then the mean over seeds (betting interval: ``range`` is the gold reward's, so a
+    gap lies in ``[lo - hi, hi - lo]``). In gold units."""
     pen = e.select(e.metrics, part["a"], "LM metrics")
     ref = e.select(e.metrics, part["b"], "LM metrics")
     per_seed = {}
@@ -243,8 +269,15 @@ def frontier_gap(e: ExpData, part: dict) -> Estimate:
     if not per_seed:
         raise NotRun(f"{e.name}: the penalised runs never reach the KL range of the unpenalised ones")
     vals = np.array(list(per_seed.values()))
-    return _estimate(mean_estimate, vals, n_text=f"{len(vals)} seeds", values={"gap": vals})
+    lo, hi = value_range(part, e.name)  # the gold reward's range: a gap lies in [lo - hi, hi - lo]
+    return _estimate(bounded_mean_estimate, vals, lo - hi, hi - lo, n_text=f"{len(vals)} seeds", values={"gap": vals})
 
+
+#: The interval method each kind uses (part of the registered protocol: changing one is a new registration).
+METHODS: dict[str, str] = {
+    "probe_value": f"{BOOTSTRAP_SE}; {SQUARED_NORM} ({', '.join(sorted(SQUARED_NORMS))})", "probe_diff": BOOTSTRAP_SE, "batch_ratio": DELTA, "run_metric": BETTING,
+    "prompt_upweighting": DELTA, "frontier_gap": BETTING,
+}
 
 KINDS: dict[str, Callable[[ExpData, dict], Estimate]] = {
     "probe_value": probe_value, "probe_diff": probe_diff, "batch_ratio": batch_ratio, "run_metric": run_metric,

@@ -13,7 +13,7 @@ import numpy as np
 from harness.io import atomic_write_json, atomic_write_text
 from harness.io.files import read_json
 
-from . import CLAIMS_BY_ID, CLAIMS_FILE_DATA, M_REGISTERED, PROTOCOL, Verdict, evaluate_all
+from . import CLAIMS_BY_ID, M_REGISTERED, PROTOCOL, Verdict, evaluate_all, registry
 from .evidence import ExpData, NotRun, sweep_params
 from .figures import claim_figure
 from .plan import looks_of, variant
@@ -94,22 +94,29 @@ def protocol_text(quick: bool) -> list[str]:
         "How a statistical claim is judged (`harness/conf/claims.yaml`, `analysis/claims/`):",
         "",
         "- **Registered before the data.** One primary test per claim: a statistic, a rule and its smallest effect "
-        "or margin with a one-line rationale, dated and hashed (`registered`, `version`, `rule_hash`). A rule or "
-        "design changed after data of it existed has a new version and a changelog entry (below), and is confirmed "
-        "at a seed offset first used after the change. Other quantities are reported, not judged; *premise* checks "
-        "that fail make a claim **untestable here**, *power* checks that fail leave it **undecided**; neither ever "
-        "refutes.",
-        "- **Intervals with tested coverage** (`analysis/claims/intervals.py`, `tests/test_claims_coverage.py`): "
-        "per-seed values and per-seed paired differences or log ratios, the union of Student's t and Hall's "
-        "skewness-corrected t interval; the difference of two proportions (collapse), Agresti-Caffo; batch ratios "
-        "of the probes, the delta method; a probe statistic, its bootstrap standard error. Their coverage is "
-        "simulated at the n the report uses (normal, skewed and heavy-tailed data, paired and unpaired): nominal 95% "
-        "covers at least 93% ([the coverage table](toy.md#interval-coverage)).",
-        f"- **Error control**: Holm's step-down procedure over the primary tests of all claims tested in this report "
-        f"keeps the family-wise error rate (any wrong decided verdict) at {p.alpha:g} whatever the dependence "
-        "between claims (several share runs). Each claim's interval is shown at the level Holm tested it at "
-        "(column *level*); a decided claim's interval decides its rule there. Premise and power checks are read at "
-        f"{_level(p.check_level)}, unadjusted.",
+        "or margin with a one-line rationale. `harness/conf/claims_registry.json` (written by `python -m analysis "
+        "claims --register`, history in git) holds the hash of the protocol and of everything that decides each "
+        "claim (its primary test, checks, experiments and the defaults their runs inherit) with the date and commit "
+        "it was registered at; a confirmatory `--run` refuses to start while the checkout differs from it "
+        "(below: the registration, and any change since). Other quantities are reported, not judged; *premise* "
+        "checks that fail make a claim **untestable here**, *power* checks that fail leave it **undecided**; "
+        "neither ever refutes.",
+        "- **Tests whose error is controlled on RL-shaped data** (`analysis/claims/intervals.py`): a seed-level "
+        "quantity (one arm's per-seed values, or per-seed paired differences) registers its range and is judged "
+        "by the betting confidence interval of a bounded mean (Waudby-Smith & Ramdas, JRSS-B 2023), valid for "
+        "any distribution on that range at every n and every look; without a range it is undecided, with the "
+        "reason. Probe statistics (thousands of batches): the delta method for ratios of batch means, the "
+        "bootstrap standard error otherwise. Every method's error rate is checked at every level this report "
+        "uses on skewed, bimodal, ceiling, zero-inflated, heavy-tailed, 0/1 and paired-with-failures data "
+        "(`analysis/claims/calibration.py`; [the table](toy.md#error-rates-of-the-tests)). All seeds equal, or a "
+        "standard error of 0, never decides a claim.",
+        f"- **Error control**: Holm's step-down procedure over the whole registered family of {M_REGISTERED} "
+        f"statistical claims keeps the family-wise error rate (any wrong decided verdict) at {p.alpha:g} whatever "
+        "the dependence between claims (several share runs); a claim not tested here (not run, its premise not "
+        "met, no information) counts with p = 1, so a claim's level does not depend on what else ran or on "
+        "`--only`. Each claim's interval is shown at the level Holm tested it at (column *level*); a decided "
+        f"claim's interval decides its rule there. Premise and power checks are read at {_level(p.check_level)}, "
+        "unadjusted.",
         f"- **Enough seeds**: a claim trained on seeds is decided only with at least {p.min_seeds} seeds per arm; "
         "below that it is undecided, whatever its interval.",
         f"- **Sequential plan, by runs** (`analysis/claims/plan.py`): a training experiment may register looks "
@@ -118,7 +125,9 @@ def protocol_text(quick: bool) -> list[str]:
         f"Bonferroni level {p.alpha:g}/{M_REGISTERED}); a claim's p-value counts the alpha spent at earlier looks. "
         "No clock enters: the same command gives the same verdicts on a busy and on a quiet machine.",
         f"- **n needed**: for an undecided claim, the seeds (or batches) per arm that detect the *registered* effect "
-        f"with {p.power:.0%} power at the level it was tested at, from its per-unit standard deviation; never the "
+        f"with {p.power:.0%} power at the level it was tested at, with the truth that effect past the rule's boundary "
+        "(or at an equivalence band's centre, both ends to clear): in closed form for the normal methods, by "
+        "simulating the betting rule on the observed values moved to that truth for a bounded mean; never at the "
         "observed effect.",
         "- **Undecided** means the data do not settle the claim at its level; **untestable here** means what the "
         "claim presupposes (e.g. reward hacking) did not happen in these runs, so the runs say nothing about it.",
@@ -145,23 +154,64 @@ def _verdict_cell(v: Verdict) -> str:
     return f"**{v.label}**" if v.verdict in ("supported", "refuted") else v.label
 
 
-def _changelog_lines(root: Path, quick: bool, claims: set[str]) -> list[str]:
-    log = [e for e in CLAIMS_FILE_DATA.changelog if e.claim in claims]
-    if not log:
-        return ["No rule was changed after its data existed."]
-    judged = {o: r for o, r in _reports(root, quick).items()}
-    lines = ["| claim | version | changed on | after seeing offsets | what changed | confirmed at |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for e in log:
-        if e.confirm_at is None:
-            conf = "not confirmed on fresh seeds"
-        elif e.confirm_at in judged and e.claim in judged[e.confirm_at]:
-            conf = f"offset {e.confirm_at}: {judged[e.confirm_at][e.claim]['label']}"
-        else:
-            conf = f"offset {e.confirm_at} (not judged in this folder yet)"
-        seen = ", ".join(map(str, e.after_seeing)) or "none"
-        lines.append(f"| {e.claim} | {e.version} | {e.date} | {seen} | {_cell(e.change)} | {_cell(conf)} |")
+_STATE: list = []  # (registry, changes since it): read once per process
+
+
+def registration_state() -> tuple[dict | None, list[str]]:
+    """The claims registry (None when missing or unreadable) and what changed since it in this
+    checkout (:func:`.registry.diff`; the reason, when there is no registry to compare with)."""
+    if not _STATE:
+        try:
+            reg = registry.load()
+            changes = [f"{registry.REGISTRY_FILE.name}: missing: nothing is registered"] if reg is None else \
+                registry.diff(reg, registry.current())
+        except ValueError as exc:
+            reg, changes = None, [str(exc)]
+        _STATE.append((reg, changes))
+    return _STATE[0]
+
+
+def _changes_of(cid: str, changes: list[str]) -> list[str]:
+    return [line.partition(": ")[2] for line in changes if line.startswith(f"{cid}: ")]
+
+
+def _registration_lines() -> list[str]:
+    """The report's registration section: the registry's date and commit, what that registration
+    changed, and what changed since (then no verdict here is confirmatory)."""
+    reg, changes = registration_state()
+    lines = []
+    if reg is not None:
+        lines += [f"`harness/conf/claims_registry.json` (`{registry.REGISTER_COMMAND}`; why a rule changed is in "
+                  f"git's history): registered {reg.get('registered', '?')} at commit {reg.get('commit', '?')}, "
+                  f"protocol hash `{(reg.get('protocol') or {}).get('hash', '?')}`, "
+                  f"{len(reg.get('claims') or {})} statistical claims.", ""]
+        lines += (["Changed at that registration:", ""] + [f"- {_cell(x)}" for x in reg.get("changed") or []]
+                  if reg.get("changed") else ["Nothing changed at that registration."])
+        lines.append("")
+    if changes:
+        lines += ["**Changed since the registration, in this checkout** (the verdicts of these claims are not "
+                  f"confirmatory: `{registry.REGISTER_COMMAND}`, commit, and run again):", ""]
+        lines += [f"- {_cell(x)}" for x in changes]
+    else:
+        lines.append("This checkout is the registered one: nothing changed since.")
     return lines
+
+
+def _registry_record() -> dict:
+    """The registration a report was judged against, for claims.json."""
+    reg, changes = registration_state()
+    return {"registered": (reg or {}).get("registered"), "commit": (reg or {}).get("commit"),
+            "protocol_hash": ((reg or {}).get("protocol") or {}).get("hash"), "changed_since": changes}
+
+
+def _registration_record(cid: str) -> dict | None:
+    """A claim's registration for claims.json: date, commit, hash and what changed since."""
+    reg, changes = registration_state()
+    entry = ((reg or {}).get("claims") or {}).get(cid)
+    if entry is None:
+        return None
+    return {"registered": entry.get("registered"), "commit": entry.get("commit"), "hash": entry.get("hash"),
+            "changed_since": _changes_of(cid, changes)}
 
 
 def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], meta: dict, quick: bool,
@@ -212,11 +262,12 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
     atomic_write_json(root / report_name(seed_offset, quick, ".json", only), {
         "mode": "quick" if quick else "full", "seed_offset": seed_offset, "wall_s": wall_s,
         "only": sorted(v.claim for v in verdicts) if only else None, "commit": commit(),
-        "protocol": PROTOCOL.__dict__, "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "verdicts": [
+        "protocol": PROTOCOL.__dict__, "registry": _registry_record(),
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "verdicts": [
             {"claim": v.claim, "exact": v.exact, "verdict": v.verdict, "label": v.label, "statistic": v.statistic,
              "point": v.point, "low": v.low, "high": v.high, "level": v.level, "n": v.n, "not_run": v.not_run,
              "needs": v.needs, "deciding": v.deciding, "p": v.p, "p_adjusted": v.p_adjusted, "rank": v.rank,
-             "m": v.m, "tested": v.tested, "version": CLAIMS_BY_ID[v.claim].version,
+             "m": v.m, "tested": v.tested, "registration": _registration_record(v.claim),
              "parts": [p.as_dict() for p in v.parts], "reported": [p.as_dict() for p in v.reported],
              "note": v.note} for v in verdicts],
         "plan": meta.get("plan"), "left_out": left_out, "not_run_yet": missing})
@@ -226,8 +277,8 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
                   f"Offsets judged in this folder: {', '.join(map(str, stab['offsets']))} "
                   f"(`python -m analysis claims DIR --run --seed-offset K`). {stab['summary']}"]
     if not quick:
-        lines += ["", "## Changelog: rules changed after their data existed", ""]
-        lines += _changelog_lines(root, quick, {v.claim for v in verdicts})
+        lines += ["", "## Registration", ""]
+        lines += _registration_lines()
     plan = meta.get("plan") or {}
     if not quick:
         lines += ["", "## Sequential plan", "",
@@ -285,9 +336,10 @@ def _details(v: Verdict, data: dict[str, ExpData], root: Path) -> list[str]:
             lines += [v.note, ""]
         return lines
     pr = c.primary
-    reg = f"registered {c.registered}, version {c.version}, rule hash `{c.rule_hash}`"
-    if not c.hash_ok:
-        reg += f" — **the rule or design in this checkout hashes to `{c.computed_hash}`: changed since registration**"
+    state, changes = registration_state()
+    reg = registry.registration(c.id, state)
+    if _changes_of(c.id, changes):
+        reg += f" — **changed since: {'; '.join(_changes_of(c.id, changes))}**"
     lines += [f"*Primary test* ({reg}): {pr.name}; {pr.rule.sentence}. Registered effect {pr.effect:g}: "
               f"{pr.rationale}.", ""]
     if v.deciding:
@@ -558,7 +610,7 @@ def publish(root: Path, quick: bool, dest: Path, command: str) -> list[Path]:
         head = (f"Generated: copied from `{md.name}` by `{command}` on {time.strftime('%Y-%m-%d')} (commit "
                 f"{commit()}); do not edit by hand.\n\n")
         text = text.replace("\n", "\n" + head, 1)
-        text = text.replace("(toy.md#interval-coverage)", "(../toy.md#interval-coverage)")
+        text = text.replace("(toy.md#error-rates-of-the-tests)", "(../toy.md#error-rates-of-the-tests)")
         out = dest / md.name
         atomic_write_text(out, text)
         pages.append(out)

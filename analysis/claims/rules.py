@@ -120,21 +120,24 @@ class Rule:
                     f"[{self.a - self.b:g}, {self.a + self.b:g}], refuted if wholly outside")
         return f"supported if the interval lies inside ({self.a:g}, {self.b:g}), refuted if wholly outside"
 
+    def decide(self, low, high) -> tuple[np.ndarray, np.ndarray]:
+        """``(supported, refuted)`` for intervals ``[low, high]`` (arrays: one verdict per interval,
+        as the calibration simulation reads them); a non-finite end decides nothing."""
+        low, high = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+        ok = np.isfinite(low) & np.isfinite(high)
+        if self.kind in ("greater", "less"):
+            t = self.threshold
+            above, below = low > t, high < t
+            sup, ref = (above, below) if self.kind == "greater" else (below, above)
+        else:
+            lo_b, hi_b = self.band
+            inside = (low >= lo_b) & (high <= hi_b) if self.kind == "equivalent" else (low > lo_b) & (high < hi_b)
+            sup, ref = inside, (high < lo_b) | (low > hi_b)
+        return sup & ok, ref & ok
+
     def judge(self, point: float, low: float, high: float) -> str:
-        if not _finite(low, high):
-            return "undecided"
-        if self.kind == "greater":
-            t = self.threshold
-            return "supported" if low > t else "refuted" if high < t else "undecided"
-        if self.kind == "less":
-            t = self.threshold
-            return "supported" if high < t else "refuted" if low > t else "undecided"
-        lo_b, hi_b = self.band
-        if low >= lo_b and high <= hi_b and (self.kind == "equivalent" or (low > lo_b and high < hi_b)):
-            return "supported"
-        if high < lo_b or low > hi_b:
-            return "refuted"
-        return "undecided"
+        sup, ref = self.decide(low, high)
+        return "supported" if sup else "refuted" if ref else "undecided"
 
     @property
     def band(self) -> tuple[float, float]:

@@ -1,46 +1,34 @@
 """The claims as data: ``harness/conf/claims.yaml`` read into :class:`Claim` entries, checked once.
 
-The file has three blocks: ``protocol`` (the error control, :class:`.protocol.Protocol`),
-``claims`` and ``changelog``. A statistical claim has exactly one ``primary`` test (a statistic
-kind, its selection of the experiment's configs, a rule with its registered smallest effect or
-margin and a one-line ``rationale``), optional ``checks`` (``role: premise``: not met makes the
-claim *untestable here*; ``role: power``: not met leaves it *undecided*; neither ever refutes)
-and ``reported`` quantities (shown, not judged). It carries its registration: ``registered``
-(the date its rule and design were fixed), ``version`` and ``rule_hash``, a hash of everything
-that decides it (:func:`rule_hash`: the primary, the checks, and each of its experiments' YAML
-and looks). ``tests/test_claims.py`` fails when a hash no longer matches: changing a rule or a
-design means a new version, a new hash and a ``changelog`` entry saying what changed, on what
-date, after seeing which seed offsets, and at which fresh offset it is confirmed.
+The file has two blocks: ``protocol`` (the error control, :class:`.protocol.Protocol`) and
+``claims``. A statistical claim has exactly one ``primary`` test (a statistic kind, its selection
+of the experiment's configs, a rule with its registered smallest effect or margin and a one-line
+``rationale``), optional ``checks`` (``role: premise``: not met makes the claim *untestable here*;
+``role: power``: not met leaves it *undecided*; neither ever refutes) and ``reported`` quantities
+(shown, not judged). Its registration (a hash of everything that decides it, with the date and
+commit it was fixed at) is not in this file but in the generated registry, :mod:`.registry`.
 
 A malformed entry (an unknown statistic kind, rule or field) fails when the table is read, with
 the claim id and the field named, never mid-report.
 """
 from __future__ import annotations
 
-import datetime
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from omegaconf import OmegaConf
 
-from harness.experiments import BLOCK_HEAD, CLAIMS_FILE, CONF_DIR, EXPERIMENTS
+from harness.experiments import BLOCK_HEAD, CLAIMS_FILE, EXPERIMENTS
 
 from .kinds import KINDS
 from .protocol import Protocol
 from .rules import Rule
 
-PART_FIELDS = {"name", "stat", "rule", "role", "experiment", "optional", "for_each", "where", "num", "den",
+PART_FIELDS = {"name", "stat", "rule", "role", "experiment", "optional", "for_each", "where", "num", "den", "range",
                "a", "b", "column", "scope", "transform", "divide_by", "of", "metric", "op", "method", "paired",
                "extreme", "middle", "effect", "rationale"}
-CLAIM_FIELDS = {"text", "short", "source", "exact", "experiments", "primary", "checks", "reported", "registered",
-                "version", "rule_hash", "tests"}
-CHANGELOG_FIELDS = {"claim", "version", "date", "change", "after_seeing", "confirm_at"}
+CLAIM_FIELDS = {"text", "short", "source", "exact", "experiments", "primary", "checks", "reported", "tests"}
 ROLES = ("premise", "power")
-#: Keys of a part that name it or explain it, left out of the rule's hash.
-_UNHASHED = {"name", "rationale"}
 
 
 @dataclass(frozen=True)
@@ -68,15 +56,7 @@ class Claim:
     primary: PartSpec | None = None
     checks: tuple[PartSpec, ...] = ()
     reported: tuple[PartSpec, ...] = ()
-    registered: str = ""
-    version: int = 1
-    rule_hash: str = ""  # as registered in the file
-    computed_hash: str = ""  # of the file's rule and design now
     tests: str = ""  # exact claims: what the tests check
-
-    @property
-    def hash_ok(self) -> bool:
-        return self.exact or self.rule_hash == self.computed_hash
 
     @property
     def parts(self) -> tuple[PartSpec, ...]:
@@ -95,22 +75,6 @@ class Claim:
             name = c.name.replace("{value}", f"<{c.for_each}>") if c.for_each else c.name
             bits.append(f"{c.role} check: {name}{each}: {c.rule.text}")
         return "; ".join(bits)
-
-
-def _experiment_design(name: str) -> dict:
-    """What of an experiment decides its claims: its YAML (parsed: comments do not count) and looks."""
-    path = CONF_DIR / "experiment" / f"{name}.yaml"
-    node = OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else None
-    ex = EXPERIMENTS.get(name)
-    return {"yaml": node, "looks": list(ex.looks) if ex else None}
-
-
-def rule_hash(raw: dict) -> str:
-    """12 hex digits of the SHA-256 of the claim's primary, checks and experiments' designs."""
-    strip = lambda p: {k: v for k, v in p.items() if k not in _UNHASHED}  # noqa: E731
-    payload = {"primary": strip(raw.get("primary") or {}), "checks": [strip(c) for c in raw.get("checks") or ()],
-               "experiments": {n: _experiment_design(n) for n in raw.get("experiments") or ()}}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def _part(cid: str, raw: dict, default_exp: str, role: str) -> PartSpec:
@@ -151,15 +115,6 @@ def _part(cid: str, raw: dict, default_exp: str, role: str) -> PartSpec:
                     str(raw.get("rationale", "")).strip())
 
 
-def _date(cid: str, v) -> str:
-    if isinstance(v, datetime.date):
-        return v.isoformat()
-    try:
-        return datetime.date.fromisoformat(str(v)).isoformat()
-    except ValueError:
-        raise ValueError(f"harness/conf/claims.yaml {cid}: registered must be a date YYYY-MM-DD, got {v!r}") from None
-
-
 def _claim(cid: str, c: dict) -> Claim:
     if not isinstance(c, dict):
         raise ValueError(f"harness/conf/claims.yaml {cid}: must be a mapping")
@@ -183,9 +138,6 @@ def _claim(cid: str, c: dict) -> Claim:
                              f"{name}.yaml with a '{BLOCK_HEAD}' block)")
     if not isinstance(c.get("primary"), dict):
         raise ValueError(f"harness/conf/claims.yaml {cid}: a statistical claim needs one primary test (a mapping)")
-    for key in ("registered", "version", "rule_hash"):
-        if key not in c:
-            raise ValueError(f"harness/conf/claims.yaml {cid}: needs {key} (its registration)")
     primary = _part(cid, c["primary"], exps[0], "primary")
     checks = tuple(_part(cid, p, exps[0], "check") for p in c.get("checks") or ())
     reported = tuple(_part(cid, p, exps[0], "reported") for p in c.get("reported") or ())
@@ -193,47 +145,23 @@ def _claim(cid: str, c: dict) -> Claim:
         if p.experiment not in exps:
             raise ValueError(f"harness/conf/claims.yaml {cid} part {p.name!r}: experiment {p.experiment} is not among "
                              f"the claim's experiments {list(exps)}")
-    return Claim(**base, experiments=exps, primary=primary, checks=checks, reported=reported,
-                 registered=_date(cid, c["registered"]), version=int(c["version"]), rule_hash=str(c["rule_hash"]),
-                 computed_hash=rule_hash(c))
-
-
-@dataclass(frozen=True)
-class ChangelogEntry:
-    claim: str
-    version: int
-    date: str
-    change: str
-    after_seeing: tuple[int, ...] = ()  # seed offsets whose data were seen before the change
-    confirm_at: int | None = None  # the fresh offset, first used after the change, that confirms it
+    return Claim(**base, experiments=exps, primary=primary, checks=checks, reported=reported)
 
 
 @dataclass(frozen=True)
 class ClaimsFile:
     protocol: Protocol
     claims: list[Claim]
-    changelog: list[ChangelogEntry]
 
 
 def load_claims_file(path: Path = CLAIMS_FILE) -> ClaimsFile:
     raw = yaml.safe_load(Path(path).read_text())
     if not isinstance(raw, dict) or not isinstance(raw.get("claims"), dict):
-        raise ValueError(f"{path}: needs a 'claims' mapping (and optional 'protocol', 'changelog')")
-    unknown = set(raw) - {"protocol", "claims", "changelog"}
+        raise ValueError(f"{path}: needs a 'claims' mapping (and optional 'protocol')")
+    unknown = set(raw) - {"protocol", "claims"}
     if unknown:
-        raise ValueError(f"{path}: unknown top-level key(s) {sorted(unknown)}; allowed: protocol, claims, changelog")
-    claims = [_claim(cid, c) for cid, c in raw["claims"].items()]
-    ids = {c.id for c in claims}
-    log = []
-    for i, e in enumerate(raw.get("changelog") or []):
-        bad = set(e) - CHANGELOG_FIELDS if isinstance(e, dict) else {"(not a mapping)"}
-        if bad or e.get("claim") not in ids:
-            raise ValueError(f"{path} changelog entry {i + 1}: needs claim (a known id), version, date, change; "
-                             f"unknown: {sorted(bad)}")
-        log.append(ChangelogEntry(str(e["claim"]), int(e["version"]), _date(e["claim"], e["date"]), str(e["change"]),
-                                  tuple(int(o) for o in e.get("after_seeing") or ()),
-                                  None if e.get("confirm_at") is None else int(e["confirm_at"])))
-    return ClaimsFile(Protocol.from_dict(raw.get("protocol")), claims, log)
+        raise ValueError(f"{path}: unknown top-level key(s) {sorted(unknown)}; allowed: protocol, claims")
+    return ClaimsFile(Protocol.from_dict(raw.get("protocol")), [_claim(cid, c) for cid, c in raw["claims"].items()])
 
 
 def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
