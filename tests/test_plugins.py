@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,20 +51,33 @@ def test_a_plugin_named_by_the_plugins_key_trains_its_estimator_loss_and_env_in_
     assert cfg_file is None or "pgh_example.estimators" in cfg_file.read_text()
 
 
+def _installed_example() -> bool:
+    """Whether this environment already publishes pgh_example's entry point (``pip install
+    ./examples/plugin``, as docs/extending.md shows): then no run here can be without it."""
+    from importlib.metadata import entry_points
+    return any(ep.name == "pgh_example" for ep in entry_points(group="pg_harness.plugins"))
+
+
 def test_an_installed_entry_point_is_imported_without_the_key(tmp_path):
     """A package's ``pg_harness.plugins`` entry point (a dist-info folder on the path, as pip
-    writes it) is enough: no ``plugins=`` on the command line."""
+    writes it) is enough: no ``plugins=`` on the command line. The example's sources are copied
+    without build leftovers: the egg-info folder a ``pip install ./examples/plugin`` leaves beside
+    them publishes the entry point too."""
+    source = tmp_path / "example"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("*.egg-info", "build", "__pycache__"))
     dist = tmp_path / "site" / "pgh_example-0.1.0.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: pgh-example\nVersion: 0.1.0\n")
     (dist / "entry_points.txt").write_text("[pg_harness.plugins]\npgh_example = pgh_example.estimators\n")
     r = _python(["-m", "harness", SEARCHPATH, "task=corridor", "estimator=median_baseline", *TINY], tmp_path,
-                [EXAMPLE, tmp_path / "site"])
+                [source, tmp_path / "site"])
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert set(_frames(tmp_path / "results")) == {("corridor", "median_baseline", "pg")}
+    if _installed_example():  # the environment's own install publishes it: there is no run without it
+        return
     (tmp_path / "other").mkdir()
     r = _python(["-m", "harness", SEARCHPATH, "task=corridor", "estimator=median_baseline", *TINY], tmp_path / "other",
-                [EXAMPLE])  # without the entry point (python -m puts the working folder on the path): unknown
+                [source])  # without the entry point (python -m puts the working folder on the path): unknown
     assert r.returncode == 2 and "estimator must be one of" in r.stdout
 
 
