@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from .config import bad_field, first_sentence, is_finite, register_loss_knobs
+from .config import bad_field, first_sentence, is_finite, name_problem, register_loss_knobs
 from .estimators.kl import kl_estimate
 
 # The only list of loss aggregations (config key ``loss_agg``); presets named after TRL's
@@ -568,6 +568,10 @@ def register_policy_loss(name: str, fn: PolicyLossFn | None = None, settings: ty
     docstring). Registering a name twice raises ``ValueError``.
     """
     def _register(f: PolicyLossFn) -> PolicyLossFn:
+        problem = name_problem(name) if isinstance(name, str) else "not a string"
+        if problem:  # it names the run's update and reaches file and tracker names: one safe word
+            raise ValueError(f"policy loss name {name!r}: {problem}; allowed: one folder name (no '/', '\\', "
+                             "leading '.' or control characters)")
         if name in POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} is already registered")
         if not (dataclasses.is_dataclass(settings) and isinstance(settings, type)):

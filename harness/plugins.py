@@ -55,7 +55,8 @@ def load_plugins(modules: Iterable[str] = ()) -> list[str]:
                 importlib.import_module(target)
             else:
                 target.load()  # an EntryPoint: imports its module (and the attribute, if it names one)
-        except Exception as exc:  # (Ctrl-C is no Exception: it ends the command as everywhere else)
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit must not end the command quietly;
+            # (Ctrl-C is neither: it ends the command as everywhere else)
             if isinstance(exc, ModuleNotFoundError) and isinstance(target, str) and exc.name and \
                     target.startswith(exc.name):  # the named module itself, not one it imports
                 bad_field("plugins", "importable module names (is the package installed, or its folder on "

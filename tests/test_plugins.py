@@ -85,12 +85,24 @@ def test_an_installed_entry_point_is_imported_without_the_key(tmp_path):
     ("[no_such_module_xyz]", "plugins must be importable module names"),
     ("[pgh_broken]", "importing it raised RuntimeError: broken on purpose"),
     ("[pgh_twice]", "importing it raised ValueError: estimator 'rloo' is already registered"),
+    # a name is a folder of the run's path: '../..' would write outside results_dir
+    ("[pgh_escape]", "importing it raised ValueError: estimator name '../../escaped': starts with '.'"),
+    ("[pgh_loss_escape]", "importing it raised ValueError: policy loss name 'a/b': contains '/'"),
+    # a plugin's sys.exit (0 or its own code) is refused, not a silent no-op of the command
+    ("[pgh_exit]", "importing it raised SystemExit: 0"),
 ])
 def test_a_plugin_that_cannot_be_imported_is_one_line_exit_2_before_any_run(value, shown, tmp_path):
     (tmp_path / "pgh_broken.py").write_text("raise RuntimeError('broken on purpose')\n")
     (tmp_path / "pgh_twice.py").write_text(
         "from harness.estimators import EstimatorSpec, get_estimator, register\n"
         "register(EstimatorSpec('rloo', get_estimator('rloo').fn, needs_critic=False))\n")
+    (tmp_path / "pgh_escape.py").write_text(
+        "from harness.estimators import EstimatorSpec, get_estimator, register\n"
+        "register(EstimatorSpec('../../escaped', get_estimator('rloo').fn, needs_critic=False))\n")
+    (tmp_path / "pgh_loss_escape.py").write_text(
+        "from harness.losses import get_policy_loss, register_policy_loss\n"
+        "register_policy_loss('a/b', get_policy_loss('pg').fn)\n")
+    (tmp_path / "pgh_exit.py").write_text("import sys\nsys.exit(0)\n")
     r = _python(["-m", "harness", f"plugins={value}", f"results_dir={tmp_path}/res", *TINY], tmp_path, [tmp_path])
     lines = r.stdout.strip().splitlines()
     assert r.returncode == 2, r.stdout + r.stderr

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import first_sentence
+from ..config import first_sentence, name_problem
 from . import group as _group
 from . import returns as _returns
 
@@ -107,6 +107,13 @@ ESTIMATORS: dict[str, EstimatorSpec] = {}
 
 
 def register(spec: EstimatorSpec) -> EstimatorSpec:
+    """Add ``spec`` to the registry. Its name becomes a folder of every run's path
+    (:func:`harness.io.rundir.run_dir_for`), so it must be one folder name inside results_dir
+    (:func:`harness.config.name_problem`): a plugin's ``../x`` would write outside it."""
+    problem = name_problem(spec.name) if isinstance(spec.name, str) else "not a string"
+    if problem:
+        raise ValueError(f"estimator name {spec.name!r}: {problem}; allowed: one folder name (no '/', '\\', "
+                         "leading '.' or control characters)")
     if spec.name in ESTIMATORS:
         raise ValueError(f"estimator {spec.name!r} is already registered")
     ESTIMATORS[spec.name] = spec
