@@ -321,13 +321,27 @@ def _register_claims(args) -> int:
     return 0
 
 
+def _has_full_report(root: Path, quick: bool) -> bool:
+    """Whether DIR holds a full claims report (any seed offset) for the README blocks to read."""
+    from .claims.report import stability
+
+    return bool(stability(root.resolve(), quick)["offsets"]) if root.is_dir() else False
+
+
 def _refused_before_any_work(args) -> bool:
-    """One line per reason on stderr, before any folder is made or anything runs: no DIR, or a
+    """One line per reason on stderr, before any folder is made or anything runs: no DIR; README
+    blocks asked of an ``--only`` command with no full report in DIR to write them from; or a
     confirmatory ``--run`` (not the ``--quick`` pilot) while the checkout differs from the claims
     registry (one line per change: a confirmatory run decides only registered claims)."""
     if args.results is None:
         print("python -m analysis claims: error: argument DIR: missing; allowed: a folder holding the claim "
               "experiments' runs (or --register alone)", file=sys.stderr)
+        return True
+    if args.readme and args.only is not None and not _has_full_report(Path(args.results), args.quick):
+        print(f"python -m analysis claims: error: argument --readme: no full {'quick ' if args.quick else ''}claims "
+              f"report in {args.results} to write the blocks from (--only writes claims_only.json, not the full "
+              f"report); allowed: --readme after `python -m analysis claims {args.results}` has written one",
+              file=sys.stderr)
         return True
     if not args.run or args.quick:
         return False

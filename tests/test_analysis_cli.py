@@ -155,3 +155,18 @@ def test_a_finished_command_ends_without_the_teardown_its_output_whole(tmp_path)
                        env={**env, "PYTHONPATH": str(repo)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "s.npz").exists() and r.stdout.strip() and "teardown" not in r.stdout, r.stdout
+
+
+def test_readme_blocks_with_only_need_a_full_report_first(tmp_path, capsys):
+    """``--readme`` writes its blocks from the full report; ``--only`` writes claims_only.json, so with
+    no full report in DIR the command is refused before any work: one line, exit 2, nothing written."""
+    page = tmp_path / "page.md"
+    text = "a\n<!-- claims-table:start -->\n<!-- claims-table:end -->\n"
+    page.write_text(text)
+    root = tmp_path / "claims"
+    root.mkdir()
+    (root / "exact_tests.json").write_text("{}")  # a claims folder, with no report yet
+    assert main(["claims", str(root), "--only", "C3", "--readme", str(page)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "argument --readme: no full claims report in" in err[0], err
+    assert page.read_text() == text and sorted(p.name for p in root.iterdir()) == ["exact_tests.json"]
