@@ -273,3 +273,22 @@ def test_mlflow_store_created_by_several_processes_at_once(tmp_path):
         p.join(120)
     assert [p.exitcode for p in procs] == [0, 0, 0, 0]
     assert [r["name"] for r in mlflow_runs(tmp_path)] == []  # the experiment exists (once), with no runs
+
+
+def test_mlflow_usage_telemetry_is_off_by_default(tmp_path):
+    """``logger=mlflow`` turns MLflow's usage telemetry off (it reports to its vendor and writes
+    ~/.config/mlflow/telemetry.json) unless the environment sets MLFLOW_DISABLE_TELEMETRY. The run
+    has none of the variables by which MLflow turns it off by itself (pytest's, CI's), so without the
+    harness's default the file is written and this fails."""
+    pytest.importorskip("mlflow")
+    home = tmp_path / "home"
+    home.mkdir()
+    quiet = ("PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")
+    env = {k: v for k, v in os.environ.items() if k not in quiet}
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-m", "harness", *CONTROL, "logger=mlflow", "results_dir=res",
+                          "progress=false"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert [r["name"] for r in mlflow_runs(tmp_path / "res")]  # the run was logged
+    assert not list(home.rglob("telemetry*")), list(home.rglob("*"))

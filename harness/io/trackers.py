@@ -35,7 +35,8 @@ Backends:
   resumes the server's run and the steps up to its summary's ``env_steps`` are skipped (a
   killed attempt's steps past its checkpoint keep that attempt's ``wall_time_s``; untested here:
   no network).
-* :class:`MlflowLog`: ``MLFLOW_TRACKING_URI`` if set, else a SQLite store
+* :class:`MlflowLog`: MLflow's usage telemetry off (``MLFLOW_DISABLE_TELEMETRY=true`` unless the
+  environment sets it); ``MLFLOW_TRACKING_URI`` if set, else a SQLite store
   ``<results_dir>/mlflow.db`` (MLflow's file store is in maintenance mode); one experiment per
   results_dir (named by its absolute path; ``MLFLOW_EXPERIMENT_NAME`` overrides), one run per
   harness run, named ``task/estimator/seed<seed>-<hash>`` and found again by its tag
@@ -227,6 +228,9 @@ class MlflowLog(TrackerLog):
     """``logger=mlflow``: one MLflow run per run, in one experiment per results_dir."""
 
     def __init__(self, cfg: Any, runs: Sequence[Any]):
+        # MLflow's usage telemetry (reported to its vendor; it writes ~/.config/mlflow/telemetry.json) is
+        # off unless the environment sets MLFLOW_DISABLE_TELEMETRY itself; read by mlflow at import
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         from mlflow.tracking import MlflowClient  # needs mlflow(-skinny), and SQLAlchemy for the SQLite store
 
         root = Path(results_path(cfg)).resolve()
