@@ -15,7 +15,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .config import entry_point, error_line, member_configs, task_kind
+from .config import bad_field, entry_point, error_line, member_configs, task_kind
 from .io import RunDir
 from .plugins import load_plugins
 from .probes import run_probe
@@ -230,12 +230,34 @@ def in_sweep() -> bool:
         return False
 
 
+def check_group_choices() -> None:
+    """The command line's choice of ``recipe`` must be one of its group's options: Hydra also takes
+    a path into another group (``recipe=../estimator/rloo``, an estimator preset loaded as a recipe)
+    and a list (``recipe=[verl_grpo,trl_grpo]``, two frameworks merged), neither a recipe. Raises
+    ``ValueError`` naming ``recipe`` and the options; nothing outside a Hydra command is checked."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    try:
+        hc = HydraConfig.get()
+        choice = hc.runtime.choices.get("recipe")
+        options = GlobalHydra.instance().config_loader().get_group_options("recipe")
+    except Exception:  # not under Hydra's command line (an in-process run): nothing chose a group
+        return
+    for override in hc.overrides.task:  # a list of options is no choice Hydra records: read it off the command
+        key, _, value = str(override).partition("=")
+        if key.lstrip("+~") == "recipe" and value.strip().startswith("["):
+            choice = value
+    if choice not in (None, "null") and choice not in options:
+        bad_field("recipe", f"one of {sorted(options)} (a framework's recipe, one at a time)", choice)
+
+
 def main_entry(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> None:
     """Run ``cfg`` (``on_start``: as :func:`run`'s); exit 2 with one line for an invalid config or
     an unusable results path (nothing started), exit 1 when a run failed (in a sweep: at its end, see
     :class:`harness.callbacks.SweepSummary`, after the other jobs ran) or a write failed at run
     time (one line naming the file: ``cannot write results: <file>: No space left on device``)."""
     try:
+        check_group_choices()
         counts = run(cfg, on_start)
     except ValueError as exc:  # invalid config: nothing was started
         print(f"invalid config: {error_line(exc)}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -435,3 +436,20 @@ def test_trl_rloo_recipe_matches_rlootrainers_own_compute_loss_gradient():
     t._compute_loss(None, inputs).backward()
     _, grad = harness_step(cfg, e)
     torch.testing.assert_close(grad * e.mask, x.grad * e.mask, rtol=1e-6, atol=1e-10)
+
+
+@pytest.mark.parametrize("choice", ["recipe=../estimator/rloo", "recipe=[verl_grpo,trl_grpo]"])
+def test_a_recipe_is_one_of_the_recipe_group(choice, tmp_path):
+    """Hydra takes a path into another group (an estimator preset loaded as a recipe) and a list (two
+    frameworks merged) as ``recipe``; the command refuses both: one line naming ``recipe`` and its
+    options, exit 2, no run folder (Hydra's own job log only)."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "harness", "task=cartpole", choice, "budget.iterations=1",
+                          "results_dir=res", "progress=false"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("invalid config: recipe must be one of ['dr_grpo'"), lines
+    assert "verl_grpo" in lines[0] and lines[0].endswith(f"got '{choice.split('=', 1)[1]}'")
+    assert [p.name for p in (tmp_path / "res").iterdir()] == [".hydra"]
