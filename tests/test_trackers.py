@@ -292,3 +292,18 @@ def test_mlflow_usage_telemetry_is_off_by_default(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert [r["name"] for r in mlflow_runs(tmp_path / "res")]  # the run was logged
     assert not list(home.rglob("telemetry*")), list(home.rglob("*"))
+
+
+def test_an_mlflow_run_is_found_again_whatever_quotes_its_name_holds(tmp_path):
+    """A run is found again by its tag ``harness.run_id``; MLflow's filter grammar has no escape for
+    a quote inside a string, and a task.name may hold either kind (``it's``): each run is found,
+    exactly, with a name holding ', " or both."""
+    pytest.importorskip("mlflow")
+    from harness.io.trackers import RUN_TAG, MlflowLog
+
+    log = MlflowLog(OmegaConf.create({"results_dir": str(tmp_path)}), [])
+    names = ["it's/a/seed0-1", 'say "hi"/a/seed0-1', "both ' and \"/a/seed0-1", "plain/a/seed0-1"]
+    ids = {n: log.client.create_run(log.experiment_id, tags={RUN_TAG: n}).info.run_id for n in names}
+    for n in names:
+        assert [r.info.run_id for r in log._find(n)] == [ids[n]], n
+    assert log._find("it's") == []

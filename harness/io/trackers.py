@@ -258,10 +258,20 @@ class MlflowLog(TrackerLog):
         except MlflowException:  # another process created it first (a tracking server is not locked above)
             return self.client.get_experiment_by_name(name).experiment_id
 
+    def _find(self, run_id: str) -> list:
+        """The MLflow runs tagged ``run_id``. MLflow's filter grammar has no escape for a quote inside
+        a string, so the value is quoted with the quote it lacks (a task.name may hold either); one
+        holding both is matched here among the experiment's runs."""
+        for q in ("'", '"'):
+            if q not in run_id:
+                return self.client.search_runs([self.experiment_id], filter_string=f"tags.`{RUN_TAG}` = {q}{run_id}{q}")
+        return [r for r in self.client.search_runs([self.experiment_id], max_results=50000)
+                if r.data.tags.get(RUN_TAG) == run_id]
+
     def open(self, run, start):
         from mlflow.entities import Param
 
-        found = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run.run_id}'")
+        found = self._find(run.run_id)
         if found:  # resumed (or rerun after a failure): the same MLflow run continues
             old = found[0]
             self.client.update_run(old.info.run_id, status="RUNNING")
