@@ -2,7 +2,6 @@
 claim judged on estimates built from identical values is undecided, and a claim's Holm level is
 the whole registered family's whatever else ran (``--only`` included)."""
 import numpy as np
-import pandas as pd
 import pytest
 
 from analysis import claims as C
@@ -10,14 +9,10 @@ from analysis.claims import kinds as K
 from analysis.claims.evidence import NotRun
 from analysis.claims.intervals import bounded_mean_estimate, normal_estimate
 from analysis.claims.plan import looks_of
+from tests.test_claims import _fake_data
 
 STATISTICAL = [c for c in C.CLAIMS if not c.exact]
 SEED_KINDS = ("run_metric", "frontier_gap")
-
-
-def _fake_data(c):
-    runs = pd.DataFrame([{"run_dir": "r", "status": "completed", "reason": None, "point": ""}])
-    return {x: C.ExpData(x, runs, pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame()) for x in c.experiments}
 
 
 def _favoured(rule, lo=-np.inf, hi=np.inf) -> float:
@@ -67,11 +62,8 @@ def _judge_all(monkeypatch, primary_of, claims=STATISTICAL):
     verdicts = []
     for c in claims:
         last = {x: max(len(looks_of(x)) - 1, 0) for x in c.experiments}
-        data = {}
-        for x in c.experiments:
-            data.update(_fake_data(c))
         try:
-            verdicts.append(C.evaluate_claim(c, data, {}, reached=last))
+            verdicts.append(C.evaluate_claim(c, _fake_data(c), {}, reached=last))
         except K.Undecidable as exc:
             verdicts.append(C.Verdict(c.id, "undecided", c.primary.name, deciding=f"undecided: {exc}"))
     C.apply_holm(verdicts)

@@ -44,8 +44,8 @@ import numpy as np
 import scipy.optimize
 import scipy.stats
 
-from .intervals import betting_interval, delta_point_se, normal_estimate
-from .kinds import SQUARED_NORMS
+from .intervals import betting_interval, delta_point_se, normal_ends, normal_estimate
+from .kinds import SQUARED_NORMS, ratio_terms
 from .rules import Rule
 
 #: Error rates are allowed up to this multiple of nominal.
@@ -243,16 +243,13 @@ def exact_rows(n: int = 10, level_map: dict[str, float] | None = None) -> list[d
 # ============================================================================ delta method
 
 def _batch_values(rng, shape, size):
+    """Per-batch values of one of :data:`BATCH_SHAPES` (the truth is set by scaling them)."""
     if shape == "chi-square(3)":
-        return rng.chisquare(3, size), 3.0, 6.0
+        return rng.chisquare(3, size)
     if shape == "lognormal(0, 1)":
-        return rng.lognormal(0, 1, size), math.exp(0.5), (math.e - 1) * math.e
-    # bimodal: 5% of batches 20 times larger (rare large gradients)
-    big = rng.random(size) < 0.05
-    x = rng.exponential(1.0, size) * np.where(big, 20.0, 1.0)
-    mean = 0.95 + 0.05 * 20
-    second = 0.95 * 2 + 0.05 * 800
-    return x, mean, second - mean**2
+        return rng.lognormal(0, 1, size)
+    big = rng.random(size) < 0.05  # bimodal: 5% of batches 20 times larger (rare large gradients)
+    return rng.exponential(1.0, size) * np.where(big, 20.0, 1.0)
 
 
 BATCH_SHAPES = ("chi-square(3)", "lognormal(0, 1)", "bimodal: 5% of batches 20x")
@@ -272,21 +269,12 @@ def delta_rows(ns=BATCH_COUNTS, sims: int = 2000, level_map: dict[str, float] | 
         counts: dict[tuple[str, str], int] = {}
         for start in range(0, sims, chunk):
             k = min(chunk, sims - start)
-            x1, mu, var = _batch_values(rng, shape, (k, n))
-            x2, _, _ = _batch_values(rng, shape, (k, n))
-            s, _, _ = _batch_values(rng, shape, (k, n))
+            x1, x2, s = (_batch_values(rng, shape, (k, n)) for _ in range(3))
             # a = c (x1 + s), b = x2 + s: mean ratio c, variance ratio c^2
             c = case.truth if of == "mean" else math.sqrt(case.truth)
-            a, b = c * (x1 + s), x2 + s
-            if of == "mean":
-                arrays, f = {"a": a, "b": b}, lambda m: m["a"] / m["b"]
-            else:
-                arrays = {"a": a, "a2": a**2, "b": b, "b2": b**2}
-                f = lambda m: (m["a2"] - m["a"] ** 2) / (m["b2"] - m["b"] ** 2)  # noqa: E731
-            point, se, _ = delta_point_se(arrays, f, paired=True, log=True)
+            point, se, _ = delta_point_se(*ratio_terms(c * (x1 + s), x2 + s, of), paired=True, log=True)
             for name, alpha in (level_map or {}).items():
-                zq = float(scipy.stats.norm.isf(alpha / 2))
-                for side, cnt in _read(case, np.exp(point - zq * se), np.exp(point + zq * se)).items():
+                for side, cnt in _read(case, *normal_ends(point, se, alpha, log=True)).items():
                     counts[(name, side)] = counts.get((name, side), 0) + int(cnt)
         for (name, side), cnt in counts.items():
             rows.append(_row((f"delta method, ratio of batch {of}s", shape, n), case, (name, level_map[name]), side,

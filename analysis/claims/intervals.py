@@ -48,6 +48,10 @@ BOOTSTRAP_SE = "bootstrap se"
 SQUARED_NORM = "bootstrap se, with the square-root scale for a squared norm"
 
 
+class OutOfRange(ValueError):
+    """A per-unit value outside its registered range: the range was wrong, so no interval on it holds."""
+
+
 @dataclass
 class Estimate:
     """A primary (or check, or reported) statistic with intervals at any level.
@@ -134,9 +138,10 @@ def _log_wealth(z: np.ndarray, bets: np.ndarray, m, side: int) -> np.ndarray:
 
 
 def rejects(z: np.ndarray, alpha: float, m, side: int, bets: np.ndarray | None = None) -> np.ndarray:
-    """Whether the hedged test (``max(K+ / 2, K- / 2) >= 1 / alpha``, the hedged capital of Waudby-Smith & Ramdas 2023) rejects
-    the mean ``m`` on ``side`` (+1: the mean lies above ``m``; -1: below) for values ``z`` in
-    [0, 1] (last axis). The running maximum over t is valid by Ville's inequality."""
+    """Whether the hedged test (``max(K+ / 2, K- / 2) >= 1 / alpha``, the hedged capital of
+    Waudby-Smith & Ramdas 2023) rejects the mean ``m`` on ``side`` (+1: the mean lies above ``m``;
+    -1: below) for values ``z`` in [0, 1] (last axis). The running maximum over t is valid by
+    Ville's inequality."""
     bets = _bets(z, alpha) if bets is None else bets
     return _log_wealth(z, bets, m, side) >= math.log(2.0 / alpha)
 
@@ -167,7 +172,7 @@ def to_unit(x, lo: float, hi: float) -> np.ndarray:
         raise ValueError(f"a range needs lo < hi, got [{lo:g}, {hi:g}]")
     bad = x[(x < lo) | (x > hi) | ~np.isfinite(x)]
     if bad.size:
-        raise ValueError(f"value {bad[0]:g} outside the registered range [{lo:g}, {hi:g}]")
+        raise OutOfRange(f"value {bad[0]:g} outside the registered range [{lo:g}, {hi:g}]")
     return (x - lo) / (hi - lo)
 
 
@@ -217,6 +222,17 @@ def delta_point_se(arrays: dict[str, np.ndarray], f: Callable[[dict], object], p
     return point, se, n
 
 
+def normal_ends(point, se, alpha: float, log: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``point +- z_{1 - alpha/2} se``, elementwise, exponentiated when ``log`` (the point and se on
+    the log scale): the delta method's interval, in the report and in the calibration simulation."""
+    z = float(scipy.stats.norm.isf(alpha / 2))
+    lo, hi = np.subtract(point, z * se), np.add(point, z * se)
+    if log:
+        with np.errstate(over="ignore"):
+            lo, hi = np.exp(lo), np.exp(hi)
+    return lo, hi
+
+
 def delta_estimate(arrays: dict[str, np.ndarray], f: Callable[[dict], object], *, paired: bool = True,
                    log: bool = True, unit: str = "batches", values: dict | None = None) -> Estimate:
     """``f`` of the means of per-batch arrays, delta-method interval (on ``log f`` when ``log``):
@@ -229,18 +245,13 @@ def delta_estimate(arrays: dict[str, np.ndarray], f: Callable[[dict], object], *
     point, se, n = (float(v) for v in delta_point_se(arrays, f, paired, log))
     n = int(n)
 
-    def back(v: float) -> float:
-        if not log:
-            return v
-        with np.errstate(over="ignore"):
-            return float(np.exp(v))
-
     def at(alpha):
-        z = float(scipy.stats.norm.isf(alpha / 2))
-        return back(point - z * se), back(point + z * se)
+        lo, hi = normal_ends(point, se, alpha, log)
+        return float(lo), float(hi)
 
     n_text = f"{n} {unit}" if paired else "+".join(str(v.size) for v in arrays.values()) + f" {unit}"
-    return Estimate(float(back(point)), n, unit, DELTA, se * math.sqrt(n), at, n_text, LOG if log else IDENTITY,
+    back = float(np.exp(point)) if log else point
+    return Estimate(back, n, unit, DELTA, se * math.sqrt(n), at, n_text, LOG if log else IDENTITY,
                     values or {})
 
 
@@ -407,6 +418,7 @@ def n_needed(est: Estimate, rule: Rule, effect: float, alpha: float, power: floa
     return _normal_n(est, rule, effect, alpha, power)
 
 
-__all__ = ["BETTING", "BOOTSTRAP_SE", "DELTA", "SQUARED_NORM", "Estimate", "IDENTITY", "LOG", "betting_interval", "betting_power",
-           "betting_supports", "bounded_mean_estimate", "decision_p", "delta_estimate", "delta_point_se", "n_needed",
-           "normal_estimate", "rejects", "to_unit", "transformed"]
+__all__ = ["BETTING", "BOOTSTRAP_SE", "DELTA", "SQUARED_NORM", "Estimate", "IDENTITY", "LOG", "OutOfRange",
+           "betting_interval", "betting_power", "betting_supports", "bounded_mean_estimate", "decision_p",
+           "delta_estimate", "delta_point_se", "n_needed", "normal_ends", "normal_estimate", "rejects", "to_unit",
+           "transformed"]

@@ -32,7 +32,10 @@ import pandas as pd
 
 from ..stats import run_table
 from .evidence import ExpData, NotRun
-from .intervals import BETTING, BOOTSTRAP_SE, DELTA, SQUARED_NORM, Estimate, bounded_mean_estimate, delta_estimate, normal_estimate, transformed
+from .intervals import (
+    BETTING, BOOTSTRAP_SE, DELTA, SQUARED_NORM, Estimate, OutOfRange, bounded_mean_estimate, delta_estimate,
+    normal_estimate, transformed,
+)
 
 
 class Undecidable(Exception):
@@ -43,9 +46,9 @@ class Undecidable(Exception):
 def _estimate(fn, *args, **kw) -> Estimate:
     try:
         return fn(*args, **kw)
-    except ValueError as exc:  # too few values, or a value outside the registered range
-        if "outside the registered range" in str(exc):
-            raise Undecidable(str(exc)) from None
+    except OutOfRange as exc:  # the registered range does not hold: no interval on it does
+        raise Undecidable(str(exc)) from None
+    except ValueError as exc:  # too few values: no evidence to judge
         raise NotRun(str(exc)) from None
 
 
@@ -121,14 +124,20 @@ def batch_ratio(e: ExpData, part: dict) -> Estimate:
         a, b = j.a.to_numpy(), j.b.to_numpy()
     else:
         a, b = num.to_numpy(), den.to_numpy()
-    if of == "mean":
-        arrays, f = {"a": a, "b": b}, lambda m: m["a"] / m["b"]
-    elif of == "var":  # a smooth function of the means of x and x^2
-        arrays = {"a": a, "a2": a**2, "b": b, "b2": b**2}
-        f = lambda m: (m["a2"] - m["a"] ** 2) / (m["b2"] - m["b"] ** 2)  # noqa: E731
-    else:
-        raise ValueError(f"of must be mean or var, got {of!r}")
+    arrays, f = ratio_terms(a, b, of)
     return _estimate(delta_estimate, arrays, f, paired=paired, values={"a": a, "b": b})
+
+
+def ratio_terms(a: np.ndarray, b: np.ndarray, of: str) -> tuple[dict[str, np.ndarray], Callable[[dict], object]]:
+    """The per-batch arrays and the function of their means whose value is the ratio of ``a``'s
+    mean (``of: mean``) or variance (``of: var``: a smooth function of the means of x and x^2) to
+    ``b``'s (:func:`.intervals.delta_estimate`; arrays of any leading shape, as the calibration's)."""
+    if of == "mean":
+        return {"a": a, "b": b}, lambda m: m["a"] / m["b"]
+    if of == "var":
+        return ({"a": a, "a2": a**2, "b": b, "b2": b**2},
+                lambda m: (m["a2"] - m["a"] ** 2) / (m["b2"] - m["b"] ** 2))
+    raise ValueError(f"of must be mean or var, got {of!r}")
 
 
 # ============================================================================ training runs
@@ -275,8 +284,9 @@ def frontier_gap(e: ExpData, part: dict) -> Estimate:
 
 #: The interval method each kind uses (part of the registered protocol: changing one is a new registration).
 METHODS: dict[str, str] = {
-    "probe_value": f"{BOOTSTRAP_SE}; {SQUARED_NORM} ({', '.join(sorted(SQUARED_NORMS))})", "probe_diff": BOOTSTRAP_SE, "batch_ratio": DELTA, "run_metric": BETTING,
-    "prompt_upweighting": DELTA, "frontier_gap": BETTING,
+    "probe_value": f"{BOOTSTRAP_SE}; {SQUARED_NORM} ({', '.join(sorted(SQUARED_NORMS))})",
+    "probe_diff": BOOTSTRAP_SE, "batch_ratio": DELTA, "run_metric": BETTING, "prompt_upweighting": DELTA,
+    "frontier_gap": BETTING,
 }
 
 KINDS: dict[str, Callable[[ExpData, dict], Estimate]] = {

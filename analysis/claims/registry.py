@@ -295,7 +295,7 @@ def register(claims_file: Path = CLAIMS_FILE, conf_dir: Path = CONF_DIR, path: P
 
 
 def registration(cid: str, registered: dict | None) -> str:
-    """A claim's registration in words: ``registered 2026-12-07 at commit abc1234`` (or "not registered")."""
+    """A claim's registration in words: ``registered YYYY-MM-DD at commit <sha>`` (or "not registered")."""
     entry = ((registered or {}).get("claims") or {}).get(cid)
     if not entry:
         return "not registered"
