@@ -603,7 +603,7 @@ def _score_scan(table: pa.Table, counts: list[int]) -> tuple[set[int], set[int]]
     each, in order): ``(nonfinite, unscored)``. ``nonfinite``: the runs whose scoring columns hold
     ±inf, or all of them where a scoring column is not numeric (each then gets
     :func:`nonfinite_score`'s message); ``unscored``: the runs with no finite value in any of
-    :data:`SCORE_VALUE_COLUMNS` (issue 36: they were counted as scored, with score NaN)."""
+    :data:`SCORE_VALUE_COLUMNS` (not scored: a score NaN would count as one)."""
     row_run = np.repeat(np.arange(len(counts)), counts)
     bad = np.zeros(table.num_rows, dtype=bool)
     scored = np.zeros(len(counts), dtype=bool)
@@ -619,7 +619,7 @@ def _score_scan(table: pa.Table, counts: list[int]) -> tuple[set[int], set[int]]
     return {int(k) for k in np.unique(row_run[bad])}, {int(k) for k in np.flatnonzero(~scored)}
 
 
-#: Why a completed run without any finite score is left out (issue 36: it was counted as scored).
+#: Why a completed run without any finite score is left out.
 NO_SCORE = ("no score: neither eval_return nor episode_return holds a finite value (no evaluation ran "
             "and no episode ended)")
 
@@ -714,8 +714,7 @@ def _to_pandas(held: list[pa.Table], floats: set[str] = frozenset()) -> pd.DataF
     soon as every column has been copied past them. A stacked table of 10,000 runs has 10,000
     chunks per column, each run's buffers side by side in memory; so the table is freed run
     by run while the frame is filled, and the frame reuses that memory instead of touching as
-    much again (on the shared VM the benchmarks ran on, a first touch of memory cost 10-16 s
-    per GB: issue 16, benchmarks/analysis_load.py). A number column null in every row is float
+    much again (a first touch of memory is slow on some machines: ``benchmarks/analysis_load.py``). A number column null in every row is float
     NaN, and all such columns share one array until one of them is written (pandas' copy on
     write: a sweep of control runs has nine all-null LM columns, a quarter of the frame). Other
     types go through ``to_pandas`` (after the number columns, into the memory they freed) into

@@ -53,7 +53,7 @@ def refuse_unusable_results_dir(config: DictConfig, job_dir: str | None = None) 
 
 
 def linked_part(root: str, rel: str) -> str | None:
-    """Why Hydra's job folder ``root/rel`` would be written outside ``root`` (issue 36): an
+    """Why Hydra's job folder ``root/rel`` would be written outside ``root``: an
     existing folder on the way (``results_dir/.hydra``, ...) is a symlink; else None. The run
     folders get the same rule (:meth:`harness.io.RunDir.blocker`)."""
     at = root

@@ -458,7 +458,7 @@ def check_known_keys(cfg: DictConfig) -> None:
         refuse_unknown_keys(cfg, name, schema)
 
 
-# Sane upper bounds (issue 12): beyond them a value is a typo, and it would crash or hang
+# Sane upper bounds: beyond them a value is a typo, and it would crash or hang
 # (a 64-bit seed overflows the generators; 100000 threads segfault; population=10000 makes
 # 10,000 run directories).
 SEED_MAX = 2**32 - 1  # numpy's and gymnasium's seeds are 32-bit
@@ -799,7 +799,7 @@ def check_logger(value: Any) -> None:
 
 
 def check_bounds(cfg: DictConfig) -> None:
-    """Upper bounds and finiteness the lower-bound checks above leave open (issue 12): a value
+    """Upper bounds and finiteness the lower-bound checks above leave open: a value
     past them is a typo that would overflow, hang or silently mean something else."""
     bad, finite = bad_field, is_finite
     counts = {"n_steps": cfg.n_steps, "group_size": cfg.group_size, "epochs": cfg.epochs,

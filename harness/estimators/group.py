@@ -159,7 +159,7 @@ def gpg(scores: torch.Tensor, std_normalize: bool = False, eps: float = 1e-6) ->
 
 def grpo_passk(scores: torch.Tensor, std_normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:
     r"""Pass@k advantage, verl's ``compute_grpo_passk_outcome_advantage`` (its docstring cites
-    arXiv:2503.19595; issue 14 cites Chen et al. 2025, "Pass@k Training", arXiv:2508.10751).
+    arXiv:2503.19595; see also Chen et al. 2025, "Pass@k Training", arXiv:2508.10751).
 
     Only the best member of each group gets an advantage:
 

@@ -95,7 +95,7 @@ def kl_estimate(name: str, logp: torch.Tensor, ref_logp: torch.Tensor, log_ratio
       ``l = log ref - log pi`` (gradient 0 where the clamp acts);
     * ``value_clamp = v``: the estimate is clamped to ``[-v, v]`` (gradient 0 where it acts):
       OpenRLHF's ``compute_approx_kl`` clamps every estimator (k1, k2, k3) to [-10, 10]
-      (``openrlhf/models/utils.py``, OpenRLHF 3c3be62).
+      (OpenRLHF's ``openrlhf/models/utils.py``).
 
     ``low_var_kl`` carries verl's own clamps (20 and 10) whatever these are; verl's ``"k3"`` name is
     that clamped estimator, this module's ``k3`` is the plain one."""

@@ -44,9 +44,8 @@ __all__ = ["WorkerDied", "describe", "main", "prepare_pipelines", "run_claims", 
 
 # What the fork server imports once, before any point: the training code and the LM's model module
 # (transformers loads it lazily, at the first from_pretrained). A point's process is forked from it,
-# so it pays its own run, not 4-5 s of imports (measured on 2026-12-05: an 8k-token LM run took 6.7-7.3 s
-# in a spawned process, 4.5-4.6 s forked from a server that had imported only torch, transformers and
-# the harness, 2.3 s in-process). Nothing of a run is ever in the server: it imports, nothing else.
+# so it pays its own run, not the seconds of importing torch, transformers and the harness again.
+# Nothing of a run is ever in the server: it imports, nothing else.
 _SERVER_PRELOAD = ("harness.app", "harness.train.lm", "harness.train.control", "transformers.models.gpt2.modeling_gpt2")
 
 
@@ -103,8 +102,8 @@ def prepare_pipelines(points: list[Point]) -> multiprocessing.process.BaseProces
     """Start building the LM pipelines (data, SFT policy, reward model: the cached stages of
     :mod:`harness.tasks.lm.pipeline`) that ``points`` train from, in a background process (spawned;
     one build per distinct ``lm`` config), so the build runs beside the experiments before them
-    instead of in front of the first LM point (the summarization task's SFT and reward model took
-    103 and 72 s on one core in the claims run of 2026-12-06). A point that needs a stage still being built waits for it (the
+    instead of in front of the first LM point (the summarization task's SFT and reward model take
+    minutes on one core). A point that needs a stage still being built waits for it (the
     stage's lock); one the process did not build (it failed, or was killed) builds it itself.
     A point with ``threads`` null is left to build its own (it builds on the thread count its
     process has then). None when there is nothing to build."""

@@ -6,7 +6,7 @@ states as byte tensors, whatever else a trainer needs) plus a JSON document of p
 ``__metadata__`` header under the key ``harness``. One file means one ``os.replace``
 (:func:`harness.io.rundir.atomic_write_bytes`): a reader sees the previous checkpoint or the
 new one, never half of one. Loading goes through ``safetensors`` and ``json`` only, so nothing
-read from a results folder is ever unpickled (issue 7: ``weights_only=True`` or safetensors).
+read from a results folder is ever unpickled.
 
 Used by the training loop (:mod:`harness.train.loop`: ``checkpoint_every`` and resume, for every
 task family) and by the toy trainer (its final ``policy.safetensors``, read by ``mode=probe``).

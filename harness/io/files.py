@@ -1,6 +1,6 @@
 """The one reader of run files: every file the harness or the analysis reads from a results folder
 (``summary.json``, ``metrics.parquet``, ``config.yaml``, checkpoints, the analysis's own records,
-Hydra job outcomes) goes through here, with one set of checks (issue 36):
+Hydra job outcomes) goes through here, with one set of checks:
 
 * **regular files only**: the file is opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked with
   ``fstat`` on the open descriptor, so a symlink (a loop included) is refused without being

@@ -9,8 +9,8 @@ when all of these hold:
    ``diverged`` (``failed`` and anything else: not finished);
 2. its ``iterations`` is an int ``>= 0`` (not a bool), and when the run's config sets
    ``budget.iterations`` to an int, no more than that. The config is summary.json's ``config``
-   (:func:`config_subset`, written by the harness since issue 16); for a run whose summary has
-   none, ``config.yaml``, which must then parse when present;
+   (:func:`config_subset`, which the harness writes); for a run whose summary has
+   none (an older run), ``config.yaml``, which must then parse when present;
 3. ``metrics.parquet`` reads, and its ``iteration`` column is exactly ``1..n`` with ``n`` the
    summary's ``iterations``.
 
@@ -96,7 +96,7 @@ def config_subset(cfg) -> dict:
     ``estimator``, ``seed``, the variant settings (:data:`harness.io.schema.VARIANTS`) and
     ``budget.iterations``. The harness writes it into summary.json (``config``), so reading a
     results folder parses one small JSON file per run instead of a YAML file (a YAML parse,
-    even with libyaml, costs about 20x a JSON one: issue 16)."""
+    even with libyaml, costs many times a JSON one)."""
     from .schema import VARIANTS
 
     if not isinstance(cfg, dict):
@@ -120,7 +120,7 @@ def config_subset(cfg) -> dict:
 
 def read_config(path: Path, summary: dict | None = None) -> tuple[dict | None, str | None]:
     """``(cfg, None)``: the run's :func:`config_subset`, from summary.json's ``config`` when it
-    records one (runs written since issue 16), else parsed from config.yaml; ``(None, None)``
+    records one, else parsed from config.yaml; ``(None, None)``
     when neither exists; ``(None, reason)`` when config.yaml must be read and does not parse;
     ``({}, None)`` when it parses to something other than a mapping."""
     if isinstance(summary, dict) and isinstance(summary.get("config"), dict):

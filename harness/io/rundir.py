@@ -20,7 +20,7 @@ finds finished runs and skips them, and switching checkpoints or deterministic k
 (neither changes CPU results: resume is exact) or TensorBoard logging (a copy of the metric rows,
 ``tb/``) keeps the directory and the hashes of older runs.
 
-Fault tolerance (issue 7): a run counts as finished only when ``summary.json`` parses, its
+Fault tolerance: a run counts as finished only when ``summary.json`` parses, its
 status is ``completed`` or ``diverged`` and ``metrics.parquet`` reads back with iterations
 ``1..n`` (``n`` = the summary's count); otherwise it is redone, with a log line naming the bad
 file. A run is claimed with ``fcntl.flock`` on ``.lock`` for as long as its process works on
@@ -79,10 +79,10 @@ _NOT_HASHED_NESTED = (("lm", "cache_dir"), ("task", "worst_return"), ("lm", "kl_
 _HASHED_UNLESS_DEFAULT = {"dynamic_sampling": False, "dynamic_sampling_max_draws": 10, "mask_truncated": False,
                           "overlong_cache": None, "group_std_eps": 1e-6,
                           "reference": None}
-# nested keys added later (issue 39: the frameworks' KL guards and verl's ReMax baseline), likewise
+# nested keys added later (the frameworks' KL guards and verl's ReMax baseline), likewise
 _NESTED_HASHED_UNLESS_DEFAULT = {("kl", "log_ratio_clamp"): None, ("kl", "value_clamp"): None,
                                  ("kl", "greedy_penalty"): True}
-# task.* keys added later (issue 18: normalisation and the continuous-control switches), likewise
+# task.* keys added later (normalisation and the continuous-control switches), likewise
 _TASK_HASHED_UNLESS_DEFAULT = CONTROL_ONLY
 
 # Columns every metrics.parquet carries (nulls where a value does not apply): harness.io.schema.
@@ -221,7 +221,7 @@ def check_finished(path: Path, quiet: bool = False) -> str | None:
 
 def last_values(rows: list[dict]) -> tuple[dict, dict]:
     """summary.json's ``final`` and ``final_iteration``: each numeric column's last value that is
-    neither null nor NaN, and the iteration it comes from (issue 36: the last row alone leaves
+    neither null nor NaN, and the iteration it comes from (the last row alone leaves
     ``episode_return`` null for a run whose last iteration ended no episode)."""
     final, at = {}, {}
     for row in rows:
@@ -255,11 +255,11 @@ class RunDir:
     def blocker(self) -> str | None:
         """Why this run cannot be done here, or None: a folder between results_dir and the run
         (``<task>``, ``<estimator>``, the run's own) is a symlink, which would put the run outside
-        results_dir (issue 36: the analysis does not follow such links either, so the run could
+        results_dir (the analysis does not follow such links either, so the run could
         never be analysed); its directory exists but is not a directory; or one of its own files
         (config.yaml, metrics.parquet, the checkpoint, summary.json, .lock) is not a regular file
         (a directory, a symlink, a FIFO...). The harness neither reads, follows nor removes such
-        an entry; it names it (issue 12)."""
+        an entry; it names it."""
         try:
             root = Path(results_path(self.cfg))
             for sub in (self.path.parent.parent, self.path.parent, self.path):

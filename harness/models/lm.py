@@ -128,7 +128,7 @@ class SigmoidGELU(nn.Module):
     Why: that fused kernel's ``tanh`` is slow on a CPU without AVX-512 (PyTorch 2.13's AVX2 build:
     ``torch.tanh`` 3.4x ``torch.sigmoid`` on the same tensor); here the forward of a tiny GPT-2's MLP
     activation ``[343, 512]`` takes 247 us against the fused kernel's 616, forward and backward 637
-    against 1,339, a decoding step's ``[32, 512]`` 28 against 59 (one thread, 2026-12-06). Equal to
+    against 1,339, a decoding step's ``[32, 512]`` 28 against 59 (one thread). Equal to
     the fused kernel to float rounding, values and gradients (tested)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -376,9 +376,8 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
     each row's last column attending to its row's unmasked columns: what the others' states would
     feed is nothing. A single query's attention rounds differently from the same query in the
     full block's (float rounding; tested), so the decoding's prefill, bit for bit the model's,
-    does not use it; the teacher-forced passes do (:func:`_gpt2_packed_response`: in
-    ``benchmarks/lm_vs_trl.py``'s runs the update's forward and backward and the reference pass
-    took 0.88-0.89 of their time, 2026-12-06)."""
+    does not use it; the teacher-forced passes do (:func:`_gpt2_packed_response`), where it
+    saves time (``benchmarks/lm_vs_trl.py`` measures the update)."""
     rows, q = ids.shape
     n = 0 if past is None else past[0][0].shape[-2]
     padding = mask.bool()
@@ -496,9 +495,8 @@ def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids,
     or a response mask that is not each row's ones then zeros (the caller runs the padded pass).
 
     Against the padded pass: the same values at every response token (bit for bit on this CPU,
-    tested to float rounding), gradients to float rounding (sums over fewer rows; tested). With
-    the tiny LM's responses averaging 9 of 16 tokens it takes an update's forward and backward
-    from 32 to 25 ms on one core (2026-12-06)."""
+    tested to float rounding), gradients to float rounding (sums over fewer rows; tested); the
+    shorter the responses against the longest, the less work it saves over the padded pass."""
     B, L = response_ids.shape
     if L < 2 or not bool((response_mask[:, 1:] <= response_mask[:, :-1]).all()):
         return None
@@ -917,8 +915,8 @@ def _categorical(probs: torch.Tensor, generator: torch.Generator | None) -> torc
     ``probs [R, V]``, nonnegative and finite): on a CPU as PyTorch computes it for one sample
     (``aten::multinomial``: ``argmax(probs / q)``, ``q ~ Exp(1)`` drawn by ``exponential_`` from the
     generator, the Gumbel-max trick), without its input checks and wrapping, the same draws and
-    generator state (tested against ``torch.multinomial``); 60 against 89 us a decoding step of the
-    tiny LM's 32 x 67 probabilities (2026-12-06). Elsewhere ``torch.multinomial`` itself."""
+    generator state (tested against ``torch.multinomial``), with less overhead per decoding step.
+    Elsewhere ``torch.multinomial`` itself."""
     if probs.device.type != "cpu":
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     q = torch.empty_like(probs).exponential_(1, generator=generator)

@@ -5,7 +5,7 @@ an episode returns the episode's *real* final observation; the following step() 
 env, ignores its action and returns the reset observation with reward 0. We keep that
 reset transition out of training (``mask = 0``) and out of the step budget, and bootstrap a
 time-limit truncation from the real final observation (CleanRL's ppo.py trains on the
-reset transition's neighbour and treats truncation as termination; its issues #198, #457).
+reset transition's neighbour and treats truncation as termination).
 
 Normalisation (``task.normalize_obs``, ``task.normalize_reward``, ``task.obs_clip``): each
 member's vector env is wrapped in gymnasium's own vector wrappers

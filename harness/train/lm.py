@@ -256,7 +256,7 @@ def greedy_baseline(cfg, beta: float, scores: torch.Tensor, greedy_kl: Callable[
     """ReMax's baseline per prompt from the greedy responses' ``scores``: with ``kl.in_reward`` (and
     ``beta > 0``) the greedy return carries its own KL penalty, ``scores - beta * greedy_kl()``, like
     every sampled return, unless ``kl.greedy_penalty=false``: then the greedy reward alone, verl's
-    ``reward_baselines`` (``compute_remax_outcome_advantage``, verl b178a3c). ``greedy_kl`` is called
+    ``reward_baselines`` (verl's ``compute_remax_outcome_advantage``). ``greedy_kl`` is called
     only when the penalty enters (it runs the policy and the reference on the greedy responses)."""
     if cfg.kl.in_reward and beta > 0 and cfg.kl.get("greedy_penalty", True):
         return scores - beta * greedy_kl()

@@ -6,7 +6,7 @@ a folder whose ``config.json`` / ``tokenizer_config.json`` names custom code (``
 ``model_type`` this transformers does not know is refused here, by reading those files as JSON.
 A local ``.json``/``.jsonl`` dataset is read here too, so a bad row is refused before any run
 directory exists (with the file and the line). So is every local model or tokenizer folder the run
-would read (issue 36): the tokenizer is loaded as the run loads it (:func:`check_tokenizer_loads`),
+would read: the tokenizer is loaded as the run loads it (:func:`check_tokenizer_loads`),
 and the safetensors weights' headers are compared with the model ``config.json`` describes, built
 on the meta device (:func:`check_weights`); nothing of the weights is read but their headers. The
 embedded model's sizes are bounded by the machine's memory (:func:`check_embedded_memory`).
