@@ -25,6 +25,7 @@ statistics are all they carry over).
 from __future__ import annotations
 
 import os
+from collections import deque
 
 import numpy as np
 import torch
@@ -102,6 +103,9 @@ def evaluation_seeds(seeds: list[int]) -> list[int]:
     return [10_000_019 * (s + 1) % (2**31 - 1000) for s in seeds]
 
 
+RECENT_EPISODES = 20  # episodes the progress bar's mean return covers
+
+
 class ControlSource(Source):
     cost_unit = "step"
     fused_adam = True  # fused Adam: one kernel for all parameters (elementwise, so still per-member state)
@@ -136,6 +140,7 @@ class ControlSource(Source):
         self.eval_seeds = evaluation_seeds(self.seeds)
         self.group_size = int(cfg.group_size) if spec.needs_groups else None
         self.eval_episodes, self.max_steps, self.env_id = int(cfg.eval_episodes), t.max_episode_steps, t.env_id
+        self.recent_returns: deque[float] = deque(maxlen=RECENT_EPISODES)  # the progress bar's, all members
 
     def generators(self):
         return self.gens
@@ -179,8 +184,13 @@ class ControlSource(Source):
         return {"episodes": len(ro.episode_returns[p])}
 
     def postfix(self, ro, rows):
-        eps = [x for p in range(self.P) for x in ro.episode_returns[p]][-20:]
-        return {"ret": f"{sum(eps) / max(len(eps), 1):.1f}"}
+        """The progress bar's ``ret``: the mean return of the last :data:`RECENT_EPISODES` episodes that
+        ended, over all members; an iteration that ends none keeps the previous mean (it is no return
+        of 0), and before the first episode ends the bar says so."""
+        self.recent_returns.extend(x for p in range(self.P) for x in ro.episode_returns[p])
+        if not self.recent_returns:
+            return {"ret": "no episode ended yet"}
+        return {"ret": f"{sum(self.recent_returns) / len(self.recent_returns):.1f}"}
 
     # ------------------------------------------------------------------ checkpoints
     def state(self):

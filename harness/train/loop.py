@@ -132,8 +132,10 @@ class Source:
         pass
 
     def postfix(self, ro, rows: list[dict]) -> dict:
+        """The progress bar's ``ret``: the mean of this iteration's episode returns over the members;
+        an iteration without one says so (a mean of nothing is no return of 0)."""
         returns = [r["episode_return"] for r in rows if r.get("episode_return") is not None]
-        return {"ret": f"{sum(returns) / max(len(returns), 1):.3f}"}
+        return {"ret": f"{sum(returns) / len(returns):.3f}" if returns else "no episode ended"}
 
     def close(self) -> None:
         pass
