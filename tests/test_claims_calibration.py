@@ -1,7 +1,7 @@
 """Error rates of the claims report's tests at every level it uses (analysis/claims/calibration.py),
 the betting interval against a hand computation and a closed form, and n needed against a
 simulation of the rule itself. The grid here is sized for CI; the full grid is
-``python -m analysis.claims.calibration`` (its table in docs/toy.md)."""
+``python -m analysis.claims.calibration`` (its table in docs/claims_protocol.md)."""
 import math
 
 import numpy as np

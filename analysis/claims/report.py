@@ -108,7 +108,7 @@ def protocol_text(quick: bool) -> list[str]:
         "reason. Probe statistics (thousands of batches): the delta method for ratios of batch means, the "
         "bootstrap standard error otherwise. Every method's error rate is checked at every level this report "
         "uses on skewed, bimodal, ceiling, zero-inflated, heavy-tailed, 0/1 and paired-with-failures data "
-        "(`analysis/claims/calibration.py`; [the table](toy.md#error-rates-of-the-tests)). All seeds equal, or a "
+        "(`analysis/claims/calibration.py`; [the table](claims_protocol.md#error-rates-of-the-tests)). All seeds equal, or a "
         "standard error of 0, never decides a claim.",
         f"- **Error control**: Holm's step-down procedure over the whole registered family of {M_REGISTERED} "
         f"statistical claims keeps the family-wise error rate (any wrong decided verdict) at {p.alpha:g} whatever "
@@ -610,7 +610,7 @@ def publish(root: Path, quick: bool, dest: Path, command: str) -> list[Path]:
         head = (f"Generated: copied from `{md.name}` by `{command}` on {time.strftime('%Y-%m-%d')} (commit "
                 f"{commit()}); do not edit by hand.\n\n")
         text = text.replace("\n", "\n" + head, 1)
-        text = text.replace("(toy.md#error-rates-of-the-tests)", "(../toy.md#error-rates-of-the-tests)")
+        text = text.replace("(claims_protocol.md#error-rates-of-the-tests)", "(../claims_protocol.md#error-rates-of-the-tests)")
         out = dest / md.name
         atomic_write_text(out, text)
         pages.append(out)
