@@ -213,6 +213,28 @@ def _run_report(args) -> int:
     return 0
 
 
+def _probes_arguments(p) -> None:
+    p.add_argument("results", metavar="RESULTS", type=_existing_folder,
+                   help="a results folder holding probe runs (mode=probe)")
+    p.add_argument("--out", type=_out_folder, default=None, metavar="DIR",
+                   help="output folder, not an existing file (default: RESULTS/probes)")
+
+
+def _run_probes(args) -> int:
+    out = Path(args.out) if args.out is not None else Path(args.results) / "probes"
+    if _unwritable("probes", "--out" if args.out is not None else "RESULTS (its probes/ folder)", out):
+        return 2
+    from .probes import NoProbesError, write_probe_report
+
+    try:
+        page = write_probe_report(args.results, out)
+    except NoProbesError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"probes: {page}")
+    return 0
+
+
 def _rliable_arguments(p) -> None:
     p.add_argument("results", metavar="RESULTS", type=_existing_folder, help=EXPECTED)
     p.add_argument("--out", type=_npz_file, default=None, metavar="FILE",
@@ -488,6 +510,11 @@ _COMMANDS = (
         "description": "Final scores of every run under RESULTS (as in report.md) as rliable's "
                        "{estimator: scores[runs x tasks]}, written to an .npz: one array per estimator, the task "
                        "(column) names under _tasks (analysis.interop)."}),
+    ("probes", _probes_arguments, _run_probes, {
+        "help": "bias and variance tables and a figure for the probe runs (mode=probe) in RESULTS",
+        "description": "Read every finished probe run (probe.parquet) under RESULTS and write probes.md and "
+                       "probes.png (default RESULTS/probes/): per probe setting, each estimator's relative squared "
+                       "bias, relative variance, SNR and cosines with their bootstrap intervals."}),
     ("claims", _claims_arguments, _run_claims, {
         "help": "verdicts for the claims from the runs in DIR (claims.md)",
         "description": "Verdicts for the claims of harness/conf/claims.yaml (docs/claims_list.md) from runs the "
