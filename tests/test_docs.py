@@ -90,8 +90,7 @@ def test_every_benchmark_block_has_its_markers_on_its_page():
 
 
 def test_write_block_replaces_only_between_its_markers(tmp_path):
-    sys.path.insert(0, str(ROOT))
-    from benchmarks._docs import this_command, write_block
+    from harness.docs import this_command, write_block
 
     page = tmp_path / "page.md"
     page.write_text("# Page\n\nbefore\n<!-- t:start -->\nold | table\n<!-- t:end -->\nafter\n")
