@@ -4,7 +4,7 @@ Reads the ``layers`` contract of ``.importlinter`` (the one list of layers, chec
 ``lint-imports`` in tests/test_layers.py), writes ``docs/figures/layers.svg`` (one row of boxes per
 layer, top to bottom, imports pointing down) and the same layers as a table between the
 ``layers`` markers of docs/design.md (:func:`harness.docs.write_block`). Run it after
-changing the layers; tests/test_docs.py checks the page and the picture against ``.importlinter``.
+changing the layers; tests/test_design_doc.py checks the page and the picture against ``.importlinter``.
 
 The SVG keeps its text as text (``svg.fonttype: none``) and carries no date or random ids, so the
 same layers give the same file.
