@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._docs import write_block  # noqa: E402
+from harness.docs import write_block  # noqa: E402
 
 TEMPLATE = ["task=cartpole", "estimator=ppo_gae", "seed=0", "budget.iterations=400", "task.num_envs=2",
             "task.rollout_steps=16", "eval_every=20", "eval_episodes=1", "progress=false", "task.hidden=[16]",

@@ -34,7 +34,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._docs import write_block  # noqa: E402
+from harness.docs import write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = ["task=cartpole", "estimator=ppo_gae", "progress=false", "eval_every=0", "threads=1"]  # harness/conf/tuned preset

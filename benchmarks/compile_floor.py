@@ -264,7 +264,7 @@ def main() -> None:
               f"{eq['loss_diff']:.2e}, params equal {eq['params_equal']} (max diff {eq['params_diff']:.2e}); "
               f"eager float32 vs float64: loss {eq['f32_vs_f64_loss']:.2e}, params {eq['f32_vs_f64_params']:.2e}")
     if args.docs:
-        from benchmarks._docs import write_block
+        from harness.docs import write_block
 
         print(f"wrote {write_block('docs/benchmarks.md', 'compile-floor', chr(10).join(doc))}")
 

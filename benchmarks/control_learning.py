@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._docs import write_block  # noqa: E402
+from harness.docs import write_block  # noqa: E402
 from harness.estimators import estimator_names  # noqa: E402  (after the sys.path line)
 
 ESTIMATORS = estimator_names()  # every registered estimator, in registration order

@@ -53,7 +53,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._docs import write_block  # noqa: E402
+from harness.docs import write_block  # noqa: E402
 
 ZOO = ["task=cartpole", "estimator=ppo_gae", "task.num_envs=8", "task.rollout_steps=32", "minibatches=1",
        "epochs=20", "lr=1e-3", "anneal_lr=true", "gamma=0.98", "gae_lambda=0.8", "clip_eps=0.2",

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lm_gain import final_rows, gain_markdown  # noqa: E402  (lm_gain puts the repository on sys.path)
 
-from benchmarks._docs import write_block  # noqa: E402
+from harness.docs import write_block  # noqa: E402
 
 METRICS = (("pass@1 (greedy)", "pass_at_1"), ("pass@k", "pass_at_k"), ("sampled accuracy", "eval_return"))
 

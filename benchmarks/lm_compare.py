@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.report import build_report  # noqa: E402
-from benchmarks._docs import write_block  # noqa: E402
+from harness.docs import write_block  # noqa: E402
 from benchmarks.lm_gain import final_rows, t_interval  # noqa: E402
 
 FIGURE = "docs/figures/lm_compare_final_scores.png"

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.load import load_runs  # noqa: E402
-from benchmarks._docs import write_block  # noqa: E402
+from harness.docs import write_block  # noqa: E402
 
 #: (label, column): what this script compares for task=lm_summarize
 GOLD_METRICS = (("sampled", "eval_return"), ("greedy", "eval_gold_greedy"))

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.figures import LINESTYLES, estimator_color  # noqa: E402
 from analysis.load import load  # noqa: E402
-from benchmarks._docs import write_block  # noqa: E402
+from harness.docs import write_block  # noqa: E402
 
 
 def main() -> None:

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join(lines)
     print(text)
     if args.docs:
-        from benchmarks._docs import write_block
+        from harness.docs import write_block
         print(f"wrote {write_block('docs/lm.md', 'lm-population', text)}")
 
 

@@ -110,7 +110,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._docs import write_block  # noqa: E402
+from harness.docs import write_block  # noqa: E402
 from harness.app import run as harness_run
 from harness.config import register_configs
 from harness.tasks.lm.pipeline import build_task

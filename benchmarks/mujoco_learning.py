@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._docs import write_block  # noqa: E402
+from harness.docs import write_block  # noqa: E402
 from benchmarks.control_learning import sweep  # noqa: E402  (the one sweep command of the learning tables)
 
 

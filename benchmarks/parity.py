@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._docs import write_block  # noqa: E402
+from harness.docs import write_block  # noqa: E402
 
 PARITY = ("C53", "C54", "C55", "C56", "C57", "C58")
 

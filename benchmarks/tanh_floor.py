@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._docs import write_block  # noqa: E402
+from harness.docs import write_block  # noqa: E402
 from benchmarks.control_speed import floor_problem, harness_tanh, population_problem, time_step  # noqa: E402
 from harness.models.mlp import tanh as numpy_tanh  # noqa: E402  (np.tanh on CPU tensors)
 

@@ -3,8 +3,8 @@
 Reads the ``layers`` contract of ``.importlinter`` (the one list of layers, checked by
 ``lint-imports`` in tests/test_layers.py), writes ``docs/figures/layers.svg`` (one row of boxes per
 layer, top to bottom, imports pointing down) and the same layers as a table between the
-``layers`` markers of docs/design.md (:func:`benchmarks._docs.write_block`). Run it after
-changing the layers; tests/test_docs.py checks the page and the picture against ``.importlinter``.
+``layers`` markers of docs/design.md (:func:`harness.docs.write_block`). Run it after
+changing the layers; tests/test_design_doc.py checks the page and the picture against ``.importlinter``.
 
 The SVG keeps its text as text (``svg.fonttype: none``) and carries no date or random ids, so the
 same layers give the same file.
@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONTRACT = "importlinter:contract:layers"
 PAGE = "docs/design.md"
 FIGURE = ROOT / "docs" / "figures" / "layers.svg"
+STAMP = "Written by `python scripts/draw_layers.py` from `.importlinter`."  # no date: the same layers, the same page
 
 
 def read_layers(path: Path = ROOT / ".importlinter") -> list[list[str]]:
@@ -74,11 +75,11 @@ def draw(layers: list[list[str]], out: Path = FIGURE) -> Path:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))
-    from benchmarks._docs import write_block
+    from harness.docs import write_block
 
     layers = read_layers()
     print(draw(layers).relative_to(ROOT))
-    print(write_block(PAGE, "layers", layers_table(layers), command="python scripts/draw_layers.py").relative_to(ROOT))
+    print(write_block(PAGE, "layers", layers_table(layers), stamp=STAMP).relative_to(ROOT))
 
 
 if __name__ == "__main__":

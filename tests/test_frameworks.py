@@ -115,7 +115,7 @@ def test_the_frameworks_disagree_where_the_page_says():
 
 def test_every_paper_configuration_on_the_page_is_tested():
     """docs/frameworks.md quotes each configuration's overrides verbatim; a row the tests do not cover
-    (or a configuration the page lost) fails here. (The recipe rows are generated: tests/test_docs_tables.py.)"""
+    (or a configuration the page lost) fails here. (The recipe rows are generated: tests/test_generated_docs.py.)"""
     quoted = set(re.findall(r"`(estimator=[^`]+)`", DOCS.read_text()))
     assert quoted == {o for o, _ in PAPER_CONFIGS.values()}
 

@@ -92,7 +92,7 @@ def test_k3_is_nonnegative_pointwise_and_k1_can_be_negative():
 
 
 # ------------------------------------------------------------------------------- registry
-# The presets docs/design.md requires (a spec check: the registry may hold more).
+# The presets the shared DESIGN.md names (a spec check: the registry may hold more).
 DESIGN_PRESETS = ["reinforce", "baseline", "a2c", "ppo_gae", "grpo", "rloo", "remax", "dr_grpo", "reinforce_pp"]
 # Hand-checked below with V = 0, gamma = lambda = 1, n_steps >= T: advantages = reward-to-go.
 REWARD_TO_GO_FAMILY = {"reinforce", "baseline", "a2c", "ppo_gae", "reinforce_pp"}

@@ -130,7 +130,7 @@ def _a_loss_with_a_knob(tmp_path):
     assert seen and set(seen) == {2.5}
 
 
-# docs follow them: their tables and option lists are generated from the registries (tests/test_docs_tables.py)
+# docs follow them: their tables and option lists are generated from the registries (tests/test_generated_docs.py)
 
 
 # ------------------------------------------- config validation enumerates the registries (issue 14)

@@ -111,7 +111,7 @@ BLOCK_FIELDS = ("family", "quick", "quick_skip", "isolate", "opt_in", "looks")
 
 def _block_text(text: str, head: str = BLOCK_HEAD) -> str | None:
     """The YAML under the comment line ``head`` (:data:`BLOCK_HEAD`; a recipe's ``# recipe:``,
-    benchmarks/docs_tables.py) in ``text`` (the comment marks stripped), or None."""
+    :mod:`harness.docs.tables`) in ``text`` (the comment marks stripped), or None."""
     lines = text.splitlines()
     heads = [i for i, line in enumerate(lines) if line.rstrip() == head]
     if not heads:

@@ -1,14 +1,19 @@
-"""Benchmark tables in the docs pages are written by the scripts that measure them, never typed.
+"""Generated blocks of the docs pages: written by the code that knows their content, never typed.
 
-A page marks the place of each table with a pair of HTML comments::
+A page marks the place of each block with a pair of HTML comments::
 
     <!-- control-learning:start -->
     ...
     <!-- control-learning:end -->
 
-and a script run with ``--docs`` calls :func:`write_block`, which replaces what lies between them
-with a line naming the command and the date, then the script's markdown. Everything outside the
-markers is left as it is.
+and its writer calls :func:`write_block`, which replaces what lies between them with a line naming
+the command (and the date, unless the block gives its own ``stamp``), then the markdown. Everything
+outside the markers is left as it is. The writers: ``python -m harness.docs --write`` (the tables of
+the registries, :mod:`harness.docs.tables`), the benchmark scripts run with ``--docs`` (their
+measurements) and ``python scripts/draw_layers.py`` (the layers of docs/design.md).
+
+The pages are the repository's (:data:`ROOT`, the checkout this package sits in): these writers run
+in a checkout, not from an installed wheel. Importing this module imports nothing of the harness.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: harness/docs/ is two folders in
 
 
 def markers(name: str) -> tuple[str, str]:

@@ -1,12 +1,13 @@
-"""The docs' tables of estimators and policy losses and docs/running.md's option lists, written from
-the registries, never typed.
+"""The docs' tables written from the registries and config files, never typed.
 
-    python benchmarks/docs_tables.py --write   # rewrite the blocks of README.md, docs/estimators.md, docs/running.md,
-                                               # docs/frameworks.md
-    python benchmarks/docs_tables.py --check   # exit 1 naming each page whose blocks differ (tests/test_docs_tables.py)
+Estimators, policy losses, recipes and docs/running.md's option lists:
+
+    python -m harness.docs --write   # rewrite the blocks of README.md, docs/estimators.md, docs/running.md,
+                                     # docs/frameworks.md
+    python -m harness.docs --check   # exit 1 naming each page whose blocks differ (tests/test_generated_docs.py)
 
 Each page marks a table's place with ``<!-- name:start -->`` ... ``<!-- name:end -->``
-(:mod:`benchmarks._docs`); what lies outside the markers is hand prose and stays as it is. What the
+(:mod:`harness.docs`); what lies outside the markers is hand prose and stays as it is. What the
 tables show comes from where it is defined, nowhere else:
 
 - estimators (:data:`harness.estimators.ESTIMATORS`): the name (in README linked to its YAML), what it
@@ -33,22 +34,18 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from omegaconf import OmegaConf
 
-from omegaconf import OmegaConf  # noqa: E402
+from .. import config
+from ..estimators import ESTIMATORS, KL_ESTIMATORS
+from ..experiments import _block_text
+from ..losses import AGG_MODES, POLICY_LOSSES
+from ..reference import REFERENCES
+from . import page_path, with_block, write_block
 
-from benchmarks._docs import page_path, with_block, write_block  # noqa: E402
-from harness import config  # noqa: E402
-from harness.estimators import ESTIMATORS, KL_ESTIMATORS  # noqa: E402
-from harness.experiments import _block_text  # noqa: E402
-from harness.losses import AGG_MODES, POLICY_LOSSES  # noqa: E402
-from harness.reference import REFERENCES  # noqa: E402
-
-COMMAND = "python benchmarks/docs_tables.py --write"
+COMMAND = "python -m harness.docs --write"
 STAMP = f"Generated from the registries by `{COMMAND}`; edit the registries, not this table."
-CONF = ROOT / "harness" / "conf"
+CONF = Path(config.__file__).parent / "conf"
 # the estimator YAML's keys each table row shows, the run schema's default where the YAML leaves one out
 YAML_DEFAULTS = ("update", "normalize_advantages", "loss_agg")
 
@@ -223,7 +220,8 @@ def write() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """``python -m harness.docs --write | --check``; returns the exit code (``--check``: 1 when a page is stale)."""
+    ap = argparse.ArgumentParser(prog="python -m harness.docs", description=__doc__.splitlines()[0])
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="rewrite the generated blocks of the pages")
     mode.add_argument("--check", action="store_true", help="exit 1 when a page's blocks differ from the generated ones")
@@ -235,7 +233,3 @@ def main(argv: list[str] | None = None) -> int:
     for page in stale:
         print(f"{page}: its generated tables differ from the registries; run `{COMMAND}`", file=sys.stderr)
     return 1 if stale else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
