@@ -250,8 +250,10 @@ def register_estimator(name: str, fn: Callable | None = None, *, full_episodes: 
     return _register if fn is None else _register(fn)
 
 
-# The only list of estimators, on their pure functions (harness.estimators.returns, .group). Each
-# name has its defaults in harness/conf/estimator/<name>.yaml.
+# The only list of the harness's estimators, on their pure functions (harness.estimators.returns,
+# .group), in the order estimator_names() gives them (the figures' colours). Each name has its defaults
+# in harness/conf/estimator/<name>.yaml. returns.py and group.py import nothing from this module, which
+# imports them; an estimator registered with the decorator lives in a module of its own.
 register_estimator("reinforce", _returns.reward_to_go, full_episodes=True,
                    summary="REINFORCE: A_t = G_t, the reward-to-go (Williams 1992)")
 register_estimator("baseline", _returns.reward_to_go_baseline, full_episodes=True,
