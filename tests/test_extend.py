@@ -94,7 +94,7 @@ def test_a_new_policy_loss_is_its_function_and_its_yaml_and_its_knob_a_config_ke
     text = section("A new policy loss")
     write_package(tmp_path, text)
     assert "mypkg/losses.py" in titled_files(text) and "mypkg/conf/policy_loss/tanh_pg.yaml" in titled_files(text)
-    (line,) = command_lines(text)
+    line, _ = command_lines(text)
     r = run(line, tmp_path, TINY, [REPO])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary, folder = only_run(tmp_path / "results")
@@ -106,6 +106,22 @@ def test_a_new_policy_loss_is_its_function_and_its_yaml_and_its_knob_a_config_ke
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
     assert "adv_scale must be 1.0 with update=pg (it applies to update=tanh_pg)" in r.stdout
     assert not (tmp_path / "other").exists() or not list((tmp_path / "other").rglob("summary.json"))
+
+
+def test_the_plugins_key_in_an_experiment_file_imports_the_loss_before_its_knob_is_read(tmp_path):
+    """The experiment file names the module and sets the loss's knob: the module is imported (the
+    knob joins the schema) before Hydra composes the config with it."""
+    text = section("A new policy loss")
+    write_package(tmp_path, text)
+    _, line = command_lines(text)
+    assert "plugins=" not in line
+    r = run(line, tmp_path, TINY, [REPO])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    runs = [json.loads(p.read_text()) for p in (tmp_path / "results").rglob("summary.json")]
+    assert sorted((s["status"], s["config"]["estimator"], s["config"]["update"], s["config"]["seed"]) for s in runs) == [
+        ("completed", "rloo", "tanh_pg", 0), ("completed", "rloo", "tanh_pg", 1)]
+    for summary in (tmp_path / "results").rglob("summary.json"):
+        assert yaml.safe_load((summary.parent / "config.yaml").read_text())["adv_scale"] == 0.5
 
 
 def test_a_new_claim_is_its_entry_and_its_experiment_file(tmp_path):
