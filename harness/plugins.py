@@ -2,10 +2,11 @@
 
 A plugin is a Python module that registers with the harness's own decorators when imported:
 :func:`harness.estimators.register_estimator`, :func:`harness.losses.register_policy_loss`, gymnasium's
-``register`` (or ``task.env_id=mod:EnvId``). The harness imports, before it validates a config:
+``register`` (or ``task.env_id=mod:EnvId``). The command line imports, before Hydra composes the
+config with the run's schema (:func:`preload`: a loss's knobs join the schema when it registers):
 
 * every module named by the config key ``plugins`` (``plugins=[mypkg.estimators]`` on the command
-  line, or in a YAML of the user's own config folder), then
+  line, or in a YAML of the user's own config folder: :func:`plugins_in_configs`), then
 * every entry point of the group :data:`ENTRY_POINT_GROUP` that an installed package declares
   (``[project.entry-points."pg_harness.plugins"] mypkg = "mypkg.estimators"`` in its
   pyproject.toml): installing the package is enough.

@@ -124,6 +124,14 @@ def test_the_plugins_key_in_an_experiment_file_imports_the_loss_before_its_knob_
         assert yaml.safe_load((summary.parent / "config.yaml").read_text())["adv_scale"] == 0.5
 
 
+def test_the_harness_configs_name_no_plugins():
+    """What lets the command line skip the search for a ``plugins`` key without a search path of
+    the user's (harness.plugins.plugins_in_configs): no YAML of the harness's own names one."""
+    named = [p.relative_to(REPO).as_posix() for p in sorted((REPO / "harness" / "conf").rglob("*.yaml"))
+             if isinstance(data := yaml.safe_load(p.read_text()), dict) and "plugins" in data]
+    assert named == []
+
+
 def test_a_new_claim_is_its_entry_and_its_experiment_file(tmp_path):
     """In a copy of the harness: the page's experiment file and claims.yaml entry, then its two
     commands: ``--register`` registers the new claim, and the confirmatory ``--run`` (which refuses
