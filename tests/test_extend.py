@@ -118,8 +118,8 @@ def test_the_plugins_key_in_an_experiment_file_imports_the_loss_before_its_knob_
     r = run(line, tmp_path, TINY, [REPO])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     runs = [json.loads(p.read_text()) for p in (tmp_path / "results").rglob("summary.json")]
-    assert sorted((s["status"], s["config"]["estimator"], s["config"]["update"], s["config"]["seed"]) for s in runs) == [
-        ("completed", "rloo", "tanh_pg", 0), ("completed", "rloo", "tanh_pg", 1)]
+    got = sorted((s["status"], s["config"]["estimator"], s["config"]["update"], s["config"]["seed"]) for s in runs)
+    assert got == [("completed", "rloo", "tanh_pg", 0), ("completed", "rloo", "tanh_pg", 1)]
     for summary in (tmp_path / "results").rglob("summary.json"):
         assert yaml.safe_load((summary.parent / "config.yaml").read_text())["adv_scale"] == 0.5
 
@@ -143,7 +143,8 @@ def test_a_new_claim_is_its_entry_and_its_experiment_file(tmp_path):
     assert sorted(files) == ["harness/conf/claims.yaml", "harness/conf/experiment/claim_c99.yaml"]
     (tmp_path / "harness/conf/experiment/claim_c99.yaml").write_text(files["harness/conf/experiment/claim_c99.yaml"])
     claims = tmp_path / "harness/conf/claims.yaml"
-    claims.write_text(claims.read_text().rstrip("\n") + "\n" + files["harness/conf/claims.yaml"])  # at the end of claims:
+    # the entry goes at the end of the file's last mapping, claims:
+    claims.write_text(claims.read_text().rstrip("\n") + "\n" + files["harness/conf/claims.yaml"])
     assert yaml.safe_load(claims.read_text())["claims"]["C99"]["experiments"] == ["claim_c99"]
     register, judge = command_lines(text)
     r = run(register, tmp_path)
