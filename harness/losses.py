@@ -30,6 +30,7 @@ import torch
 
 from .config import bad_field, first_sentence, is_finite, name_problem, register_loss_knobs
 from .estimators.kl import kl_estimate
+from .estimators.registry import refuse_unknown
 
 # The only list of loss aggregations (config key ``loss_agg``); presets named after TRL's
 # ``loss_type`` are in harness/conf/loss_type/.
@@ -584,8 +585,10 @@ def register_policy_loss(name: str, fn: PolicyLossFn | None = None, settings: ty
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
+    """The policy loss registered as ``name`` (config key ``update``); another name is refused,
+    listing the registered ones and ``plugins=``, which imports a user's module that registers its own."""
     if name not in POLICY_LOSSES:
-        raise ValueError(f"update must be one of {sorted(POLICY_LOSSES)}, got {name!r}")
+        refuse_unknown("update", POLICY_LOSSES, name, "policy loss")
     return POLICY_LOSSES[name]
 
 

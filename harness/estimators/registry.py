@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, NoReturn
 
 import torch
 
-from ..config import first_sentence, name_problem
+from ..config import bad_field, first_sentence, name_problem
 from . import group as _group
 from . import returns as _returns
 
@@ -120,6 +120,13 @@ def register(spec: EstimatorSpec) -> EstimatorSpec:
     return spec
 
 
+def refuse_unknown(field_name: str, registered: Iterable[str], value: Any, what: str) -> NoReturn:
+    """``value`` names nothing registered: :func:`harness.config.bad_field` listing the ``registered``
+    names, and the config key that imports a user's module registering its own ``what``
+    (:mod:`harness.plugins`). The one message of the estimator and policy loss registries."""
+    bad_field(field_name, f"one of {sorted(registered)} (a plugin's {what}: plugins=[your.module])", value)
+
+
 def estimator_names() -> list[str]:
     """Every registered estimator name, in registration order (stable): what tests,
     benchmarks and validation enumerate instead of keeping their own list."""
@@ -127,12 +134,11 @@ def estimator_names() -> list[str]:
 
 
 def get_estimator(name: str) -> EstimatorSpec:
-    try:
-        return ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown estimator {name!r}; valid: {', '.join(sorted(ESTIMATORS))}"
-        ) from None
+    """The estimator registered as ``name``; another name is refused, listing the registered ones
+    and ``plugins=``, which imports a user's module that registers its own."""
+    if name not in ESTIMATORS:
+        refuse_unknown("estimator", ESTIMATORS, name, "estimator")
+    return ESTIMATORS[name]
 
 
 # ---------------------------------------------------------------------------------------
@@ -244,8 +250,10 @@ def register_estimator(name: str, fn: Callable | None = None, *, full_episodes: 
     return _register if fn is None else _register(fn)
 
 
-# The only list of estimators, on their pure functions (harness.estimators.returns, .group). Each
-# name has its defaults in harness/conf/estimator/<name>.yaml.
+# The only list of the harness's estimators, on their pure functions (harness.estimators.returns,
+# .group), in the order estimator_names() gives them (the figures' colours). Each name has its defaults
+# in harness/conf/estimator/<name>.yaml. returns.py and group.py import nothing from this module, which
+# imports them; an estimator registered with the decorator lives in a module of its own.
 register_estimator("reinforce", _returns.reward_to_go, full_episodes=True,
                    summary="REINFORCE: A_t = G_t, the reward-to-go (Williams 1992)")
 register_estimator("baseline", _returns.reward_to_go_baseline, full_episodes=True,

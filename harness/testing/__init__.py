@@ -14,7 +14,6 @@ a registry (these and, in a clone, those of ``tests/``) includes the user's addi
 """
 from __future__ import annotations
 
-from importlib.resources import files
 from pathlib import Path
 
 # Hydra search path entries added by --pg-searchpath (pkg://module or file:///path), set by the
@@ -51,17 +50,11 @@ def compose(overrides: list[str]):
 
 
 def config_folders(searchpath: list[str] | None = None) -> list[tuple[str, Path]]:
-    """(entry, folder) of the harness's own configs, then of each search path entry
-    (``pkg://a.b`` -> the folder of package ``a.b``; ``file://p`` -> ``p``), as Hydra reads them."""
-    out = [("pkg://harness.conf", Path(str(files("harness.conf"))))]
-    for entry in SEARCHPATH if searchpath is None else searchpath:
-        if entry.startswith("pkg://"):
-            out.append((entry, Path(str(files(entry[len("pkg://"):].replace("/", "."))))))
-        elif entry.startswith("file://"):
-            out.append((entry, Path(entry[len("file://"):])))
-        else:
-            out.append((entry, Path(entry)))
-    return out
+    """(entry, folder) of the harness's own configs, then of each search path entry (default
+    :data:`SEARCHPATH`): :func:`harness.plugins.config_folders`."""
+    from harness.plugins import config_folders as folders
+
+    return folders(SEARCHPATH if searchpath is None else searchpath)
 
 
 def group_options(group: str, searchpath: list[str] | None = None) -> dict[str, str]:
