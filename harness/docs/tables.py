@@ -134,6 +134,10 @@ def options_table() -> str:
         ["`loss_type=`", _names(_group("loss_type")) + " (TRL's names for a `loss_agg`, `harness/conf/loss_type/`)"],
         ["`recipe=`", _names(_group("recipe")) + " (an algorithm as a framework ships it, `harness/conf/recipe/`: "
                                                 "[frameworks](frameworks.md))"],
+        ["`+ablation=`", _names(_group("ablation")) + " (one knob changed from the task's tuned preset, each file "
+                                                     "naming its source; `none` is the preset itself, the baseline "
+                                                     "arm of a sweep over them, `harness/conf/ablation/`: "
+                                                     "[continuous control](continuous.md))"],
         ["`reference=`", _names(REFERENCES) + " (that library's own trainer on the config, written as a harness run: "
                                               "[learning parity](parity.md))"],
         ["`kl.estimator=`", _names(KL_ESTIMATORS)],
