@@ -331,6 +331,12 @@ def _register_claims(args) -> int:
         print(f"python -m analysis claims: error: argument --register: {exc}", file=sys.stderr)
         return 2
     reg = registry.load()
+    page = registry.REPO / "docs" / "claims_list.md"  # the claims list shows each claim's registration
+    if page.is_file():
+        from .claims.register import write_list
+
+        write_list(page)
+        print(f"claims list written: {page.relative_to(registry.REPO)}")
     where = (f"{registry.REGISTRY_FILE.relative_to(registry.REPO)}: {len(reg['claims'])} statistical claims, "
              f"registered {reg['registered']} at commit {reg['commit']}")
     if not changed:

@@ -139,6 +139,8 @@ def test_a_new_claim_is_its_entry_and_its_experiment_file(tmp_path):
     text = section("A new claim")
     for package in ("harness", "analysis"):
         shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "docs").mkdir()
+    shutil.copy(REPO / "docs" / "claims_list.md", tmp_path / "docs" / "claims_list.md")
     files = titled_files(text)
     assert sorted(files) == ["harness/conf/claims.yaml", "harness/conf/experiment/claim_c99.yaml"]
     (tmp_path / "harness/conf/experiment/claim_c99.yaml").write_text(files["harness/conf/experiment/claim_c99.yaml"])
@@ -151,6 +153,7 @@ def test_a_new_claim_is_its_entry_and_its_experiment_file(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "C99: new claim, not registered" in r.stdout
     assert "C99" in json.loads((tmp_path / "harness/conf/claims_registry.json").read_text())["claims"]
+    assert "\n| C99 | " in (tmp_path / "docs" / "claims_list.md").read_text()  # its row in the claims list
     r = run(judge, tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads((tmp_path / "results/claims/claims_only.json").read_text())

@@ -40,7 +40,7 @@ def list_markdown() -> str:
     """The claims list: statistical claims (primary test, effect, rationale, design), then exact checks."""
     claims = load_claims()
     entries = (registry.load() or {}).get("claims") or {}
-    lines = ["Written by `python -m analysis.claims.register --docs docs/claims_list.md` from "
+    lines = ["Written by `python -m analysis claims --register` from "
              "`harness/conf/claims.yaml` and its registry, `harness/conf/claims_registry.json` (registered: date "
              "and commit).", "",
              "| id | claim | source | primary test: rule (registered effect) | why that effect | design | registered |",
