@@ -44,6 +44,7 @@ from harness import config  # noqa: E402
 from harness.estimators import ESTIMATORS, KL_ESTIMATORS  # noqa: E402
 from harness.experiments import _block_text  # noqa: E402
 from harness.losses import AGG_MODES, POLICY_LOSSES  # noqa: E402
+from harness.probes import PROBES  # noqa: E402
 from harness.reference import REFERENCES  # noqa: E402
 
 COMMAND = "python benchmarks/docs_tables.py --write"
@@ -125,7 +126,7 @@ def _tasks_by_kind() -> str:
 def options_table() -> str:
     """docs/running.md's option lists: each config key that selects a name, and the names."""
     kinds = [f"`{k.name}` ({'one batched population' if k.population else 'one member after another'}"
-             f"{', resumes' if k.resumes else ''}{', `mode=probe`' if k.probe else ''})" for k in config.TASK_KINDS.values()]
+             f"{', resumes' if k.resumes else ''}{', `mode=probe`' if k.name in PROBES else ''})" for k in config.TASK_KINDS.values()]
     rows = [
         ["`task=`", f"{_tasks_by_kind()} (`harness/conf/task/`)"],
         ["task kind (`task.family`)", ", ".join(kinds)],
