@@ -15,21 +15,33 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .config import bad_field, entry_point, error_line, member_configs, task_kind
+from .config import bad_field, error_line, member_configs, task_kind
 from .io import RunDir
 from .plugins import load_plugins
 from .probes import run_probe
 from .reference import reference_trainer
+from .train import control as control_training
+from .train import lm as lm_training
+from .train import toy as toy_training
 from .validation import validate
 
-__all__ = ["run", "main_entry", "describe", "imports_dynamo"]
+__all__ = ["run", "main_entry", "describe", "imports_dynamo", "TRAINERS"]
 
 log = logging.getLogger("harness")
 
 
+# each task kind's trainer, ``(cfg, runs) -> None``: builds the task and hands its rollout source to
+# the loop (harness.train.loop); one entry per harness.config.TASK_KINDS name
+TRAINERS: dict[str, Callable] = {
+    "control": control_training.train,
+    "lm": lm_training.train,
+    "toy": toy_training.train,
+}
+
+
 def get_trainer(family: str):
-    """The trainer of task kind ``family`` (its :class:`harness.config.TaskKind` entry's ``trainer``)."""
-    return entry_point(task_kind(family).trainer)
+    """The trainer of task kind ``family`` (:data:`TRAINERS`; an unknown kind is refused by name)."""
+    return TRAINERS[task_kind(family).name]
 
 
 def get_worker(cfg: DictConfig):

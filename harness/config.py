@@ -7,8 +7,9 @@ with the field's name and what is allowed, before a run directory is created.
 This module imports nothing from the harness (stdlib, omegaconf and hydra only). Checks that
 need a registry (estimators, policy losses) or a task family live above it; the one entry
 point that runs them all is :func:`harness.validation.validate`. The task kinds' table
-(:data:`TASK_KINDS`: what differs between ``task.family`` values) lives here, the lowest layer,
-so that every user can look it up; it names its entry points, importing none.
+(:data:`TASK_KINDS`: what differs between ``task.family`` values for the schema and the loop)
+lives here, the lowest layer, so that every user can look it up; the kinds' functions are
+registered by name where they are called (:class:`TaskKind`).
 """
 from __future__ import annotations
 
@@ -275,23 +276,19 @@ def toy_settings_from_config(cfg) -> ToySettings:
 
 @dataclass(frozen=True)
 class TaskKind:
-    """What differs between task kinds (``task.family``), in one entry per kind: how its members
-    train, whether it resumes, its validation, its probe. Code never branches on the kind's name;
-    it looks the entry up (:func:`task_kind`).
+    """What differs between task kinds (``task.family``) for the schema and the loop, in one entry
+    per kind: how its members train, whether it resumes, its settings node and budget. Code never
+    branches on the kind's name; it looks the entry up (:func:`task_kind`).
 
-    Entry points are ``"module:function"`` strings, imported when used (:func:`entry_point`) by the
-    layer that calls them, each at or below that caller (``tests/test_task_kinds.py`` checks): this
-    schema imports nothing from the harness."""
+    A kind's functions are registered, by the same name, at the layer that calls them:
+    its trainer in :data:`harness.app.TRAINERS`, its checks in :data:`harness.validation.TASK_CHECKS`,
+    its probe (if any) in :data:`harness.probes.PROBES`; this schema imports none of them."""
 
     name: str
     # True: the members train as one batched population (harness.train.workers.train_population,
     # split over population_workers processes); False: one after another (train_one_by_one)
     population: bool
     resumes: bool  # checkpoint_every honoured: the loop's checkpoints, resumed by harness.app.run
-    trainer: str  # (cfg, runs) -> None: builds the task and hands its rollout source to the loop (harness.app)
-    validate: str  # (cfg, spec: EstimatorSpec) -> None: the kind's checks (harness.validation.validate)
-    probe: str | None = None  # (cfg, run) -> None for mode=probe (harness.probes.run_probe); None: no probe
-    probe_validate: str | None = None  # (cfg, settings: ProbeSettings) -> None: the probe's own checks
     node: str | None = None  # its own settings node (lm.*, toy.*), refused on the other kinds
     budget: str = "env_steps"  # the budget.* field that counts its budget: env_steps | tokens
     control_keys: bool = False  # reads the task.* keys of CONTROL_ONLY (refused off their defaults elsewhere)
@@ -302,15 +299,9 @@ class TaskKind:
 
 
 TASK_KINDS: dict[str, TaskKind] = {k.name: k for k in (
-    TaskKind("control", population=True, resumes=True, trainer="harness.train.control:train",
-             validate="harness.validation:check_control", probe="harness.probes.control:probe_run",
-             probe_validate="harness.probes.control:validate_control_probe", control_keys=True,
-             imports_dynamo=False),
-    TaskKind("lm", population=False, resumes=True, trainer="harness.train.lm:train",
-             validate="harness.validation:check_lm", node="lm", budget="tokens"),
-    TaskKind("toy", population=True, resumes=True, trainer="harness.train.toy:train",
-             validate="harness.validation:check_toy", probe="harness.probes.toy:probe_run",
-             probe_validate="harness.probes.toy:validate_toy_probe", node="toy", imports_dynamo=False),
+    TaskKind("control", population=True, resumes=True, control_keys=True, imports_dynamo=False),
+    TaskKind("lm", population=False, resumes=True, node="lm", budget="tokens"),
+    TaskKind("toy", population=True, resumes=True, node="toy", imports_dynamo=False),
 )}
 
 
@@ -319,14 +310,6 @@ def task_kind(name: str) -> TaskKind:
     if name not in TASK_KINDS:
         bad_field("task.family", f"one of {list(TASK_KINDS)}", name)
     return TASK_KINDS[name]
-
-
-def entry_point(path: str):
-    """The function a ``"module:function"`` string of a :class:`TaskKind` names."""
-    import importlib
-
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def member_seeds(cfg: DictConfig) -> list[int]:

@@ -3,20 +3,20 @@
 It sits above the schema, the registries and the task families, and only puts their checks
 together: the schema's per-field checks (:func:`harness.config.check_fields`), the names the
 registries know (estimators, policy losses, loss aggregations, KL estimators), the task kind's
-own checks (its :class:`harness.config.TaskKind` entry's ``validate``: :func:`check_control`,
-:func:`check_lm`, :func:`check_toy` here) and, with ``mode=probe``, the probes'
-(:func:`harness.probes.validate_probe`). ``harness.app.run`` calls it
-first; it raises ``ValueError`` naming the first invalid field and what it allows.
+own checks (:data:`TASK_CHECKS`: :func:`check_control`, :func:`check_lm`, :func:`check_toy`
+here) and, with ``mode=probe``, the probes' (:func:`harness.probes.validate_probe`).
+``harness.app.run`` calls it first; it raises ``ValueError`` naming the first invalid field and what it allows.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from omegaconf import DictConfig, open_dict
 
 from . import config as schema
 from .config import (LOSS_KNOBS, PARAM_BYTES, ProbeSettings, bad_field, check_choice, check_fields, check_fits,
-                     check_known_keys, entry_point, length_problem, path_problem, refuse_unknown_keys, results_path, task_kind)
+                     check_known_keys, length_problem, path_problem, refuse_unknown_keys, results_path, task_kind)
 from .estimators import ESTIMATORS, KL_ESTIMATORS, EstimatorSpec, get_estimator
 from .io.rundir import CHECKPOINT_NAME, run_dir_for
 from .losses import AGG_MODES, POLICY_LOSSES, loss_settings
@@ -27,7 +27,7 @@ from .tasks.lm import validate_lm
 from .tasks.toy import PRESETS as TOY_PRESETS
 from .tasks.toy import spec_from_config, validate_toy
 
-__all__ = ["validate", "check_registered", "check_results_dir", "check_control", "check_lm", "check_toy"]
+__all__ = ["validate", "check_registered", "check_results_dir", "check_control", "check_lm", "check_toy", "TASK_CHECKS"]
 
 ENVS_MAX = 65536  # gymnasium envs one control process holds at once (population x width)
 
@@ -68,7 +68,7 @@ def validate(cfg: DictConfig) -> None:
     spec = check_registered(cfg)
     check_fields(cfg)
     check_reference(cfg)  # before the task's checks: a reference for another task family is named as such
-    entry_point(task_kind(cfg.task.family).validate)(cfg, spec)
+    TASK_CHECKS[task_kind(cfg.task.family).name](cfg, spec)
     if cfg.mode == "probe":
         refuse_unknown_keys(cfg, "probe", ProbeSettings)  # names the key (probe.<key>) before the probe's checks
         validate_probe(cfg)
@@ -76,7 +76,7 @@ def validate(cfg: DictConfig) -> None:
 
 
 # ----------------------------------------------------------------------------- each task kind's checks
-# (its TaskKind entry's ``validate``, harness.config.TASK_KINDS)
+# (TASK_CHECKS, below: one entry per harness.config.TASK_KINDS name)
 
 def check_control(cfg: DictConfig, spec: EstimatorSpec) -> None:
     """``task.family=control``: the task's checks, sizes, no sampling-side options, the device."""
@@ -105,6 +105,13 @@ def check_toy(cfg: DictConfig, spec: EstimatorSpec) -> None:
                            f"truncated; presets with EOS: {'|'.join(eos)}")
     check_device(cfg)
 
+
+# each task kind's checks, ``(cfg, spec: EstimatorSpec) -> None``, run by validate()
+TASK_CHECKS: dict[str, Callable[[DictConfig, EstimatorSpec], None]] = {
+    "control": check_control,
+    "lm": check_lm,
+    "toy": check_toy,
+}
 
 SAMPLING_OPTIONS = {"dynamic_sampling": False, "mask_truncated": False, "overlong_cache": None}
 

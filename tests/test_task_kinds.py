@@ -1,44 +1,50 @@
-"""Task kinds as one table (issue 38, item 4): what differs between ``task.family=control|lm|toy``
-(how the members train, whether a run resumes, the validation, the probe) is one
-:class:`harness.config.TaskKind` entry each, looked up by the app, the schema, the validation,
-the probes and the loop; a new kind is one entry (here a test kind that reuses the toy task)."""
+"""Task kinds: what differs between ``task.family=control|lm|toy`` for the schema and the loop
+(how the members train, whether a run resumes) is one :class:`harness.config.TaskKind` entry each;
+its functions are registered by the same name where they are called: the trainer in
+:data:`harness.app.TRAINERS`, the checks in :data:`harness.validation.TASK_CHECKS`, the probe in
+:data:`harness.probes.PROBES`. A new kind is one entry in each (here a test kind)."""
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
 
-from harness import app
-from harness.config import TASK_KINDS, TaskKind, entry_point, task_kind
+from harness import app, probes, validation
+from harness.config import TASK_KINDS, TaskKind, task_kind
 from harness.io import checkpoint as ckpt
+from harness.probes import PROBES, Probe
 from harness.train import workers as train_workers
-from harness.validation import validate
+from harness.validation import TASK_CHECKS, validate
 from tests.control_helpers import make_cfg
 
-# the layer each entry point is called from may import it (.importlinter: app > train, probes > tasks)
-ENTRY_LAYERS = {"trainer": ("harness.train.",), "validate": ("harness.validation", "harness.tasks."),
-                "probe": ("harness.probes.",), "probe_validate": ("harness.probes.",)}
+# where each registry's functions are defined: a layer its caller may import (.importlinter: app > train,
+# probes > tasks)
+REGISTRIES = {"trainer": (app.TRAINERS, "harness.train."), "checks": (TASK_CHECKS, "harness.validation"),
+              "probe": ({k: p.run for k, p in PROBES.items()}, "harness.probes."),
+              "probe validation": ({k: p.validate for k, p in PROBES.items()}, "harness.probes.")}
 
 
 def test_the_three_kinds_and_what_each_says():
     """The table: control and toy train a batched population, LM one member after another; every
     kind resumes; control and toy have a probe, LM none."""
-    got = {k.name: (k.population, k.resumes, k.probe is not None, k.node, k.budget) for k in TASK_KINDS.values()}
+    got = {k.name: (k.population, k.resumes, k.name in PROBES, k.node, k.budget) for k in TASK_KINDS.values()}
     assert got == {"control": (True, True, True, None, "env_steps"),
                    "lm": (False, True, False, "lm", "tokens"),
                    "toy": (True, True, True, "toy", "env_steps")}
 
 
-@pytest.mark.parametrize("name", sorted(TASK_KINDS))
-def test_every_entry_point_resolves_to_a_function_in_a_layer_its_caller_may_import(name):
-    kind = TASK_KINDS[name]
-    for field, layers in ENTRY_LAYERS.items():
-        path = getattr(kind, field)
-        if path is None:
-            continue
-        assert path.startswith(layers), (field, path)
-        assert callable(entry_point(path)), (field, path)
-    assert app.get_trainer(name) is entry_point(kind.trainer)
+def test_every_kind_has_a_trainer_and_checks_and_nothing_else_is_registered():
+    assert list(app.TRAINERS) == list(TASK_KINDS) == list(TASK_CHECKS) == ["control", "lm", "toy"]
+    assert list(PROBES) == ["control", "toy"]
+    assert [app.get_trainer(name).__module__ for name in TASK_KINDS] == [
+        "harness.train.control", "harness.train.lm", "harness.train.toy"]
+
+
+@pytest.mark.parametrize("registry", sorted(REGISTRIES))
+def test_each_registered_function_is_defined_in_a_layer_its_caller_may_import(registry):
+    functions, layer = REGISTRIES[registry]
+    for name, fn in functions.items():
+        assert callable(fn) and fn.__module__.startswith(layer), (name, fn.__module__)
 
 
 def test_an_unknown_kind_is_one_line_naming_the_field_and_the_kinds():
@@ -80,9 +86,10 @@ def train_test_kind(cfg, runs) -> None:
 @pytest.fixture
 def test_kind(monkeypatch):
     SEEN.clear()
-    kind = TaskKind("test_kind", population=False, resumes=False, trainer=f"{__name__}:train_test_kind",
-                    validate=f"{__name__}:check_test_kind")
+    kind = TaskKind("test_kind", population=False, resumes=False)
     monkeypatch.setitem(TASK_KINDS, kind.name, kind)
+    monkeypatch.setitem(app.TRAINERS, kind.name, train_test_kind)
+    monkeypatch.setitem(validation.TASK_CHECKS, kind.name, check_test_kind)
     return kind
 
 
@@ -135,9 +142,8 @@ def validate_test_kind_probe(cfg, settings) -> None:
     SEEN.append(f"validate probe batches={settings.batches}")
 
 
-def test_a_kind_with_a_probe_is_probed_through_its_entry(test_kind, tmp_path):
-    TASK_KINDS["test_kind"] = dataclasses.replace(test_kind, probe=f"{__name__}:probe_test_kind",
-                                                  probe_validate=f"{__name__}:validate_test_kind_probe")
+def test_a_kind_with_a_probe_is_probed_through_its_entry(test_kind, tmp_path, monkeypatch):
+    monkeypatch.setitem(probes.PROBES, test_kind.name, Probe(probe_test_kind, validate_test_kind_probe))
     assert app.run(_cfg(tmp_path, "mode=probe", "++probe.batches=6")) == {"skipped": 0, "completed": 1}
     # validate() checks the probe's settings, run_probe again before it probes
     assert SEEN == ["validate rloo", "validate probe batches=6", "validate probe batches=6", "probe seed0"]

@@ -40,6 +40,7 @@ from .. import config
 from ..estimators import ESTIMATORS, KL_ESTIMATORS
 from ..experiments import _block_text
 from ..losses import AGG_MODES, POLICY_LOSSES
+from ..probes import PROBES
 from ..reference import REFERENCES
 from . import page_path, with_block, write_block
 
@@ -122,7 +123,7 @@ def _tasks_by_kind() -> str:
 def options_table() -> str:
     """docs/running.md's option lists: each config key that selects a name, and the names."""
     kinds = [f"`{k.name}` ({'one batched population' if k.population else 'one member after another'}"
-             f"{', resumes' if k.resumes else ''}{', `mode=probe`' if k.probe else ''})" for k in config.TASK_KINDS.values()]
+             f"{', resumes' if k.resumes else ''}{', `mode=probe`' if k.name in PROBES else ''})" for k in config.TASK_KINDS.values()]
     rows = [
         ["`task=`", f"{_tasks_by_kind()} (`harness/conf/task/`)"],
         ["task kind (`task.family`)", ", ".join(kinds)],

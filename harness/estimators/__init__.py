@@ -5,12 +5,10 @@ Public API (stable): :func:`gae`, :func:`n_step`, :func:`reward_to_go`, :func:`g
 :func:`grpo_passk`, :func:`kl_k1`, :func:`kl_k2`, :func:`kl_k3`, :func:`kl_low_var`, :func:`straight_through`,
 :func:`get_estimator`, :func:`estimator_names`, :func:`register_estimator`, :data:`ESTIMATORS`.
 
-Every module of this package is imported with it: a new estimator is one file here (its function
-under ``@register_estimator("name")``) and its YAML, ``harness/conf/estimator/<name>.yaml``.
+A new estimator is its function under ``@register_estimator("name")`` in a module of this
+package imported below (a module of its own is one more import line here) and its YAML,
+``harness/conf/estimator/<name>.yaml``.
 """
-import importlib as _importlib
-import pkgutil as _pkgutil
-
 from .group import gpg, grpo, grpo_passk, opo, reinforce_pp_baseline, remax, rloo
 from .kl import KL_ESTIMATORS, kl_estimate, kl_guards, kl_k1, kl_k2, kl_k3, kl_low_var, straight_through
 from .registry import (
@@ -33,7 +31,3 @@ __all__ = [
     "ESTIMATORS", "AdvantageBatch", "AdvantageResult", "EstimatorParams", "EstimatorSpec",
     "episode_scores", "estimator_names", "get_estimator", "register", "register_estimator",
 ]
-
-for _module in _pkgutil.iter_modules(__path__):  # the estimators registered in files of their own
-    if not _module.name.startswith("_"):
-        _importlib.import_module(f"{__name__}.{_module.name}")

@@ -10,9 +10,8 @@ To probe a config (validate, skip finished run directories, probe the rest) call
 ``harness.app.run`` with ``mode=probe``: ``python -m harness mode=probe [overrides] [-m]``.
 
 Families: ``toy`` (exact gradient, :mod:`.toy`) and ``control`` (whole-episode estimators against
-a high-sample REINFORCE reference, :mod:`.control`): the ``probe`` and ``probe_validate`` of their
-:class:`harness.config.TaskKind` entries. A kind without a probe (``lm``) is refused by
-:func:`validate_probe`.
+a high-sample REINFORCE reference, :mod:`.control`): their entries of :data:`PROBES`. A task kind
+without one (``lm``) is refused by :func:`validate_probe`.
 The settings (``probe.*``) are :class:`harness.config.ProbeSettings`, re-exported here.
 """
 from __future__ import annotations
@@ -20,30 +19,48 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from ..config import TASK_KINDS, ProbeSettings, entry_point, settings_from_config, task_kind
+from ..config import ProbeSettings, settings_from_config
+from . import control, toy
 from .toy import probe_toy
 
 log = logging.getLogger("harness.probes")
 
-__all__ = ["ProbeSettings", "probe_toy", "run_probe", "settings_from_config", "validate_probe"]
+__all__ = ["PROBES", "Probe", "ProbeSettings", "probe_toy", "run_probe", "settings_from_config", "validate_probe"]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A task kind's gradient probe: ``run(cfg, run)`` probes one started run directory and
+    finishes it; ``validate(cfg, settings: ProbeSettings)`` refuses what it cannot probe."""
+
+    run: Callable
+    validate: Callable
+
+
+# the task kinds (harness.config.TASK_KINDS names) that have a probe
+PROBES: dict[str, Probe] = {
+    "control": Probe(control.probe_run, control.validate_control_probe),
+    "toy": Probe(toy.probe_run, toy.validate_toy_probe),
+}
 
 
 def validate_probe(cfg: DictConfig) -> None:
     """Checks for ``mode=probe`` that can fail before any work starts."""
-    kind = TASK_KINDS.get(cfg.task.family)
-    if kind is None or kind.probe is None:
-        probed = [k.name for k in TASK_KINDS.values() if k.probe is not None]
-        raise ValueError(f"mode=probe supports task.family in {probed}, got {cfg.task.family!r}")
-    entry_point(kind.probe_validate)(cfg, settings_from_config(cfg))
+    probe = PROBES.get(cfg.task.family)
+    if probe is None:
+        raise ValueError(f"mode=probe supports task.family in {list(PROBES)}, got {cfg.task.family!r}")
+    probe.validate(cfg, settings_from_config(cfg))
 
 
 def run_probe(cfg: DictConfig, runs) -> None:
     """Probe every run directory of ``runs`` (already started by the caller)."""
     validate_probe(cfg)
-    probe_run = entry_point(task_kind(cfg.task.family).probe)
+    probe_run = PROBES[cfg.task.family].run
     for r in runs:
         t0 = time.perf_counter()
         try:

@@ -17,11 +17,13 @@ run trains.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from ..config import bad_field, entry_point
+from ..config import bad_field
+from . import sb3, trl
 
 
 @dataclass(frozen=True)
@@ -29,16 +31,15 @@ class Reference:
     """A library's trainer: what it needs installed, where it runs, what it trains."""
 
     module: str  # the library's import name (checked installed at validation, imported when training)
-    trainer: str  # "module:function", function(cfg, runs): trains and writes each RunDir
-    check: str  # "module:function", function(cfg): refuses (bad_field) a setting it cannot translate
+    trainer: Callable[[DictConfig, list], None]  # (cfg, runs): trains and writes each RunDir
+    check: Callable[[DictConfig], None]  # (cfg): refuses (bad_field) a setting it cannot translate
     families: tuple[str, ...]  # task.family values it trains
     estimators: tuple[str, ...]  # the harness estimators it has a counterpart of
 
 
 REFERENCES: dict[str, Reference] = {
-    "sb3": Reference("stable_baselines3", "harness.reference.sb3:train", "harness.reference.sb3:check",
-                     ("control",), ("ppo_gae", "a2c")),
-    "trl": Reference("trl", "harness.reference.trl:train", "harness.reference.trl:check", ("lm",), ("grpo", "rloo")),
+    "sb3": Reference("stable_baselines3", sb3.train, sb3.check, ("control",), ("ppo_gae", "a2c")),
+    "trl": Reference("trl", trl.train, trl.check, ("lm",), ("grpo", "rloo")),
 }
 
 
@@ -62,9 +63,9 @@ def check_reference(cfg: DictConfig) -> None:
     if importlib.util.find_spec(ref.module) is None:
         bad_field("reference", f"{name} installed (pip install 'pg-advantage-harness[bench]')",
                   f"{ref.module} not importable")
-    entry_point(ref.check)(cfg)
+    ref.check(cfg)
 
 
 def reference_trainer(cfg: DictConfig):
     """The trainer of ``cfg.reference`` (a validated name)."""
-    return entry_point(REFERENCES[cfg.reference].trainer)
+    return REFERENCES[cfg.reference].trainer

@@ -17,9 +17,10 @@ members train one after another). Everything per member is the member's own: lea
 schedule, adaptive KL beta, evaluation schedule, budget, divergence. A member that stops is
 frozen (weights and Adam state kept) while its neighbours go on.
 
-Checkpoints (``checkpoint_every``) are written and restored by the loop, once for every family
-(:mod:`.checkpointing`, the :class:`Loop`'s checkpoint methods); the members are handed to loops
-as one population or one by one, in worker processes or not, by :mod:`.workers`.
+Checkpoints (``checkpoint_every``) are written and restored once for every family by
+:mod:`.checkpointing`, which the loop hands its state (:class:`~.checkpointing.Checkpointed`); the
+members are handed to loops as one population or one by one, in worker processes or not, by
+:mod:`.workers`.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from ..estimators import AdvantageBatch, EstimatorParams, get_estimator
 from ..io import RunDir
 from ..io.trackers import NoLog, make_logger
 from ..losses import adaptive_kl_beta
-from .checkpointing import Checkpoints
+from . import checkpointing
 from .update import MemberOptimizer, UpdateBatch, UpdateSettings, update
 
 log = logging.getLogger("harness")
@@ -175,8 +176,9 @@ def eval_due(iteration: int, steps: int, last_eval: int, done: bool, eval_every:
     return periodic or crossed or last
 
 
-class Loop(Checkpoints):
-    """Train ``runs`` (one per member of ``source``) to their budgets."""
+class Loop:
+    """Train ``runs`` (one per member of ``source``) to their budgets. Its state is what a checkpoint
+    saves and restores (:class:`harness.train.checkpointing.Checkpointed`)."""
 
     def __init__(self, cfg: DictConfig, source: Source, runs: list[RunDir], family: str):
         self.cfg, self.source, self.runs, self.family = cfg, source, runs, family
@@ -286,7 +288,7 @@ class Loop(Checkpoints):
                         reason = f"{reasons[p]} at iteration {iteration}" if reasons[p] is not None else None
                         self._finish(p, status, reason, wall, iteration)
                 if self.checkpoint_every and iteration % self.checkpoint_every == 0:
-                    self.save_checkpoint(iteration, wall)
+                    checkpointing.save(self, iteration, wall)
                 elif flush_due(iteration, flushed, flush_cost):
                     flushed = time.perf_counter()
                     for p, r in enumerate(self.runs):
