@@ -678,10 +678,6 @@ def check_fields(cfg: DictConfig) -> None:
         bad("gamma", "in (0, 1]", cfg.gamma)
     if not 0.0 <= cfg.gae_lambda <= 1.0:
         bad("gae_lambda", "in [0, 1]", cfg.gae_lambda)
-    if cfg.clip_eps is not None and not (finite(cfg.clip_eps) and cfg.clip_eps > 0):
-        bad("clip_eps", "> 0 or null (no clipping)", cfg.clip_eps)
-    if cfg.clip_eps_high is not None and not (finite(cfg.clip_eps_high) and cfg.clip_eps_high > 0):
-        bad("clip_eps_high", "> 0 or null (the same as clip_eps)", cfg.clip_eps_high)
     if cfg.dynamic_sampling_max_draws < 1:
         bad("dynamic_sampling_max_draws", ">= 1 (generation batches per iteration)", cfg.dynamic_sampling_max_draws)
     if cfg.overlong_cache is not None and cfg.overlong_cache < 1:

@@ -193,14 +193,11 @@ def sequence_mean(x: torch.Tensor, mask: torch.Tensor, seq_id: torch.Tensor | No
 
 def _eps(clip_eps: float | None, clip_eps_high: float | None) -> tuple[float, float]:
     """``(eps_low, eps_high)``: ``clip_eps`` and ``clip_eps_high`` (default ``clip_eps``);
-    ``clip_eps=None``: no clipping (both infinite)."""
+    ``clip_eps=None``: no clipping (both infinite). The values come from a :class:`ClipRange`,
+    which checked them."""
     if clip_eps is None:
         return float("inf"), float("inf")
-    if clip_eps < 0:
-        raise ValueError(f"clip_eps must be >= 0 or None, got {clip_eps!r}")
     high = clip_eps if clip_eps_high is None else clip_eps_high
-    if high < 0:
-        raise ValueError(f"clip_eps_high must be >= 0 or None, got {clip_eps_high!r}")
     return float(clip_eps), float(high)
 
 
@@ -274,6 +271,12 @@ class ClipRange:
     clip_eps: float | None = 0.2
     clip_eps_high: float | None = None
 
+    def __post_init__(self):
+        if self.clip_eps is not None and not (is_finite(self.clip_eps) and self.clip_eps > 0):
+            bad_field("clip_eps", "a finite number > 0 or null (no clipping)", self.clip_eps)
+        if self.clip_eps_high is not None and not (is_finite(self.clip_eps_high) and self.clip_eps_high > 0):
+            bad_field("clip_eps_high", "a finite number > 0 or null (the same as clip_eps)", self.clip_eps_high)
+
 
 @dataclass(frozen=True)
 class ClipSettings(ClipRange):
@@ -283,6 +286,7 @@ class ClipSettings(ClipRange):
     delta: float | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         if self.delta is not None and not (is_finite(self.delta) and self.delta > 1):
             bad_field("delta", "a finite number > 1 (TRL recommends > 1 + clip_eps) or null (off)", self.delta)
 
@@ -314,6 +318,7 @@ class DualClipSettings(ClipRange):
     clip_ratio_c: float = 3.0
 
     def __post_init__(self):
+        super().__post_init__()
         if not (is_finite(self.clip_ratio_c) and self.clip_ratio_c > 1):
             bad_field("clip_ratio_c", "a finite number > 1 (dual-clip PPO's c; verl's default 3.0)", self.clip_ratio_c)
 
@@ -590,6 +595,14 @@ def get_policy_loss(name: str) -> PolicyLoss:
     if name not in POLICY_LOSSES:
         refuse_unknown("update", POLICY_LOSSES, name, "policy loss")
     return POLICY_LOSSES[name]
+
+
+def knob_defaults() -> dict[str, Any]:
+    """Every knob a registered policy loss reads (a field of its settings dataclass: ``clip_eps``,
+    ``delta``, ``clip_ratio_c``, ...), with its default; a knob two losses share has one default
+    (:func:`harness.config.register_loss_knobs` checks the knobs it adds to the schema; the shared
+    ``clip_eps`` and ``clip_eps_high`` are the schema's own, with the same defaults)."""
+    return {f.name: f.default for spec in POLICY_LOSSES.values() for f in dataclasses.fields(spec.settings)}
 
 
 def loss_settings(cfg: Any, name: str | None = None) -> Any:

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from omegaconf import DictConfig, open_dict
 
 from . import config as schema
-from .config import (LOSS_KNOBS, PARAM_BYTES, ProbeSettings, bad_field, check_choice, check_fields, check_fits,
+from .config import (PARAM_BYTES, ProbeSettings, bad_field, check_choice, check_fields, check_fits,
                      check_known_keys, length_problem, path_problem, refuse_unknown_keys, results_path, task_kind)
-from .estimators import ESTIMATORS, KL_ESTIMATORS, EstimatorSpec, get_estimator
+from .estimators import KL_ESTIMATORS, EstimatorSpec, get_estimator
 from .io.rundir import CHECKPOINT_NAME, run_dir_for
-from .losses import AGG_MODES, POLICY_LOSSES, loss_settings
+from .losses import AGG_MODES, POLICY_LOSSES, get_policy_loss, knob_defaults, loss_settings
 from .probes import validate_probe
 from .reference import check_reference
 from .tasks.control import env_info, time_limit, validate_control
@@ -34,27 +34,24 @@ ENVS_MAX = 65536  # gymnasium envs one control process holds at once (population
 
 def check_registered(cfg: DictConfig) -> EstimatorSpec:
     """Names the registries must know, and the estimator's own needs; returns its spec."""
-    bad = bad_field
-    if cfg.estimator not in ESTIMATORS:
-        bad("estimator", f"one of {sorted(ESTIMATORS)}", cfg.estimator)
-    spec = get_estimator(cfg.estimator)
+    spec = get_estimator(cfg.estimator)  # an unknown name: the registered ones, and plugins=
     if spec.needs_groups and cfg.group_size < 2 and not spec.needs_greedy:
-        bad("group_size", f">= 2 for estimator {cfg.estimator}", cfg.group_size)
-    if cfg["update"] not in POLICY_LOSSES:
-        bad("update", f"one of {sorted(POLICY_LOSSES)}", cfg["update"])
+        bad_field("group_size", f">= 2 for estimator {cfg.estimator}", cfg.group_size)
+    get_policy_loss(cfg["update"])
     check_loss_knobs(cfg)
     check_choice("loss_agg", cfg.loss_agg, AGG_MODES)
     if cfg.kl.estimator not in KL_ESTIMATORS:
-        bad("kl.estimator", f"one of {sorted(KL_ESTIMATORS)}", cfg.kl.estimator)
+        bad_field("kl.estimator", f"one of {sorted(KL_ESTIMATORS)}", cfg.kl.estimator)
     return spec
 
 
 def check_loss_knobs(cfg: DictConfig) -> None:
-    """A policy loss's own knob (:data:`harness.config.LOSS_KNOBS`) set away from its default for a
-    loss that does not read it would be silently ignored: refused, naming the losses that read it.
-    Then the chosen loss's settings are built, whose checks name the field out of range."""
+    """A policy loss's knob (:func:`harness.losses.knob_defaults`: ``clip_eps`` as much as
+    ``clip_ratio_c``) set away from its default for a loss that does not read it would be silently
+    ignored (and would change the run's hash): refused, naming the losses that read it. Then the
+    chosen loss's settings are built, whose checks name the field out of range: one rule per knob."""
     chosen = POLICY_LOSSES[cfg["update"]]
-    for knob, (_, default) in LOSS_KNOBS.items():
+    for knob, default in knob_defaults().items():
         if knob in cfg and cfg[knob] != default and knob not in chosen.knobs:
             owners = "|".join(name for name, spec in POLICY_LOSSES.items() if knob in spec.knobs)
             bad_field(knob, f"{'null' if default is None else default} with update={cfg['update']} (it applies to "

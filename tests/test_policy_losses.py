@@ -466,6 +466,11 @@ def test_the_knobs_reach_the_update_settings_with_the_frameworks_defaults():
     (["update=sapo", "sapo_tau_neg=-1"], "sapo_tau_neg must be a finite number > 0"),
     (["update=clip", "clip_ratio_c=2"], r"clip_ratio_c must be 3.0 with update=clip \(it applies to update=dual_clip\)"),
     (["update=pg", "sapo_tau_pos=2"], r"sapo_tau_pos must be 1.0 with update=pg \(it applies to update=sapo\)"),
+    # the clip range is a knob of the clipping losses like any other: no second rule in the schema
+    (["update=pg", "clip_eps=0.5"], r"clip_eps must be 0.2 with update=pg \(it applies to update=clip\|"),
+    (["update=sapo", "clip_eps_high=0.3"], r"clip_eps_high must be null with update=sapo \(it applies to update="),
+    (["update=clip", "clip_eps=0"], r"clip_eps must be a finite number > 0 or null \(no clipping\), got 0"),
+    (["update=gmpo", "clip_eps_high=-0.1"], r"clip_eps_high must be a finite number > 0 or null"),
 ])
 def test_bad_knobs_are_refused_by_name(overrides, message):
     from harness.validation import validate
