@@ -284,16 +284,24 @@ def _task_x(df: pd.DataFrame, x: str) -> str:
 
 
 def _band_panels(df: pd.DataFrame, tasks: list, metrics: list, axes, x: str, palette: Mapping[str, str],
-                 styles: Mapping[str, VariantStyle], reps: int, seed: int):
+                 styles: Mapping[str, VariantStyle], reps: int, seed: int,
+                 budgets: Mapping[str, tuple[str, float]] | None = None):
     """The panels of a metrics x tasks grid of mean curves (row ``i``: a metric, column: a task):
     each one's bands (:func:`stats.curve_bands` over the task's own x axis) drawn and its x axis
-    formatted; yields ``(i, metric, task, ax, x of the task, bands)`` for the caller's labels."""
+    formatted; yields ``(i, metric, task, ax, x of the task, bands)`` for the caller's labels.
+    Curves end at the task's budget (``budgets``: task -> (sample axis, budget)): on the sample
+    axis the grid ends there, on another axis (wall time) the rows past it are left out (column
+    ``within_budget`` where the frame has one, :func:`stats.within_budget`)."""
     for j, task in enumerate(tasks):
         tdf = df[df["task"] == task]
         tx = _task_x(tdf, x)
+        col, budget = (budgets or {}).get(task, (None, None))
+        if col != tx and "within_budget" in tdf:
+            tdf = tdf[tdf["within_budget"].to_numpy(dtype=bool)]
         for i, metric in enumerate(metrics):
             ax = axes[i, j]
-            bands = stats.curve_bands(tdf, metric, tx, reps=reps, seed=seed)
+            bands = stats.curve_bands(tdf, metric, tx, reps=reps, seed=seed,
+                                      x_max={task: budget} if col == tx else None)
             _draw_bands(ax, bands, palette, styles)
             _format_x(ax, tx)
             yield i, metric, task, ax, tx, bands
@@ -312,7 +320,8 @@ def plot_learning_curves(df: pd.DataFrame, path: Path, palette: Mapping[str, str
         return _empty(path, title, "no eval_return or episode_return logged")
     styles = _styles_for(df["estimator"].unique(), styles)
     fig, axes = _figure(len(metrics), len(tasks))
-    for i, metric, task, ax, tx, bands in _band_panels(df, tasks, metrics, axes, x, palette, styles, reps, seed):
+    for i, metric, task, ax, tx, bands in _band_panels(df, tasks, metrics, axes, x, palette, styles, reps, seed,
+                                                             budgets):
         ax.set_xlabel(x_label(tx))
         ax.set_ylabel(CURVE_METRICS[metric])
         ax.set_title(_budget_title(task, budgets) if i == 0 else f"{task}: {metric}",
@@ -341,7 +350,8 @@ def plot_stability(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
         return _empty(path, title, "none of " + ", ".join(STABILITY_METRICS) + " was logged")
     styles = _styles_for(df["estimator"].unique(), styles)
     fig, axes = _figure(len(metrics), len(tasks), h=2.6)
-    for i, metric, task, ax, tx, bands in _band_panels(df, tasks, metrics, axes, x, palette, styles, reps, seed):
+    for i, metric, task, ax, tx, bands in _band_panels(df, tasks, metrics, axes, x, palette, styles, reps, seed,
+                                                             budgets):
         ax.set_ylabel(STABILITY_METRICS[metric])
         ax.set_xlabel(x_label(tx) if i == len(metrics) - 1 else "")
         if i == 0:
