@@ -118,12 +118,17 @@ def comparison_groups(frame: pd.DataFrame) -> tuple[list[str], list[Group]]:
     keys = [k for k in GROUP_KEYS if k in _differing(frame, ["task"], [k for k in GROUP_KEYS if k in frame])]
     if not keys:
         return [], [Group((), frozenset(frame["run_dir"]))]
-    values = frame[keys].map(text) if hasattr(frame, "map") else frame[keys].applymap(text)
+    values = frame[keys].map(text)
     groups = []
-    for _, g in frame.groupby([values[k] for k in keys], sort=True):
+    for _, g in frame.groupby([values[k] for k in keys], sort=False):
         settings = tuple((k, frame.loc[g.index[0], k]) for k in keys)
         groups.append(Group(settings, frozenset(g["run_dir"])))
-    return keys, groups
+    # by value: budgets in increasing order (none and absent first)
+    def order(g: Group) -> list:
+        number = [isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for _, v in g.settings]
+        return [(n, float(v) if n else text(v)) for n, (_, v) in zip(number, g.settings)]
+
+    return keys, sorted(groups, key=order)
 
 
 def config_labels(frame: pd.DataFrame) -> tuple[pd.Series, dict[str, list[str]]]:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from . import figures as figs
 from . import groups, stats
-from .load import KINDS, RUN_KEYS, label_variants, load, run_configs
+from .load import CLAIMS_FOLDER_PREFIX, KINDS, RUN_KEYS, label_variants, load, run_configs
 from .options import EXPECTED
 
 __all__ = ["NoRunsError", "Tables", "compute_tables", "build_report", "FIGURES"]
@@ -68,6 +68,7 @@ class Tables:
     groups: list = field(default_factory=list)    # every group's Tables, where the folder has several
     group_keys: list = field(default_factory=list)  # the budget settings that split the folder
     other_kinds: dict = field(default_factory=dict)  # kind (load.KINDS) -> its run directories
+    results: Path = Path(".")                     # the folder reported on
 
 
 def _ci(scores, statistic: str, reps: int, seed: int, prefix: str) -> dict:
@@ -273,7 +274,7 @@ def budget_text(t: Tables) -> str:
         if b["source"] == stats.BUDGET_CONFIGURED:
             over = t.runs.loc[t.runs["task"] == task, "samples"] > t.runs.loc[t.runs["task"] == task, "budget"]
             cut |= bool(over.any())
-            logged = (f"; runs logged up to {figs.human_count(b['largest'])}, {int(over.sum())} of {len(over)} past it"
+            logged = (f"; runs logged up to {b['largest']:,.0f}, {int(over.sum())} of {len(over)} past it"
                       if over.any() else "")
             parts.append(f"{task}: {figs.human_count(b['budget'])} {unit} (configured{logged})")
         else:
@@ -305,10 +306,21 @@ def comparison_text(t: Tables) -> list[str]:
     for kind, dirs in t.other_kinds.items():
         L.append(f"\nNot compared here: {len(dirs)} {KINDS[kind]}, "
                  + ", ".join(f"`{d}`" for d in dirs[:5]) + (", ..." if len(dirs) > 5 else "")
-                 + (": their verdicts come from `python -m analysis claims` on their folder." if kind == "claims"
+                 + (f": their verdicts come from {claims_command(t.results, dirs)}." if kind == "claims"
                     else ": they hold no learning curve to score."))
     L.append("\n")
     return L
+
+
+def claims_command(results: Path, run_dirs: list[str]) -> str:
+    """``python -m analysis claims DIR`` for each claims folder holding ``run_dirs`` (the folder
+    above their ``claim_*`` experiment folder, :func:`analysis.load.run_kind`)."""
+    roots = []
+    for d in run_dirs:
+        parts = Path(d).parts
+        at = next(i for i, p in enumerate(parts) if p.startswith(CLAIMS_FOLDER_PREFIX))
+        roots.append((results / Path(*parts[:at])).as_posix() if at else results.as_posix())
+    return ", ".join(f"`python -m analysis claims {r}`" for r in dict.fromkeys(roots))
 
 
 def _index_markdown(results: Path, done: list, keys: list, others: dict, left_out: list, opts: Options) -> str:
@@ -323,7 +335,8 @@ def _index_markdown(results: Path, done: list, keys: list, others: dict, left_ou
         L.append(f"- [{g.name}]({g.folder}/report.md): {len(t.runs)} runs, {t.runs['task'].nunique()} task(s), "
                  f"estimators {', '.join(sorted(t.runs['estimator'].unique()))}")
     for kind, dirs in others.items():
-        L.append(f"\nNot compared: {len(dirs)} {KINDS[kind]}.")
+        L.append(f"\nNot compared: {len(dirs)} {KINDS[kind]}"
+                 + (f"; {claims_command(results, dirs)}." if kind == "claims" else "."))
     if left_out:
         L.append(f"\n{len(left_out)} left out:\n")
         L += [f"- `{r['path']}`: {r['reason']}" for r in left_out]
@@ -466,7 +479,7 @@ def _kinds(df: pd.DataFrame) -> dict[str, str]:
 
 def _no_training_runs(results: Path, others: dict) -> str:
     what = "; ".join(f"{len(v)} {KINDS[k]}" for k, v in others.items())
-    hint = (f"; claims: `python -m analysis claims {results.as_posix()}`" if "claims" in others else "")
+    hint = f"; claims: {claims_command(results, others['claims'])}" if "claims" in others else ""
     return f"{results}: no training runs to compare ({what}){hint}"
 
 
@@ -521,7 +534,7 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
     keys, comparison = groups.comparison_groups(groups.config_frame(label_variants(df), configs))
     if len(comparison) == 1:
         t = _report(df, configs, results, out, opts, progress)
-        t.other_kinds = others
+        t.other_kinds, t.results = others, results
         _write_markdown(t, results, out, opts)
         return t
     done = []
@@ -529,7 +542,7 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
         sub = df[df["run_dir"].isin(g.run_dirs).to_numpy()].reset_index(drop=True)
         sub.attrs = {**df.attrs, "left_out": [r for r in left_out if r.get("run_dir") in g.run_dirs]}
         t = _report(sub, configs, results, out / g.folder, opts, progress)
-        t.group, t.group_keys, t.other_kinds = g.name, keys, others
+        t.group, t.group_keys, t.other_kinds, t.results = g.name, keys, others, results
         done.append((g, t))
     for g, t in done:
         t.groups = [u for _, u in done]
