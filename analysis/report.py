@@ -295,7 +295,8 @@ def comparison_text(t: Tables) -> list[str]:
     """The report's lines on what it pooled, what it kept apart and what it left out, and why."""
     text = ("Runs are pooled (one row, one curve) only when their configs are equal but for the seed: "
             "config.yaml's settings (the part the harness hashes into the run's folder name), else the "
-            "hyperparameters and variant settings the metrics record (column 'configs pooled').")
+            "hyperparameters and variant settings the metrics record (the 'configs pooled' column counts "
+            "the configs in a row: 1).")
     if t.swept:
         text += (" Settings that differ between runs of one estimator on a task are part of its label, so each "
                  "row is one config: " + "; ".join(f"{name}: {', '.join(f'`{k}`' for k in keys)}"
@@ -530,7 +531,8 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
     progress = progress or (lambda s: None)
     out = Path(out) if out is not None else results / "report"
     out.mkdir(parents=True, exist_ok=True)
-    configs = run_configs(results, sorted(df["run_dir"].unique()))
+    surveyed = [r["run_dir"] for r in left_out if "kind" in r]  # not the symlinks
+    configs = run_configs(results, sorted({*df["run_dir"].unique(), *surveyed}))
     keys, comparison = groups.comparison_groups(groups.config_frame(label_variants(df), configs))
     if len(comparison) == 1:
         t = _report(df, configs, results, out, opts, progress)
@@ -540,7 +542,7 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
     done = []
     for g in comparison:
         sub = df[df["run_dir"].isin(g.run_dirs).to_numpy()].reset_index(drop=True)
-        sub.attrs = {**df.attrs, "left_out": [r for r in left_out if r.get("run_dir") in g.run_dirs]}
+        sub.attrs = {**df.attrs, "left_out": [r for r in left_out if _in_group(r, g, configs)]}
         t = _report(sub, configs, results, out / g.folder, opts, progress)
         t.group, t.group_keys, t.other_kinds, t.results = g.name, keys, others, results
         done.append((g, t))
@@ -549,9 +551,16 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
         _write_markdown(t, results, out / g.folder, opts)
     first = done[0][1]
     index = _index_markdown(results, done, keys, others, [r for r in left_out if not any(
-        r.get("run_dir") in g.run_dirs for g, _ in done)], opts)
+        _in_group(r, g, configs) for g, _ in done)], opts)
     (out / "report.md").write_text(index, encoding="utf-8")
     return first
+
+
+def _in_group(left: dict, group: groups.Group, configs: dict) -> bool:
+    """Whether the run left out ``left`` belongs to ``group``: its config records the group's
+    budget settings (one without a readable config belongs to none: the index lists it)."""
+    cfg = configs.get(left.get("run_dir")) or {}
+    return bool(cfg) and all(groups.text(cfg.get(k)) == groups.text(v) for k, v in group.settings)
 
 
 def _report(df: pd.DataFrame, configs: dict, results: Path, out: Path, opts: Options,

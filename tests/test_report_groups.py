@@ -53,6 +53,8 @@ def mixed(tmp_path_factory) -> Path:
         _train_run(root, "ppo_gae", seed, 100_000, "dddddddddd")
         _train_run(root / "claims" / "claim_c9", "ppo_gae", seed, 20_000, "eeeeeeeeee")
     _probe_run(root)
+    running = root / TASK / "grpo" / "seed3-aaaaaaaaaa"       # a 50k run still running: no summary.json
+    write_run(running, curve_columns(TASK, "grpo", 3, iterations=5, critic=False), config=_config("grpo", 3, 50_000))
     return root
 
 
@@ -79,7 +81,12 @@ def test_runs_of_different_budgets_kinds_are_kept_apart_and_the_report_says_so(m
         assert "Not compared here: 1 probe runs" in md and "`claims/claim_c9/" in md
         assert "probe" not in pd.read_csv(out / group / "left_out.csv")["run_dir"].str.cat()
         assert f"{TASK}: {budget // 1000}k environment steps (configured; runs logged up to" in md
-    assert "python -m analysis claims" in (out / "budget.env_steps=50000" / "report.md").read_text()
+    assert f"`python -m analysis claims {(mixed / 'claims').as_posix()}`" in (
+        out / "budget.env_steps=50000" / "report.md").read_text()
+    # the run left out is named in the report of its budget's group
+    assert pd.read_csv(out / "budget.env_steps=50000" / "left_out.csv")["run_dir"].tolist() == [
+        f"{TASK}/grpo/seed3-aaaaaaaaaa"]
+    assert pd.read_csv(out / "budget.env_steps=100000" / "left_out.csv").empty
 
 
 def test_a_group_scores_the_same_whatever_else_the_folder_holds(mixed, tmp_path):
