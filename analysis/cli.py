@@ -189,12 +189,12 @@ def _run_report(args) -> int:
     out = Path(args.out) if args.out is not None else Path(args.results) / "report"
     if _unwritable("report", "--out" if args.out is not None else "RESULTS (its report/ folder)", out):
         return 2
-    from .report import NoRunsError, build_report, diverged_rule_text
+    from .report import NoRunsError, Options, build_report, diverged_rule_text
 
     with _warnings_after():
         try:
-            t = build_report(args.results, args.out, x=args.x, last_n=args.last_n,
-                             reps=args.reps, seed=args.seed, diverged=args.diverged, progress=print)
+            opts = Options(x=args.x, last_n=args.last_n, reps=args.reps, seed=args.seed, diverged=args.diverged)
+            t = build_report(args.results, args.out, opts, progress=print)
         except (NoRunsError, FileNotFoundError, NotADirectoryError) as err:
             _print_left_out(getattr(err, "left_out", []))
             print(f"error: {err}", file=sys.stderr)

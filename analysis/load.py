@@ -524,6 +524,52 @@ def nonfinite_score(table: pa.Table | pd.DataFrame) -> str | None:
     return None
 
 
+def _sort_out(root: Path, recs: list[dict], kept: list[dict], table: pa.Table | None, counts: list[int],
+              unread: dict, finished_only: bool) -> tuple[pd.DataFrame, list, list, np.ndarray]:
+    """:func:`load`'s verdict on every surveyed run ``recs``: ``(runs, skipped, left_out, keep)``:
+    the runs frame (:func:`load_runs`' columns, ``left_out`` filled), the unreadable metrics
+    files, the runs left out (with why), and which of the ``kept`` runs (stacked in ``table``,
+    ``counts[k]`` rows each) are loaded; ``unread``: id(run) -> why its metrics do not read."""
+    runs = _runs_frame(recs)
+    skipped, left_out = [], []
+
+    def leave_out(i: int, rec: dict, why: str) -> None:
+        parts_ = Path(rec["run_dir"]).parts
+        task, est = rec.get("config_task"), rec.get("config_estimator")
+        left_out.append({"run_dir": rec["run_dir"], "path": (root / rec["run_dir"]).as_posix(), "reason": why,
+                         "kind": rec["kind"],
+                         "task": task if isinstance(task, str) else (parts_[-3] if len(parts_) >= 3 else None),
+                         "estimator": est if isinstance(est, str) else (parts_[-2] if len(parts_) >= 3 else None)})
+        runs.at[i, "left_out"] = why
+
+    # ±inf scores, looked for in all the stacked runs at once
+    bad, unscored = _score_scan(table, counts) if kept else (set(), set())
+    starts = np.cumsum(counts) - counts
+    where = {id(rec): k for k, rec in enumerate(kept)}
+    keep = np.array([rec["finished"] or not finished_only for rec in kept], dtype=bool)
+    for i, rec in enumerate(recs):
+        if finished_only and not rec["finished"]:
+            leave_out(i, rec, rec["left_out"])
+            if str(rec["left_out"]).startswith(f"unreadable {METRICS_FILE}"):
+                skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
+            continue
+        if not rec["has_metrics"]:
+            leave_out(i, rec, rec["left_out"] or f"no {METRICS_FILE}")
+            continue
+        k = where.get(id(rec))
+        if k is None:  # (finished_only=False) its metrics do not read
+            skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
+            leave_out(i, rec, unread[id(rec)])
+            continue
+        why = nonfinite_score(table.slice(starts[k], counts[k])) if k in bad else None
+        if why is None and k in unscored and rec["status"] == "completed":  # a diverged run scores its worst
+            why = NO_SCORE
+        if why is not None:
+            keep[k] = False
+            leave_out(i, rec, why)
+    return runs, skipped, left_out, keep
+
+
 def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame:
     """Every finished run's ``metrics.parquet`` under ``path`` as one tidy frame (one row per
     iteration).
@@ -571,43 +617,7 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
     if kept:
         _finish_checks(table, kept, tables, counts)
     del read, tables
-    runs = _runs_frame(recs)
-    skipped, left_out = [], []
-
-    def leave_out(i: int, rec: dict, why: str) -> None:
-        parts_ = Path(rec["run_dir"]).parts
-        task, est = rec.get("config_task"), rec.get("config_estimator")
-        left_out.append({"run_dir": rec["run_dir"], "path": (root / rec["run_dir"]).as_posix(), "reason": why,
-                         "kind": rec["kind"],
-                         "task": task if isinstance(task, str) else (parts_[-3] if len(parts_) >= 3 else None),
-                         "estimator": est if isinstance(est, str) else (parts_[-2] if len(parts_) >= 3 else None)})
-        runs.at[i, "left_out"] = why
-
-    # ±inf scores, looked for in all the stacked runs at once
-    bad, unscored = _score_scan(table, counts) if kept else (set(), set())
-    starts = np.cumsum(counts) - counts
-    where = {id(rec): k for k, rec in enumerate(kept)}
-    keep = np.array([rec["finished"] or not finished_only for rec in kept], dtype=bool)
-    for i, rec in enumerate(recs):
-        if finished_only and not rec["finished"]:
-            leave_out(i, rec, rec["left_out"])
-            if str(rec["left_out"]).startswith(f"unreadable {METRICS_FILE}"):
-                skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
-            continue
-        if not rec["has_metrics"]:
-            leave_out(i, rec, rec["left_out"] or f"no {METRICS_FILE}")
-            continue
-        k = where.get(id(rec))
-        if k is None:  # (finished_only=False) its metrics do not read
-            skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
-            leave_out(i, rec, unread[id(rec)])
-            continue
-        why = nonfinite_score(table.slice(starts[k], counts[k])) if k in bad else None
-        if why is None and k in unscored and rec["status"] == "completed":  # a diverged run scores its worst
-            why = NO_SCORE
-        if why is not None:
-            keep[k] = False
-            leave_out(i, rec, why)
+    runs, skipped, left_out, keep = _sort_out(root, recs, kept, table, counts, unread, finished_only)
     if kept and not keep.all():
         table = table.filter(np.repeat(keep, counts))
         kept = [rec for rec, k in zip(kept, keep) if k]

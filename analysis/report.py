@@ -21,7 +21,7 @@ from . import groups, stats
 from .load import CLAIMS_FOLDER_PREFIX, KINDS, RUN_KEYS, label_variants, load, run_configs
 from .options import EXPECTED
 
-__all__ = ["NoRunsError", "Tables", "compute_tables", "build_report", "FIGURES"]
+__all__ = ["NoRunsError", "Options", "Tables", "compute_tables", "build_report", "FIGURES"]
 
 #: figure key -> (file name, caption)
 FIGURES = {
@@ -126,13 +126,21 @@ def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAU
     names = df.drop_duplicates(RUN_KEYS).set_index(RUN_KEYS)["estimator_name"]
     runs["estimator_name"] = names.reindex(pd.MultiIndex.from_frame(runs[RUN_KEYS])).to_numpy()
     runs["norm_score"] = stats.normalize_by_task(runs, "score")
-    tasks = sorted(runs["task"].unique())
-    estimators = sorted(runs["estimator"].unique())
     budget_info = stats.task_budgets(df)
-    budgets = {t: (b["x_col"], b["budget"]) for t, b in budget_info.items()}
     df["within_budget"] = stats.within_budget(df, budget_info)
+    boot = {"reps": reps, "seed": seed}
+    left_out = list(attrs.get("left_out", []))
+    return Tables(metrics=df, runs=runs, scores=_scores(runs, n_configs, boot), aggregate=_aggregate(runs, boot),
+                  poi=_poi(runs, boot), profiles=_profiles(runs, boot), sensitivity=_sensitivity(runs, boot),
+                  failures=_failures(runs, left_out),
+                  budgets={t: (b["x_col"], b["budget"]) for t, b in budget_info.items()},
+                  skipped=list(attrs.get("skipped", [])), run_dirs=attrs.get("runs"),
+                  left_out=left_out, diverged=diverged, budget_info=budget_info, swept=swept)
 
-    # Per task x estimator ----------------------------------------------------------
+
+def _scores(runs: pd.DataFrame, n_configs: pd.Series, boot: dict) -> pd.DataFrame:
+    """Per task x estimator: runs, IQM / mean / AUC with intervals, counts."""
+    reps, seed = boot["reps"], boot["seed"]
     rows = []
     for (task, est), g in runs.groupby(["task", "estimator"], sort=True):
         sc = g["score"].to_numpy(dtype=float)
@@ -146,34 +154,39 @@ def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAU
             **_status_counts(g),
             "n_configs": int(n_configs.get((task, est), 1)),
         })
-    scores = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
 
-    # Over tasks, min-max normalised ----------------------------------------------------
-    agg_rows = []
-    if len(tasks) > 1:
+
+def _aggregate(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """Per estimator over tasks (where there are several), min-max normalised scores."""
+    rows = []
+    if runs["task"].nunique() > 1:
         for est, g in runs.groupby("estimator", sort=True):
             by_task = {t: gt["norm_score"].to_numpy(dtype=float)
                        for t, gt in g.groupby("task", sort=True)}
-            agg_rows.append({"task": "all (normalised)", "estimator": est,
-                             "n_tasks": len(by_task), "n_runs": len(g),
-                             **_ci(by_task, "iqm", reps, seed, "iqm"),
-                             **_ci(by_task, "mean", reps, seed, "mean")})
-    aggregate = pd.DataFrame(agg_rows)
+            rows.append({"task": "all (normalised)", "estimator": est,
+                         "n_tasks": len(by_task), "n_runs": len(g),
+                         **_ci(by_task, "iqm", boot["reps"], boot["seed"], "iqm"),
+                         **_ci(by_task, "mean", boot["reps"], boot["seed"], "mean")})
+    return pd.DataFrame(rows)
 
-    # Probability of improvement ---------------------------------------------------------
+
+def _poi(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """Probability of improvement of every ordered pair of estimators with a task in common."""
     by_est = {e: {t: gt["score"].to_numpy(dtype=float) for t, gt in g.groupby("task", sort=True)}
               for e, g in runs.groupby("estimator", sort=True)}
-    poi_rows = []
-    for a, b in permutations(estimators, 2):
+    rows = []
+    for a, b in permutations(sorted(runs["estimator"].unique()), 2):
         common = [t for t in by_est[a] if t in by_est[b]]
         if not common:
             continue
-        iv = stats.probability_of_improvement_interval(by_est[a], by_est[b], reps=reps, seed=seed)
-        poi_rows.append({"x": a, "y": b, "n_tasks": len(common), "p": iv.point,
-                         "low": iv.low, "high": iv.high})
-    poi = pd.DataFrame(poi_rows, columns=["x", "y", "n_tasks", "p", "low", "high"])
+        iv = stats.probability_of_improvement_interval(by_est[a], by_est[b], **boot)
+        rows.append({"x": a, "y": b, "n_tasks": len(common), "p": iv.point, "low": iv.low, "high": iv.high})
+    return pd.DataFrame(rows, columns=["x", "y", "n_tasks", "p", "low", "high"])
 
-    # Performance profiles ----------------------------------------------------------------
+
+def _profiles(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """Performance profiles per task (and over tasks, normalised, where there are several)."""
     prof = []
     for task, g in runs.groupby("task", sort=True):
         sc = g["score"].dropna()
@@ -183,45 +196,40 @@ def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAU
         pad = 0.05 * (hi - lo) if hi > lo else max(1.0, abs(lo) * 0.05)
         taus = np.linspace(lo - pad, hi + pad, 80)
         for est, ge in g.groupby("estimator", sort=True):
-            p = stats.performance_profile([ge["score"].to_numpy(dtype=float)], taus,
-                                          reps=reps, seed=seed)
+            p = stats.performance_profile([ge["score"].to_numpy(dtype=float)], taus, **boot)
             prof.append(p.assign(panel=task, estimator=est))
-    if len(tasks) > 1:
+    if runs["task"].nunique() > 1:
         taus = np.linspace(-0.02, 1.02, 80)
         for est, g in runs.groupby("estimator", sort=True):
             by_task = {t: gt["norm_score"].to_numpy(dtype=float) for t, gt in g.groupby("task")}
-            p = stats.performance_profile(by_task, taus, reps=reps, seed=seed)
+            p = stats.performance_profile(by_task, taus, **boot)
             prof.append(p.assign(panel="All tasks (min–max normalised per task)", estimator=est))
-    profiles = (pd.concat(prof, ignore_index=True) if prof else
-                pd.DataFrame(columns=["tau", "fraction", "low", "high", "panel", "estimator"]))
+    return (pd.concat(prof, ignore_index=True) if prof else
+            pd.DataFrame(columns=["tau", "fraction", "low", "high", "panel", "estimator"]))
 
-    # Sensitivity ---------------------------------------------------------------------------
-    sens_rows = []
+
+def _sensitivity(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """Final-score IQM per value of each hyperparameter swept over an estimator's configs on a task."""
+    rows = []
     for (task, est), hps in stats.swept_hyperparameters(runs, by="estimator_name").items():
         g = runs[(runs["task"] == task) & (runs["estimator_name"] == est)]
         for hp in hps:
             for value, gv in g.groupby(hp, sort=True):
-                sens_rows.append({"task": task, "estimator": est, "hyperparameter": hp,
-                                  "value": float(value), "n": len(gv),
-                                  **_ci([gv["score"].to_numpy(dtype=float)], "iqm", reps, seed, "iqm")})
-    sensitivity = pd.DataFrame(sens_rows, columns=["task", "estimator", "hyperparameter", "value",
-                                                   "n", "iqm", "iqm_low", "iqm_high"])
+                rows.append({"task": task, "estimator": est, "hyperparameter": hp,
+                             "value": float(value), "n": len(gv),
+                             **_ci([gv["score"].to_numpy(dtype=float)], "iqm", boot["reps"], boot["seed"], "iqm")})
+    return pd.DataFrame(rows, columns=["task", "estimator", "hyperparameter", "value", "n", "iqm", "iqm_low",
+                                       "iqm_high"])
 
-    # Failure counts -------------------------------------------------------------------------
-    left_out = list(attrs.get("left_out", []))
+
+def _failures(runs: pd.DataFrame, left_out: list) -> pd.DataFrame:
+    """Per estimator: runs scored, diverged, collapsed, left out (left-out runs of an estimator
+    with no scored run, or of none known, are in left_out only)."""
     left_by_est = pd.Series([r.get("estimator") or "unknown" for r in left_out], dtype=object).value_counts()
-    fail_rows = []
-    for est, g in runs.groupby("estimator", sort=True):
-        fail_rows.append({"estimator": est, "n_runs": len(g), "collapsed": int(g["collapsed"].sum()),
-                          **_status_counts(g), "left_out": int(left_by_est.get(est, 0))})
-    # (left-out runs of an estimator with no scored run, or of none known, are in left_out only)
-    failures = pd.DataFrame(fail_rows, columns=["estimator", "n_runs", "collapsed", "completed", "diverged",
-                                                "left_out"])
-
-    return Tables(metrics=df, runs=runs, scores=scores, aggregate=aggregate, poi=poi,
-                  profiles=profiles, sensitivity=sensitivity, failures=failures, budgets=budgets,
-                  skipped=list(attrs.get("skipped", [])), run_dirs=attrs.get("runs"),
-                  left_out=left_out, diverged=diverged, budget_info=budget_info, swept=swept)
+    rows = [{"estimator": est, "n_runs": len(g), "collapsed": int(g["collapsed"].sum()),
+             **_status_counts(g), "left_out": int(left_by_est.get(est, 0))}
+            for est, g in runs.groupby("estimator", sort=True)]
+    return pd.DataFrame(rows, columns=["estimator", "n_runs", "collapsed", "completed", "diverged", "left_out"])
 
 
 # ----------------------------------------------------------------------------- markdown
@@ -354,16 +362,17 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps: int,
-              seed: int, figure_files: dict[str, str]) -> str:
+def _runs_markdown(t: Tables, results: Path, opts: Options) -> list[str]:
+    """report.md's head: the command, the group, the runs scored and left out, the budgets and
+    what is compared."""
     runs = t.runs
     n = len(runs)
     st = _status_counts(runs)
     L = []
     L.append(f"# Benchmark report: `{results}`\n")
     L.append(f"Generated {_dt.datetime.now().isoformat(timespec='seconds')} by "
-             f"`python -m analysis report {results} --x {x} --last-n {last_n} --diverged {t.diverged}` "
-             f"(bootstrap: {reps} replicates, seed {seed}, 95% percentile intervals).\n")
+             f"`python -m analysis report {results} --x {opts.x} --last-n {opts.last_n} --diverged {t.diverged}` "
+             f"(bootstrap: {opts.reps} replicates, seed {opts.seed}, 95% percentile intervals).\n")
     if t.group:
         L.append(f"Comparison group **{t.group}** of the folder (its runs differ in "
                  f"{', '.join(f'`{k}`' for k in t.group_keys)}; runs at different budgets are never compared; "
@@ -387,6 +396,34 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
     L.append("\n" + budget_text(t) + "\n")
     L.append("### What is compared\n")
     L += comparison_text(t)
+    return L
+
+
+def _scores_markdown(t: Tables) -> list[str]:
+    """The final-score table (and the normalised one over tasks, where there are several)."""
+    rows = []
+    for r in t.scores.itertuples():
+        rows.append([r.task, r.estimator, f"{r.n_scored}/{r.n_runs}", fmt(r.iqm),
+                     _ci_str(r.iqm_low, r.iqm_high), fmt(r.mean), _ci_str(r.mean_low, r.mean_high),
+                     fmt(r.auc), _ci_str(r.auc_low, r.auc_high), r.diverged, r.collapsed,
+                     r.n_configs])
+    L = [_md_table(["task", "estimator", "runs (scored/all)", "IQM", "IQM 95% CI", "mean",
+                    "mean 95% CI", "AUC (IQM)", "AUC 95% CI", "diverged", "collapsed",
+                    "configs pooled"], rows)]
+    if not t.aggregate.empty:
+        L.append("\n### All tasks, min–max normalised\n")
+        L.append("Each run's final score is mapped to (s − min) / (max − min) with min/max over all "
+                 "runs of all estimators on that task; the bootstrap is stratified over tasks.\n")
+        rows = [[r.estimator, r.n_tasks, r.n_runs, fmt(r.iqm), _ci_str(r.iqm_low, r.iqm_high),
+                 fmt(r.mean), _ci_str(r.mean_low, r.mean_high)] for r in t.aggregate.itertuples()]
+        L.append(_md_table(["estimator", "tasks", "runs", "IQM", "IQM 95% CI", "mean",
+                            "mean 95% CI"], rows))
+    return L
+
+
+def _markdown(t: Tables, results: Path, opts: Options, figure_files: dict[str, str]) -> str:
+    L = _runs_markdown(t, results, opts)
+    last_n = opts.last_n
 
     def section(title: str, *figure_keys: str, text: str | None = None) -> None:
         """A section with figures: its heading (after a blank line, where the text before ends
@@ -404,23 +441,7 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
                  "IQM trims floor(n/4) runs at each end, so with fewer than 4 runs it equals the "
                  "mean. Diverged runs are kept; runs left out (above) are not scored. "
                  + diverged_rule_text(t, last_n) + "\n")
-    rows = []
-    for r in t.scores.itertuples():
-        rows.append([r.task, r.estimator, f"{r.n_scored}/{r.n_runs}", fmt(r.iqm),
-                     _ci_str(r.iqm_low, r.iqm_high), fmt(r.mean), _ci_str(r.mean_low, r.mean_high),
-                     fmt(r.auc), _ci_str(r.auc_low, r.auc_high), r.diverged, r.collapsed,
-                     r.n_configs])
-    L.append(_md_table(["task", "estimator", "runs (scored/all)", "IQM", "IQM 95% CI", "mean",
-                        "mean 95% CI", "AUC (IQM)", "AUC 95% CI", "diverged", "collapsed",
-                        "configs pooled"], rows))
-    if not t.aggregate.empty:
-        L.append("\n### All tasks, min–max normalised\n")
-        L.append("Each run's final score is mapped to (s − min) / (max − min) with min/max over all "
-                 "runs of all estimators on that task; the bootstrap is stratified over tasks.\n")
-        rows = [[r.estimator, r.n_tasks, r.n_runs, fmt(r.iqm), _ci_str(r.iqm_low, r.iqm_high),
-                 fmt(r.mean), _ci_str(r.mean_low, r.mean_high)] for r in t.aggregate.itertuples()]
-        L.append(_md_table(["estimator", "tasks", "runs", "IQM", "IQM 95% CI", "mean",
-                            "mean 95% CI"], rows))
+    L += _scores_markdown(t)
     section("Learning curves", "learning_curves",
             text="Mean over runs with a 95% bootstrap band; each run is linearly interpolated onto a "
                  "common grid of 50 points per task, only inside its logged range.\n")
@@ -484,12 +505,11 @@ def _no_training_runs(results: Path, others: dict) -> str:
     return f"{results}: no training runs to compare ({what}){hint}"
 
 
-def build_report(results: str | Path, out: str | Path | None = None, *, x: str = "env_steps",
-                 last_n: int = 5, reps: int = stats.DEFAULT_REPS, seed: int = stats.DEFAULT_SEED,
-                 diverged: str = stats.DEFAULT_DIVERGED,
+def build_report(results: str | Path, out: str | Path | None = None, opts: Options | None = None,
                  progress: Callable[[str], None] | None = None) -> Tables:
-    """Load ``results``, compute every table, draw every figure, write report.md (``diverged``:
-    how diverged runs are scored, :data:`analysis.stats.DIVERGED_RULES`; report.md says which).
+    """Load ``results``, compute every table, draw every figure, write report.md (``opts``: the
+    command's options, :class:`Options`; ``opts.diverged``: how diverged runs are scored,
+    :data:`analysis.stats.DIVERGED_RULES`; report.md says which).
 
     Only training runs are compared; probe and claim runs (:func:`analysis.load.run_kind`) are
     named in a section of their own. Runs are pooled only where their configs are equal but for
@@ -502,7 +522,8 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
     the :class:`Tables` (of the first group; ``groups`` holds every group's where there are
     several). Raises :class:`NoRunsError` if nothing is readable.
     """
-    opts = Options(x=x, last_n=last_n, reps=reps, seed=seed, diverged=diverged)
+    opts = opts or Options()
+    x = opts.x
     results = Path(results)
     if not results.exists():
         raise NoRunsError(f"{results}: does not exist; expected {EXPECTED}")
@@ -570,25 +591,22 @@ def _report(df: pd.DataFrame, configs: dict, results: Path, out: Path, opts: Opt
     t = compute_tables(df, last_n=opts.last_n, reps=opts.reps, seed=opts.seed, diverged=opts.diverged,
                        configs=configs)
     df = t.metrics  # with the estimator labels the tables use
-    palette = figs.estimator_palette(t.runs["estimator"])
-    styles = figs.variant_styles(t.runs["estimator"])  # one second encoding for every figure
+    labels = pd.concat([t.runs["estimator"], t.runs["estimator_name"]]).dropna().unique()
+    look = figs.Look(palette=figs.estimator_palette(labels),  # names too: the sensitivity figure's
+                     styles=figs.variant_styles(t.runs["estimator"]),  # one second encoding for every figure
+                     budgets=t.budgets)
+    curves = figs.Curves(x=opts.x, seed=opts.seed)
     files = {k: name for k, (name, _) in FIGURES.items()}
-    x, seed, last_n = opts.x, opts.seed, opts.last_n
     draw = {
-        "learning_curves": lambda p: figs.plot_learning_curves(df, p, palette, x=x, budgets=t.budgets,
-                                                               seed=seed, styles=styles),
-        "final_scores": lambda p: figs.plot_final_scores(t.scores, t.runs, p, palette, last_n=last_n,
-                                                         aggregate=t.aggregate, budgets=t.budgets,
-                                                         styles=styles),
+        "learning_curves": lambda p: figs.plot_learning_curves(df, p, look, curves),
+        "final_scores": lambda p: figs.plot_final_scores(t.scores, t.runs, p, look, last_n=opts.last_n,
+                                                         aggregate=t.aggregate),
         "probability_of_improvement": lambda p: figs.plot_probability_of_improvement(
-            t.poi, p, palette, n_tasks=t.runs["task"].nunique()),
-        "performance_profiles": lambda p: figs.plot_performance_profiles(t.profiles, p, palette,
-                                                                         budgets=t.budgets, styles=styles),
-        "stability": lambda p: figs.plot_stability(df, p, palette, x=x, budgets=t.budgets, seed=seed,
-                                                   styles=styles),
-        "sensitivity": lambda p: figs.plot_sensitivity(t.sensitivity, p, palette, last_n=last_n,
-                                                       budgets=t.budgets, styles=styles),
-        "failures": lambda p: figs.plot_failure_counts(t.failures, p, palette, styles=styles),
+            t.poi, p, look.palette, n_tasks=t.runs["task"].nunique()),
+        "performance_profiles": lambda p: figs.plot_performance_profiles(t.profiles, p, look),
+        "stability": lambda p: figs.plot_stability(df, p, look, figs.Curves(x=opts.x, reps=500, seed=opts.seed)),
+        "sensitivity": lambda p: figs.plot_sensitivity(t.sensitivity, p, look, last_n=opts.last_n),
+        "failures": lambda p: figs.plot_failure_counts(t.failures, p, look.palette, styles=look.styles),
     }
     for key, fn in draw.items():
         path = fn(out / files[key])
@@ -607,6 +625,5 @@ def _report(df: pd.DataFrame, configs: dict, results: Path, out: Path, opts: Opt
 
 def _write_markdown(t: Tables, results: Path, out: Path, opts: Options) -> None:
     files = {k: name for k, (name, _) in FIGURES.items()}
-    md = _markdown(t, results=results, out=out, x=opts.x, last_n=opts.last_n, reps=opts.reps, seed=opts.seed,
-                   figure_files=files)
+    md = _markdown(t, results, opts, files)
     (out / "report.md").write_text(md, encoding="utf-8")

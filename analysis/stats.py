@@ -621,10 +621,10 @@ def curve_bands(
     n_grid: int = 50,
     reps: int = 1000,
     seed: int = DEFAULT_SEED,
-    confidence: float = CONFIDENCE,
     x_max: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
-    """Mean learning curve with a bootstrap band, per task and estimator.
+    """Mean learning curve with a bootstrap band (a :data:`CONFIDENCE` percentile interval), per
+    task and estimator.
 
     Runs log at different steps, so each run's finite ``(x, metric)`` points are linearly
     interpolated onto a per-task grid of ``n_grid`` points from 0 to ``x_max[task]`` (the
@@ -658,7 +658,7 @@ def curve_bands(
                                      minlength=reps * len(curves)).reshape(reps, len(curves)).astype(float)
                 finite = np.isfinite(curves)
                 boot = (counts @ np.where(finite, curves, 0.0)) / (counts @ finite.astype(float))
-            lo, hi = _percentiles(boot, confidence)
+            lo, hi = _percentiles(boot, CONFIDENCE)
             keep = n_runs > 0
             out.append(pd.DataFrame({"task": task, "estimator": est, "x": grid[keep],
                                      "mean": mean[keep], "low": lo[keep], "high": hi[keep],
