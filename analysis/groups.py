@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .load import HYPERPARAMETERS, RUN_KEYS, VARIANT_KEYS, variant_label
+from .stats import first_values
 
 __all__ = ["GROUP_KEYS", "SAMPLE_BUDGET_KEYS", "Group", "config_frame", "comparison_groups", "config_labels",
            "sample_budgets"]
@@ -77,9 +78,7 @@ def config_frame(df: pd.DataFrame, configs: Mapping[str, dict] | None = None) ->
     variant setting."""
     have = [c for c in (*HYPERPARAMETERS, *VARIANT_KEYS) if c in df.columns]
     name = "estimator_name" if "estimator_name" in df.columns else "estimator"
-    runs = (df[[*RUN_KEYS, "iteration", "task", name, *have]].sort_values("iteration", kind="stable")
-            .groupby(RUN_KEYS, dropna=False, sort=True).first().drop(columns="iteration")
-            .rename(columns={name: "estimator_name"}).reset_index())
+    runs = first_values(df, ["task", name, *have]).rename(columns={name: "estimator_name"}).reset_index()
     rows = []
     for rec in runs.to_dict("records"):
         own = (configs or {}).get(rec["run_dir"]) or {}

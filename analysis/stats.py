@@ -578,8 +578,7 @@ def run_table(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_DIVE
         return scores.reset_index()
     # each hyperparameter's and variant setting's first logged value (by iteration) per run
     have = [c for c in (*HYPERPARAMETERS, *VARIANT_KEYS) if c in df.columns]
-    firsts = (df[[*RUN_KEYS, "iteration", *have]].sort_values("iteration", kind="stable")
-              .groupby(RUN_KEYS, dropna=False, sort=True)[have].first())
+    firsts = first_values(df, have)
     for hp in HYPERPARAMETERS:
         firsts[hp] = firsts[hp].astype(float) if hp in have else np.nan
     for key in VARIANT_KEYS:
@@ -587,6 +586,12 @@ def run_table(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_DIVE
         firsts[key] = pd.Series([None if pd.isna(x) else str(x) for x in v], index=firsts.index)
     extra = extra.set_index(RUN_KEYS).join(firsts[[*HYPERPARAMETERS, *VARIANT_KEYS]])
     return scores.join(extra).reset_index()
+
+
+def first_values(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Each run's (index :data:`RUN_KEYS`) first logged value (by iteration; nulls skipped) of each of ``columns``."""
+    return (df[[*RUN_KEYS, "iteration", *columns]].sort_values("iteration", kind="stable")
+            .groupby(RUN_KEYS, dropna=False, sort=True)[columns].first())
 
 
 def normalize_by_task(runs: pd.DataFrame, column: str = "score") -> pd.Series:
