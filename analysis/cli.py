@@ -189,26 +189,35 @@ def _run_report(args) -> int:
     out = Path(args.out) if args.out is not None else Path(args.results) / "report"
     if _unwritable("report", "--out" if args.out is not None else "RESULTS (its report/ folder)", out):
         return 2
-    from .report import NoRunsError, build_report, diverged_rule_text
+    from .report import NoRunsError, Options, build_report, diverged_rule_text
 
     with _warnings_after():
         try:
-            t = build_report(args.results, args.out, x=args.x, last_n=args.last_n,
-                             reps=args.reps, seed=args.seed, diverged=args.diverged, progress=print)
+            opts = Options(x=args.x, last_n=args.last_n, reps=args.reps, seed=args.seed, diverged=args.diverged)
+            t = build_report(args.results, args.out, opts, progress=print)
         except (NoRunsError, FileNotFoundError, NotADirectoryError) as err:
             _print_left_out(getattr(err, "left_out", []))
             print(f"error: {err}", file=sys.stderr)
             return 2
-    runs = t.runs
-    st = runs["status"].value_counts()
-    print(f"{len(runs)} runs scored, {runs['task'].nunique()} task(s), {runs['estimator'].nunique()} "
-          f"estimator(s): " + ", ".join(f"{int(st.get(s, 0))} {s}" for s in ("completed", "diverged"))
-          + f"; {len(t.left_out)} left out")
-    print(diverged_rule_text(t, args.last_n))
-    _print_left_out(t.left_out)
-    for r in t.scores.itertuples():
-        print(f"  {r.task:<16} {r.estimator:<14} IQM {r.iqm:10.3f}  "
-              f"[{r.iqm_low:.3f}, {r.iqm_high:.3f}]  n={r.n_scored}")
+    from .load import KINDS
+
+    for kind, dirs in t.other_kinds.items():
+        print(f"not compared: {len(dirs)} {KINDS[kind]}")
+    if t.groups:
+        print(f"{len(t.groups)} comparison groups (runs differ in {', '.join(t.group_keys)}; never pooled):")
+    for g in t.groups or [t]:
+        if g.group:
+            print(f"[{g.group}]")
+        runs = g.runs
+        st = runs["status"].value_counts()
+        print(f"{len(runs)} runs scored, {runs['task'].nunique()} task(s), {runs['estimator'].nunique()} "
+              f"estimator(s): " + ", ".join(f"{int(st.get(s, 0))} {s}" for s in ("completed", "diverged"))
+              + f"; {len(g.left_out)} left out")
+        print(diverged_rule_text(g, args.last_n))
+        _print_left_out(g.left_out)
+        for r in g.scores.itertuples():
+            print(f"  {r.task:<16} {r.estimator:<14} IQM {r.iqm:10.3f}  "
+                  f"[{r.iqm_low:.3f}, {r.iqm_high:.3f}]  n={r.n_scored}")
     print(f"report: {out / 'report.md'}")
     return 0
 

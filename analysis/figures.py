@@ -159,6 +159,33 @@ def _variant_keys(styles: Mapping[str, VariantStyle]) -> list[str]:
 _KEY_NAMES = {"update": "update (policy loss)", "loss_agg": "loss_agg (loss aggregation)"}
 
 
+@dataclass(frozen=True)
+class Look:
+    """How every figure of one report encodes what it draws: each estimator label's colour
+    (``palette``, :func:`estimator_palette`), its second encoding (``styles``,
+    :func:`variant_styles`; None: worked out from the labels drawn) and each task's budget
+    (``budgets``: task -> (sample axis, budget), in the panel titles; curves end there)."""
+
+    palette: Mapping[str, str]
+    styles: Mapping[str, VariantStyle] | None = None
+    budgets: Mapping[str, tuple[str, float]] | None = None
+
+
+@dataclass(frozen=True)
+class Curves:
+    """How mean curves are drawn: the x axis (``env_steps``, ``wall_time_s``), the bootstrap
+    replicates of their bands and its seed."""
+
+    x: str = "env_steps"
+    reps: int = 1000
+    seed: int = 0
+
+
+def _as_look(look: Look | Mapping[str, str]) -> Look:
+    """A :class:`Look`, from a palette alone where that is what was given."""
+    return look if isinstance(look, Look) else Look(palette=look)
+
+
 def _styles_for(names: Iterable[str], styles: Mapping[str, VariantStyle] | None) -> dict[str, VariantStyle]:
     names = sorted(set(map(str, names)))
     styles = styles or variant_styles(names)
@@ -283,26 +310,31 @@ def _task_x(df: pd.DataFrame, x: str) -> str:
     return x
 
 
-def _band_panels(df: pd.DataFrame, tasks: list, metrics: list, axes, x: str, palette: Mapping[str, str],
-                 styles: Mapping[str, VariantStyle], reps: int, seed: int):
-    """The panels of a metrics x tasks grid of mean curves (row ``i``: a metric, column: a task):
+def _band_panels(df: pd.DataFrame, metrics: list, axes, look: Look, curves: Curves):
+    """The panels of a metrics x tasks grid of mean curves (row ``i``: a metric, column: a task,
+    sorted; ``look.styles`` complete for the labels drawn):
     each one's bands (:func:`stats.curve_bands` over the task's own x axis) drawn and its x axis
-    formatted; yields ``(i, metric, task, ax, x of the task, bands)`` for the caller's labels."""
-    for j, task in enumerate(tasks):
+    formatted; yields ``(i, metric, task, ax, x of the task, bands)`` for the caller's labels.
+    Curves end at the task's budget (``look.budgets``: task -> (sample axis, budget)): on the sample
+    axis the grid ends there, on another axis (wall time) the rows past it are left out (column
+    ``within_budget`` where the frame has one, :func:`stats.within_budget`)."""
+    for j, task in enumerate(sorted(df["task"].unique())):
         tdf = df[df["task"] == task]
-        tx = _task_x(tdf, x)
+        tx = _task_x(tdf, curves.x)
+        col, budget = (look.budgets or {}).get(task, (None, None))
+        if col != tx and "within_budget" in tdf:
+            tdf = tdf[tdf["within_budget"].to_numpy(dtype=bool)]
         for i, metric in enumerate(metrics):
             ax = axes[i, j]
-            bands = stats.curve_bands(tdf, metric, tx, reps=reps, seed=seed)
-            _draw_bands(ax, bands, palette, styles)
+            bands = stats.curve_bands(tdf, metric, tx, reps=curves.reps, seed=curves.seed,
+                                      x_max={task: budget} if col == tx else None)
+            _draw_bands(ax, bands, look.palette, look.styles)
             _format_x(ax, tx)
             yield i, metric, task, ax, tx, bands
 
 
-def plot_learning_curves(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
-                         styles: Mapping[str, VariantStyle] | None = None,
-                         x: str = "env_steps", budgets: Mapping[str, tuple[str, float]] | None = None,
-                         reps: int = 1000, seed: int = 0) -> Path:
+def plot_learning_curves(df: pd.DataFrame, path: Path, look: Look | Mapping[str, str],
+                         curves: Curves = Curves()) -> Path:
     """Rows: eval_return and training episode_return (when logged); columns: tasks.
     Mean over runs with a 95% bootstrap band, runs interpolated onto a common grid."""
     metrics = [m for m in CURVE_METRICS if df[m].notna().any()]
@@ -310,9 +342,11 @@ def plot_learning_curves(df: pd.DataFrame, path: Path, palette: Mapping[str, str
     title = "Learning curves"
     if not metrics or not tasks:
         return _empty(path, title, "no eval_return or episode_return logged")
-    styles = _styles_for(df["estimator"].unique(), styles)
+    look = _as_look(look)
+    look = Look(look.palette, _styles_for(df["estimator"].unique(), look.styles), look.budgets)
+    x, budgets = curves.x, look.budgets
     fig, axes = _figure(len(metrics), len(tasks))
-    for i, metric, task, ax, tx, bands in _band_panels(df, tasks, metrics, axes, x, palette, styles, reps, seed):
+    for i, metric, task, ax, tx, bands in _band_panels(df, metrics, axes, look, curves):
         ax.set_xlabel(x_label(tx))
         ax.set_ylabel(CURVE_METRICS[metric])
         ax.set_title(_budget_title(task, budgets) if i == 0 else f"{task}: {metric}",
@@ -324,14 +358,12 @@ def plot_learning_curves(df: pd.DataFrame, path: Path, palette: Mapping[str, str
     n_txt = (f"{n_runs.min()}" if n_runs.min() == n_runs.max() else f"{n_runs.min()}–{n_runs.max()}")
     fig.suptitle(f"{title} vs {x_label(x)}\nmean over runs with 95% bootstrap band "
                  f"({n_txt} runs per estimator and task)")
-    _legend(fig, palette, df["estimator"].unique(), styles=styles)
+    _legend(fig, look.palette, df["estimator"].unique(), styles=look.styles)
     return _save(fig, path)
 
 
-def plot_stability(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
-                   styles: Mapping[str, VariantStyle] | None = None,
-                   x: str = "env_steps", budgets: Mapping[str, tuple[str, float]] | None = None,
-                   reps: int = 500, seed: int = 0) -> Path:
+def plot_stability(df: pd.DataFrame, path: Path, look: Look | Mapping[str, str],
+                   curves: Curves = Curves(reps=500)) -> Path:
     """One row per logged diagnostic (approx_kl, clip_frac, entropy, grad_norm,
     explained_variance; absent or all-null ones skipped), one column per task."""
     metrics = [m for m in STABILITY_METRICS if m in df and df[m].notna().any()]
@@ -339,9 +371,11 @@ def plot_stability(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
     title = "Training stability diagnostics"
     if not metrics or not tasks:
         return _empty(path, title, "none of " + ", ".join(STABILITY_METRICS) + " was logged")
-    styles = _styles_for(df["estimator"].unique(), styles)
+    look = _as_look(look)
+    look = Look(look.palette, _styles_for(df["estimator"].unique(), look.styles), look.budgets)
+    x, budgets = curves.x, look.budgets
     fig, axes = _figure(len(metrics), len(tasks), h=2.6)
-    for i, metric, task, ax, tx, bands in _band_panels(df, tasks, metrics, axes, x, palette, styles, reps, seed):
+    for i, metric, task, ax, tx, bands in _band_panels(df, metrics, axes, look, curves):
         ax.set_ylabel(STABILITY_METRICS[metric])
         ax.set_xlabel(x_label(tx) if i == len(metrics) - 1 else "")
         if i == 0:
@@ -350,17 +384,15 @@ def plot_stability(df: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
             ax.text(0.5, 0.5, f"{metric} not logged", ha="center", va="center",
                     transform=ax.transAxes, color="0.4")
     fig.suptitle(f"{title} vs {x_label(x)}\nmean over runs with 95% bootstrap band")
-    _legend(fig, palette, df["estimator"].unique(), styles=styles)
+    _legend(fig, look.palette, df["estimator"].unique(), styles=look.styles)
     return _save(fig, path)
 
 
 # ----------------------------------------------------------------------------- scores
 
 def plot_final_scores(table: pd.DataFrame, runs: pd.DataFrame, path: Path,
-                      palette: Mapping[str, str], *, last_n: int = 5,
-                      aggregate: pd.DataFrame | None = None,
-                      budgets: Mapping[str, tuple[str, float]] | None = None,
-                      styles: Mapping[str, VariantStyle] | None = None) -> Path:
+                      look: Look | Mapping[str, str], *, last_n: int = 5,
+                      aggregate: pd.DataFrame | None = None) -> Path:
     """IQM of final scores with 95% stratified-bootstrap intervals, one panel per task
     (dots: individual runs), plus min-max-normalised scores over all tasks. Each panel lists
     its estimators by the IQM it shows, best on top (:func:`score_order`); the marker tells
@@ -372,7 +404,9 @@ def plot_final_scores(table: pd.DataFrame, runs: pd.DataFrame, path: Path,
     title = f"Final score: IQM of the last {last_n} evaluations per run, 95% CI"
     if not panels:
         return _empty(path, title, "no run has a final score")
-    styles = _styles_for(table["estimator"].unique(), styles)
+    look = _as_look(look)
+    palette, budgets = look.palette, look.budgets
+    styles = _styles_for(table["estimator"].unique(), look.styles)
     n_rows = max(t["estimator"].nunique() for _, t in panels)
     nrows, ncols = _grid_shape(len(panels))
     fig, axes = _figure(nrows, ncols, h=0.45 * n_rows + 1.6)
@@ -440,17 +474,16 @@ def plot_probability_of_improvement(poi: pd.DataFrame, path: Path,
     return _save(fig, path)
 
 
-def plot_performance_profiles(profiles: pd.DataFrame, path: Path,
-                              palette: Mapping[str, str], *,
-                              budgets: Mapping[str, tuple[str, float]] | None = None,
-                              styles: Mapping[str, VariantStyle] | None = None) -> Path:
+def plot_performance_profiles(profiles: pd.DataFrame, path: Path, look: Look | Mapping[str, str]) -> Path:
     """Score distributions: fraction of runs with final score > tau, 95% CI bands.
     ``profiles`` has columns panel, estimator, tau, fraction, low, high."""
     title = "Performance profiles (score distributions)"
     if profiles.empty:
         return _empty(path, title, "no final scores")
     panels = list(dict.fromkeys(profiles["panel"]))
-    styles = _styles_for(profiles["estimator"].unique(), styles)
+    look = _as_look(look)
+    palette, budgets = look.palette, look.budgets
+    styles = _styles_for(profiles["estimator"].unique(), look.styles)
     nrows, ncols = _grid_shape(len(panels))
     fig, axes = _figure(nrows, ncols)
     for k, name in enumerate(panels):
@@ -472,10 +505,8 @@ def plot_performance_profiles(profiles: pd.DataFrame, path: Path,
     return _save(fig, path)
 
 
-def plot_sensitivity(sens: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
-                     last_n: int = 5,
-                     budgets: Mapping[str, tuple[str, float]] | None = None,
-                     styles: Mapping[str, VariantStyle] | None = None) -> Path:
+def plot_sensitivity(sens: pd.DataFrame, path: Path, look: Look | Mapping[str, str], *,
+                     last_n: int = 5) -> Path:
     """Final score (IQM, 95% CI) against each swept hyperparameter, per task.
     ``sens`` has columns task, estimator, hyperparameter, value, n, iqm, iqm_low, iqm_high."""
     title = "Hyperparameter sensitivity"
@@ -483,7 +514,9 @@ def plot_sensitivity(sens: pd.DataFrame, path: Path, palette: Mapping[str, str],
         return _empty(path, title, "no hyperparameter among " + ", ".join(stats.HYPERPARAMETERS)
                       + " varies within any estimator × task")
     panels = list(sens.groupby(["hyperparameter", "task"], sort=True).groups)
-    styles = _styles_for(sens["estimator"].unique(), styles)
+    look = _as_look(look)
+    palette, budgets = look.palette, look.budgets
+    styles = _styles_for(sens["estimator"].unique(), look.styles)
     nrows, ncols = _grid_shape(len(panels))
     fig, axes = _figure(nrows, ncols)
     for k, (hp, task) in enumerate(panels):

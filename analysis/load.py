@@ -49,8 +49,10 @@ not finished by the shared definition and is left out, named.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -63,6 +65,7 @@ import pyarrow.compute as pc
 from harness.io import schema
 from harness.io.finished import (MISSING, RunFileError, check_iterations, check_parts, read_config, read_parquet,
                                  read_summary, unreadable_metrics)
+from harness.io.files import read_yaml
 
 __all__ = [
     "AnalysisWarning",
@@ -71,7 +74,10 @@ __all__ = [
     "HYPERPARAMETERS",
     "VARIANT_KEYS",
     "DIAGNOSTICS",
+    "KINDS",
     "find_run_dirs",
+    "run_configs",
+    "run_kind",
     "load",
     "load_runs",
     "nonfinite_score",
@@ -222,6 +228,99 @@ def _identity(cfg: dict | None) -> dict:
     return out
 
 
+#: The kinds of run directory a results folder may hold (:func:`run_kind`), with what each is.
+KINDS = {
+    "train": "training runs",
+    "probe": "probe runs (mode=probe: gradient bias/variance at a frozen policy, probe.parquet)",
+    "claims": "claim experiments' runs (a claim_* folder that `python -m analysis claims` judges)",
+}
+#: A folder of a claim experiment's runs: ``<claims folder>/<experiment>/`` (harness.experiments).
+CLAIMS_FOLDER_PREFIX = "claim_"
+
+
+def run_kind(rel: str, summary: dict | None) -> str:
+    """The kind (:data:`KINDS`) of the run directory ``rel`` (relative to the loaded folder):
+    ``probe`` when its summary.json records ``mode: probe`` (:mod:`harness.probes`), ``claims``
+    when a folder between the loaded folder and the run is a claim experiment's
+    (``claim_*``: harness.experiments writes each experiment to ``DIR/<experiment>``; loading that
+    folder itself, or one below it, reads its runs as training runs), else ``train``."""
+    if isinstance(summary, dict) and summary.get("mode") == "probe":
+        return "probe"
+    if any(part.startswith(CLAIMS_FOLDER_PREFIX) for part in Path(rel).parts[:-1]):
+        return "claims"
+    return "train"
+
+
+#: A run directory the harness named: ``seed<seed>-<config hash>`` (harness.io.rundir.run_dir_for).
+_HASHED_NAME = re.compile(r"seed-?\d+-([0-9a-f]{10})")
+
+
+def run_configs(path: str | os.PathLike, run_dirs: list[str]) -> dict[str, dict]:
+    """Each run directory's config as flat ``{"budget.env_steps": 50000, "lr": 0.001, ...}``:
+    the part of config.yaml that decides what the run computes (the part the harness hashes
+    into the directory's name, :func:`harness.io.rundir.config_hash`: no results_dir,
+    population, threads, logger, ... and no key the harness added later at its default), less
+    ``seed``. Lists and other non-scalars are JSON text, so every value compares and hashes.
+
+    config.yaml is parsed once per config: per config hash (the ``seed<k>-<hash>`` name the
+    harness gives a run directory: runs of one hash share their config but the seed), and for a
+    directory named otherwise once per text of the file less its ``seed:`` line (a YAML parse
+    costs about 20x a read: 10,000 runs of a few configs are a few parses); a run without a
+    readable config.yaml gets ``{}``."""
+    root = Path(path)
+    parsed: dict = {}
+    out = {}
+    for rel in run_dirs:
+        m = _HASHED_NAME.fullmatch(Path(rel).name)
+        key = m.group(1) if m else _config_text(root / rel / CONFIG_FILE)
+        if key is None or key not in parsed:
+            flat = _flat_config(root / rel / CONFIG_FILE)
+            if key is None:
+                out[rel] = flat
+                continue
+            parsed[key] = flat
+        out[rel] = parsed[key]
+    return out
+
+
+def _config_text(path: Path) -> bytes | None:
+    """config.yaml's bytes less its top-level ``seed:`` line (None when it does not read)."""
+    try:
+        return re.sub(rb"(?m)^seed:.*$", b"", path.read_bytes())
+    except OSError:
+        return None
+
+
+def _flat_config(path: Path) -> dict:
+    from omegaconf import OmegaConf
+
+    from harness.io.rundir import _hashed_part  # the hashed part of a config: one definition
+
+    try:
+        raw = read_yaml(path)
+    except (RunFileError, OSError):
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    try:
+        cfg = _hashed_part(OmegaConf.create(raw))
+    except Exception:  # noqa: BLE001 - a config OmegaConf does not take (an interpolation): as written
+        cfg = raw
+    flat: dict = {}
+
+    def walk(node: dict, prefix: str) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[f"{prefix}{k}"] = v if v is None or isinstance(v, (str, int, float, bool)) else \
+                    json.dumps(v, sort_keys=True, default=str)
+
+    walk(cfg, "")
+    flat.pop("seed", None)
+    return flat
+
+
 def _survey(root: Path, run_dirs: list[str], with_metrics: set[str]) -> list[dict]:
     """One record per run directory, from one read of its summary.json and its config
     (summary.json's ``config``, or config.yaml for older runs): rules 1-2 of the finished
@@ -246,6 +345,7 @@ def _survey(root: Path, run_dirs: list[str], with_metrics: set[str]) -> list[dic
             reason = parts.reason
         recs.append({
             "run_dir": rel,
+            "kind": run_kind(rel, summary),
             "status": status,
             "reason": None if reason is None else str(reason),
             "run_id": None if run_id is None else str(run_id),
@@ -310,7 +410,7 @@ def _empty_frame() -> pd.DataFrame:
     return df
 
 
-_RUNS_COLUMNS = ["run_dir", "status", "reason", "run_id", "has_metrics", "finished", "left_out"]
+_RUNS_COLUMNS = ["run_dir", "kind", "status", "reason", "run_id", "has_metrics", "finished", "left_out"]
 
 
 def _runs_frame(recs: list[dict]) -> pd.DataFrame:
@@ -435,6 +535,52 @@ def nonfinite_score(table: pa.Table | pd.DataFrame) -> str | None:
     return None
 
 
+def _sort_out(root: Path, recs: list[dict], kept: list[dict], table: pa.Table | None, counts: list[int],
+              unread: dict, finished_only: bool) -> tuple[pd.DataFrame, list, list, np.ndarray]:
+    """:func:`load`'s verdict on every surveyed run ``recs``: ``(runs, skipped, left_out, keep)``:
+    the runs frame (:func:`load_runs`' columns, ``left_out`` filled), the unreadable metrics
+    files, the runs left out (with why), and which of the ``kept`` runs (stacked in ``table``,
+    ``counts[k]`` rows each) are loaded; ``unread``: id(run) -> why its metrics do not read."""
+    runs = _runs_frame(recs)
+    skipped, left_out = [], []
+
+    def leave_out(i: int, rec: dict, why: str) -> None:
+        parts_ = Path(rec["run_dir"]).parts
+        task, est = rec.get("config_task"), rec.get("config_estimator")
+        left_out.append({"run_dir": rec["run_dir"], "path": (root / rec["run_dir"]).as_posix(), "reason": why,
+                         "kind": rec["kind"],
+                         "task": task if isinstance(task, str) else (parts_[-3] if len(parts_) >= 3 else None),
+                         "estimator": est if isinstance(est, str) else (parts_[-2] if len(parts_) >= 3 else None)})
+        runs.at[i, "left_out"] = why
+
+    # ±inf scores, looked for in all the stacked runs at once
+    bad, unscored = _score_scan(table, counts) if kept else (set(), set())
+    starts = np.cumsum(counts) - counts
+    where = {id(rec): k for k, rec in enumerate(kept)}
+    keep = np.array([rec["finished"] or not finished_only for rec in kept], dtype=bool)
+    for i, rec in enumerate(recs):
+        if finished_only and not rec["finished"]:
+            leave_out(i, rec, rec["left_out"])
+            if str(rec["left_out"]).startswith(f"unreadable {METRICS_FILE}"):
+                skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
+            continue
+        if not rec["has_metrics"]:
+            leave_out(i, rec, rec["left_out"] or f"no {METRICS_FILE}")
+            continue
+        k = where.get(id(rec))
+        if k is None:  # (finished_only=False) its metrics do not read
+            skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
+            leave_out(i, rec, unread[id(rec)])
+            continue
+        why = nonfinite_score(table.slice(starts[k], counts[k])) if k in bad else None
+        if why is None and k in unscored and rec["status"] == "completed":  # a diverged run scores its worst
+            why = NO_SCORE
+        if why is not None:
+            keep[k] = False
+            leave_out(i, rec, why)
+    return runs, skipped, left_out, keep
+
+
 def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame:
     """Every finished run's ``metrics.parquet`` under ``path`` as one tidy frame (one row per
     iteration).
@@ -482,42 +628,7 @@ def load(path: str | os.PathLike, *, finished_only: bool = True) -> pd.DataFrame
     if kept:
         _finish_checks(table, kept, tables, counts)
     del read, tables
-    runs = _runs_frame(recs)
-    skipped, left_out = [], []
-
-    def leave_out(i: int, rec: dict, why: str) -> None:
-        parts_ = Path(rec["run_dir"]).parts
-        task, est = rec.get("config_task"), rec.get("config_estimator")
-        left_out.append({"run_dir": rec["run_dir"], "path": (root / rec["run_dir"]).as_posix(), "reason": why,
-                         "task": task if isinstance(task, str) else (parts_[-3] if len(parts_) >= 3 else None),
-                         "estimator": est if isinstance(est, str) else (parts_[-2] if len(parts_) >= 3 else None)})
-        runs.at[i, "left_out"] = why
-
-    # ±inf scores, looked for in all the stacked runs at once
-    bad, unscored = _score_scan(table, counts) if kept else (set(), set())
-    starts = np.cumsum(counts) - counts
-    where = {id(rec): k for k, rec in enumerate(kept)}
-    keep = np.array([rec["finished"] or not finished_only for rec in kept], dtype=bool)
-    for i, rec in enumerate(recs):
-        if finished_only and not rec["finished"]:
-            leave_out(i, rec, rec["left_out"])
-            if str(rec["left_out"]).startswith(f"unreadable {METRICS_FILE}"):
-                skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
-            continue
-        if not rec["has_metrics"]:
-            leave_out(i, rec, rec["left_out"] or f"no {METRICS_FILE}")
-            continue
-        k = where.get(id(rec))
-        if k is None:  # (finished_only=False) its metrics do not read
-            skipped.append((root / rec["run_dir"] / METRICS_FILE).as_posix())
-            leave_out(i, rec, unread[id(rec)])
-            continue
-        why = nonfinite_score(table.slice(starts[k], counts[k])) if k in bad else None
-        if why is None and k in unscored and rec["status"] == "completed":  # a diverged run scores its worst
-            why = NO_SCORE
-        if why is not None:
-            keep[k] = False
-            leave_out(i, rec, why)
+    runs, skipped, left_out, keep = _sort_out(root, recs, kept, table, counts, unread, finished_only)
     if kept and not keep.all():
         table = table.filter(np.repeat(keep, counts))
         kept = [rec for rec, k in zip(kept, keep) if k]

@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 
 from . import figures as figs
-from . import stats
-from .load import VARIANT_KEYS, label_variants, load
+from . import groups, stats
+from .load import CLAIMS_FOLDER_PREFIX, KINDS, RUN_KEYS, label_variants, load, run_configs
 from .options import EXPECTED
 
-__all__ = ["NoRunsError", "Tables", "compute_tables", "build_report", "FIGURES"]
+__all__ = ["NoRunsError", "Options", "Tables", "compute_tables", "build_report", "FIGURES"]
 
 #: figure key -> (file name, caption)
 FIGURES = {
@@ -57,11 +57,18 @@ class Tables:
     profiles: pd.DataFrame           # panel, estimator, tau, fraction, low, high
     sensitivity: pd.DataFrame        # task, estimator, hyperparameter, value, n, IQM with CI
     failures: pd.DataFrame           # estimator: n_runs, diverged, collapsed, left_out
-    budgets: dict = field(default_factory=dict)   # task -> (x column, largest logged x)
+    budgets: dict = field(default_factory=dict)   # task -> (x column, budget every run is cut at)
     skipped: list = field(default_factory=list)   # unreadable metrics files (also in left_out)
     run_dirs: pd.DataFrame | None = None          # every run directory, with or without metrics
     left_out: list = field(default_factory=list)  # runs not scored: {"run_dir", "path", "reason", ...}
     diverged: str = stats.DEFAULT_DIVERGED        # how diverged runs were scored (stats.DIVERGED_RULES)
+    budget_info: dict = field(default_factory=dict)  # task -> stats.task_budgets' record (source, largest)
+    swept: dict = field(default_factory=dict)     # estimator name -> the settings its labels show
+    group: str = ""                               # the comparison group (groups.Group.name; "" if one)
+    groups: list = field(default_factory=list)    # every group's Tables, where the folder has several
+    group_keys: list = field(default_factory=list)  # the budget settings that split the folder
+    other_kinds: dict = field(default_factory=dict)  # kind (load.KINDS) -> its run directories
+    results: Path = Path(".")                     # the folder reported on
 
 
 def _ci(scores, statistic: str, reps: int, seed: int, prefix: str) -> dict:
@@ -80,26 +87,60 @@ def format_left_out(left_out: list) -> list[str]:
     return [f"{r['path']}: {r['reason']}" for r in left_out]
 
 
-def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAULT_REPS,
-                   seed: int = stats.DEFAULT_SEED, diverged: str = stats.DEFAULT_DIVERGED) -> Tables:
-    """All statistics of a loaded results frame (see :func:`analysis.load`); ``diverged``:
-    how diverged runs are scored (:data:`analysis.stats.DIVERGED_RULES`).
+def _label_configs(df: pd.DataFrame, configs: dict | None) -> tuple[pd.DataFrame, dict, pd.Series]:
+    """``df`` with each run's config label in ``estimator`` (:func:`analysis.groups.config_labels`)
+    and its budget in samples in ``sample_budget``; the settings each name's labels show; and the
+    number of distinct configs per (task, label), which is 1 by construction."""
+    frame = groups.config_frame(df, configs)
+    labels, swept = groups.config_labels(frame)
+    idx = pd.MultiIndex.from_frame(df[RUN_KEYS])
+    df["estimator"] = labels.reindex(idx).to_numpy()
+    df["sample_budget"] = groups.sample_budgets(frame).reindex(idx).to_numpy()
+    settings = [c for c in frame.columns if c not in ("run_dir", "seed", "task", "estimator_name")]
+    text = frame[settings].astype(object).apply(lambda r: "|".join(map(groups.text, r)), axis=1) \
+        if settings else pd.Series("", index=frame.index)
+    n_configs = text.groupby([frame["task"], labels.to_numpy()]).nunique()
+    return df, swept, n_configs
 
-    Runs of one estimator that differ in ``update`` or ``loss_agg`` are never pooled: they
-    carry separate ``estimator`` labels (:func:`analysis.load.label_variants`, idempotent)."""
+
+def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAULT_REPS,
+                   seed: int = stats.DEFAULT_SEED, diverged: str = stats.DEFAULT_DIVERGED,
+                   configs: dict | None = None) -> Tables:
+    """All statistics of a loaded results frame (see :func:`analysis.load`); ``diverged``:
+    how diverged runs are scored (:data:`analysis.stats.DIVERGED_RULES`); ``configs``: each run
+    directory's config (:func:`analysis.load.run_configs`; without it, the hyperparameters and
+    variant settings the metrics record).
+
+    Runs whose configs differ (but for the seed) are never pooled: each config of an estimator
+    carries its own ``estimator`` label (:func:`analysis.groups.config_labels`), the registered
+    name staying in ``estimator_name``. Every run is cut at its budget
+    (:func:`analysis.stats.task_budgets`): final scores, AUC and curves are over the same
+    number of samples for every run."""
     attrs = df.attrs
     df = label_variants(df)
     # pandas deep-copies attrs into the result of every operation: with load's (a frame of the
     # runs, a list of every run left out) that cost minutes at 10,000 runs. Kept aside instead.
     df.attrs = {}
+    df, swept, n_configs = _label_configs(df, configs)
     runs = stats.run_table(df, last_n=last_n, diverged=diverged)
+    names = df.drop_duplicates(RUN_KEYS).set_index(RUN_KEYS)["estimator_name"]
+    runs["estimator_name"] = names.reindex(pd.MultiIndex.from_frame(runs[RUN_KEYS])).to_numpy()
     runs["norm_score"] = stats.normalize_by_task(runs, "score")
-    tasks = sorted(runs["task"].unique())
-    estimators = sorted(runs["estimator"].unique())
-    budgets = {t: (g["x_col"].iloc[0], float(g["budget"].iloc[0]))
-               for t, g in runs.groupby("task", sort=True)}
+    budget_info = stats.task_budgets(df)
+    df["within_budget"] = stats.within_budget(df, budget_info)
+    boot = {"reps": reps, "seed": seed}
+    left_out = list(attrs.get("left_out", []))
+    return Tables(metrics=df, runs=runs, scores=_scores(runs, n_configs, boot), aggregate=_aggregate(runs, boot),
+                  poi=_poi(runs, boot), profiles=_profiles(runs, boot), sensitivity=_sensitivity(runs, boot),
+                  failures=_failures(runs, left_out),
+                  budgets={t: (b["x_col"], b["budget"]) for t, b in budget_info.items()},
+                  skipped=list(attrs.get("skipped", [])), run_dirs=attrs.get("runs"),
+                  left_out=left_out, diverged=diverged, budget_info=budget_info, swept=swept)
 
-    # Per task x estimator ----------------------------------------------------------
+
+def _scores(runs: pd.DataFrame, n_configs: pd.Series, boot: dict) -> pd.DataFrame:
+    """Per task x estimator: runs, IQM / mean / AUC with intervals, counts."""
+    reps, seed = boot["reps"], boot["seed"]
     rows = []
     for (task, est), g in runs.groupby(["task", "estimator"], sort=True):
         sc = g["score"].to_numpy(dtype=float)
@@ -111,37 +152,41 @@ def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAU
             **_ci([g["auc"].to_numpy(dtype=float)], "iqm", reps, seed, "auc"),
             "collapsed": int(g["collapsed"].sum()),
             **_status_counts(g),
-            "n_configs": int(g[[c for c in stats.HYPERPARAMETERS + VARIANT_KEYS if c in g]]
-                             .drop_duplicates().shape[0]),
+            "n_configs": int(n_configs.get((task, est), 1)),
         })
-    scores = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
 
-    # Over tasks, min-max normalised ----------------------------------------------------
-    agg_rows = []
-    if len(tasks) > 1:
+
+def _aggregate(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """Per estimator over tasks (where there are several), min-max normalised scores."""
+    rows = []
+    if runs["task"].nunique() > 1:
         for est, g in runs.groupby("estimator", sort=True):
             by_task = {t: gt["norm_score"].to_numpy(dtype=float)
                        for t, gt in g.groupby("task", sort=True)}
-            agg_rows.append({"task": "all (normalised)", "estimator": est,
-                             "n_tasks": len(by_task), "n_runs": len(g),
-                             **_ci(by_task, "iqm", reps, seed, "iqm"),
-                             **_ci(by_task, "mean", reps, seed, "mean")})
-    aggregate = pd.DataFrame(agg_rows)
+            rows.append({"task": "all (normalised)", "estimator": est,
+                         "n_tasks": len(by_task), "n_runs": len(g),
+                         **_ci(by_task, "iqm", boot["reps"], boot["seed"], "iqm"),
+                         **_ci(by_task, "mean", boot["reps"], boot["seed"], "mean")})
+    return pd.DataFrame(rows)
 
-    # Probability of improvement ---------------------------------------------------------
+
+def _poi(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """Probability of improvement of every ordered pair of estimators with a task in common."""
     by_est = {e: {t: gt["score"].to_numpy(dtype=float) for t, gt in g.groupby("task", sort=True)}
               for e, g in runs.groupby("estimator", sort=True)}
-    poi_rows = []
-    for a, b in permutations(estimators, 2):
+    rows = []
+    for a, b in permutations(sorted(runs["estimator"].unique()), 2):
         common = [t for t in by_est[a] if t in by_est[b]]
         if not common:
             continue
-        iv = stats.probability_of_improvement_interval(by_est[a], by_est[b], reps=reps, seed=seed)
-        poi_rows.append({"x": a, "y": b, "n_tasks": len(common), "p": iv.point,
-                         "low": iv.low, "high": iv.high})
-    poi = pd.DataFrame(poi_rows, columns=["x", "y", "n_tasks", "p", "low", "high"])
+        iv = stats.probability_of_improvement_interval(by_est[a], by_est[b], **boot)
+        rows.append({"x": a, "y": b, "n_tasks": len(common), "p": iv.point, "low": iv.low, "high": iv.high})
+    return pd.DataFrame(rows, columns=["x", "y", "n_tasks", "p", "low", "high"])
 
-    # Performance profiles ----------------------------------------------------------------
+
+def _profiles(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """Performance profiles per task (and over tasks, normalised, where there are several)."""
     prof = []
     for task, g in runs.groupby("task", sort=True):
         sc = g["score"].dropna()
@@ -151,45 +196,40 @@ def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAU
         pad = 0.05 * (hi - lo) if hi > lo else max(1.0, abs(lo) * 0.05)
         taus = np.linspace(lo - pad, hi + pad, 80)
         for est, ge in g.groupby("estimator", sort=True):
-            p = stats.performance_profile([ge["score"].to_numpy(dtype=float)], taus,
-                                          reps=reps, seed=seed)
+            p = stats.performance_profile([ge["score"].to_numpy(dtype=float)], taus, **boot)
             prof.append(p.assign(panel=task, estimator=est))
-    if len(tasks) > 1:
+    if runs["task"].nunique() > 1:
         taus = np.linspace(-0.02, 1.02, 80)
         for est, g in runs.groupby("estimator", sort=True):
             by_task = {t: gt["norm_score"].to_numpy(dtype=float) for t, gt in g.groupby("task")}
-            p = stats.performance_profile(by_task, taus, reps=reps, seed=seed)
+            p = stats.performance_profile(by_task, taus, **boot)
             prof.append(p.assign(panel="All tasks (min–max normalised per task)", estimator=est))
-    profiles = (pd.concat(prof, ignore_index=True) if prof else
-                pd.DataFrame(columns=["tau", "fraction", "low", "high", "panel", "estimator"]))
+    return (pd.concat(prof, ignore_index=True) if prof else
+            pd.DataFrame(columns=["tau", "fraction", "low", "high", "panel", "estimator"]))
 
-    # Sensitivity ---------------------------------------------------------------------------
-    sens_rows = []
-    for (task, est), hps in stats.swept_hyperparameters(runs).items():
-        g = runs[(runs["task"] == task) & (runs["estimator"] == est)]
+
+def _sensitivity(runs: pd.DataFrame, boot: dict) -> pd.DataFrame:
+    """Final-score IQM per value of each hyperparameter swept over an estimator's configs on a task."""
+    rows = []
+    for (task, est), hps in stats.swept_hyperparameters(runs, by="estimator_name").items():
+        g = runs[(runs["task"] == task) & (runs["estimator_name"] == est)]
         for hp in hps:
             for value, gv in g.groupby(hp, sort=True):
-                sens_rows.append({"task": task, "estimator": est, "hyperparameter": hp,
-                                  "value": float(value), "n": len(gv),
-                                  **_ci([gv["score"].to_numpy(dtype=float)], "iqm", reps, seed, "iqm")})
-    sensitivity = pd.DataFrame(sens_rows, columns=["task", "estimator", "hyperparameter", "value",
-                                                   "n", "iqm", "iqm_low", "iqm_high"])
+                rows.append({"task": task, "estimator": est, "hyperparameter": hp,
+                             "value": float(value), "n": len(gv),
+                             **_ci([gv["score"].to_numpy(dtype=float)], "iqm", boot["reps"], boot["seed"], "iqm")})
+    return pd.DataFrame(rows, columns=["task", "estimator", "hyperparameter", "value", "n", "iqm", "iqm_low",
+                                       "iqm_high"])
 
-    # Failure counts -------------------------------------------------------------------------
-    left_out = list(attrs.get("left_out", []))
+
+def _failures(runs: pd.DataFrame, left_out: list) -> pd.DataFrame:
+    """Per estimator: runs scored, diverged, collapsed, left out (left-out runs of an estimator
+    with no scored run, or of none known, are in left_out only)."""
     left_by_est = pd.Series([r.get("estimator") or "unknown" for r in left_out], dtype=object).value_counts()
-    fail_rows = []
-    for est, g in runs.groupby("estimator", sort=True):
-        fail_rows.append({"estimator": est, "n_runs": len(g), "collapsed": int(g["collapsed"].sum()),
-                          **_status_counts(g), "left_out": int(left_by_est.get(est, 0))})
-    # (left-out runs of an estimator with no scored run, or of none known, are in left_out only)
-    failures = pd.DataFrame(fail_rows, columns=["estimator", "n_runs", "collapsed", "completed", "diverged",
-                                                "left_out"])
-
-    return Tables(metrics=df, runs=runs, scores=scores, aggregate=aggregate, poi=poi,
-                  profiles=profiles, sensitivity=sensitivity, failures=failures, budgets=budgets,
-                  skipped=list(attrs.get("skipped", [])), run_dirs=attrs.get("runs"),
-                  left_out=left_out, diverged=diverged)
+    rows = [{"estimator": est, "n_runs": len(g), "collapsed": int(g["collapsed"].sum()),
+             **_status_counts(g), "left_out": int(left_by_est.get(est, 0))}
+            for est, g in runs.groupby("estimator", sort=True)]
+    return pd.DataFrame(rows, columns=["estimator", "n_runs", "collapsed", "completed", "diverged", "left_out"])
 
 
 # ----------------------------------------------------------------------------- markdown
@@ -234,6 +274,84 @@ def diverged_rule_text(t: Tables, last_n: int) -> str:
     return text
 
 
+def budget_text(t: Tables) -> str:
+    """The report's paragraph on the budget each task's runs are cut at, and why."""
+    parts, cut = [], False
+    for task, b in t.budget_info.items():
+        unit = figs.x_label(b["x_col"])
+        if b["source"] == stats.BUDGET_CONFIGURED:
+            over = t.runs.loc[t.runs["task"] == task, "samples"] > t.runs.loc[t.runs["task"] == task, "budget"]
+            cut |= bool(over.any())
+            logged = (f"; runs logged up to {b['largest']:,.0f}, {int(over.sum())} of {len(over)} past it"
+                      if over.any() else "")
+            parts.append(f"{task}: {figs.human_count(b['budget'])} {unit} (configured{logged})")
+        else:
+            parts.append(f"{task}: {figs.human_count(b['budget'])} {unit} (no sample budget configured: the largest "
+                         "logged)")
+    text = "Budgets: " + "; ".join(parts) + "."
+    if cut:
+        text += (" A run stops after the whole episode or group that crosses its budget, so some log past it; "
+                 "every run is cut at the budget: its final score reads only the evaluations at or below it, and "
+                 "its learning curve and AUC are interpolated to it, so every estimator is compared on the same "
+                 "number of samples.")
+    else:
+        text += " Every curve, final score and AUC is cut at the budget (no run logged past it)."
+    return text
+
+
+def comparison_text(t: Tables) -> list[str]:
+    """The report's lines on what it pooled, what it kept apart and what it left out, and why."""
+    text = ("Runs are pooled (one row, one curve) only when their configs are equal but for the seed: "
+            "config.yaml's settings (the part the harness hashes into the run's folder name), else the "
+            "hyperparameters and variant settings the metrics record (the 'configs pooled' column counts "
+            "the configs in a row: 1).")
+    if t.swept:
+        text += (" Settings that differ between runs of one estimator on a task are part of its label, so each "
+                 "row is one config: " + "; ".join(f"{name}: {', '.join(f'`{k}`' for k in keys)}"
+                                                  for name, keys in sorted(t.swept.items())) + ".")
+    else:
+        text += " Every estimator's runs on a task share one config here."
+    L = [text]
+    for kind, dirs in t.other_kinds.items():
+        L.append(f"\nNot compared here: {len(dirs)} {KINDS[kind]}, "
+                 + ", ".join(f"`{d}`" for d in dirs[:5]) + (", ..." if len(dirs) > 5 else "")
+                 + (f": their verdicts come from {claims_command(t.results, dirs)}." if kind == "claims"
+                    else ": they hold no learning curve to score."))
+    L.append("\n")
+    return L
+
+
+def claims_command(results: Path, run_dirs: list[str]) -> str:
+    """``python -m analysis claims DIR`` for each claims folder holding ``run_dirs`` (the folder
+    above their ``claim_*`` experiment folder, :func:`analysis.load.run_kind`)."""
+    roots = []
+    for d in run_dirs:
+        parts = Path(d).parts
+        at = next(i for i, p in enumerate(parts) if p.startswith(CLAIMS_FOLDER_PREFIX))
+        roots.append((results / Path(*parts[:at])).as_posix() if at else results.as_posix())
+    return ", ".join(f"`python -m analysis claims {r}`" for r in dict.fromkeys(roots))
+
+
+def _index_markdown(results: Path, done: list, keys: list, others: dict, left_out: list, opts: Options) -> str:
+    """report.md of a folder with several comparison groups: what differs, one line per group."""
+    L = [f"# Benchmark report: `{results}`\n",
+         f"Generated {_dt.datetime.now().isoformat(timespec='seconds')} by `python -m analysis report {results} "
+         f"--x {opts.x} --last-n {opts.last_n} --diverged {opts.diverged}`.\n",
+         f"The training runs differ in {', '.join(f'`{k}`' for k in keys)} within a task: runs at different budgets "
+         "are never pooled nor compared (their curves, AUC and final scores cover different numbers of samples), "
+         f"so each of the {len(done)} comparison groups has its own report:\n"]
+    for g, t in done:
+        L.append(f"- [{g.name}]({g.folder}/report.md): {len(t.runs)} runs, {t.runs['task'].nunique()} task(s), "
+                 f"estimators {', '.join(sorted(t.runs['estimator'].unique()))}")
+    for kind, dirs in others.items():
+        L.append(f"\nNot compared: {len(dirs)} {KINDS[kind]}"
+                 + (f"; {claims_command(results, dirs)}." if kind == "claims" else "."))
+    if left_out:
+        L.append(f"\n{len(left_out)} left out:\n")
+        L += [f"- `{r['path']}`: {r['reason']}" for r in left_out]
+    return "\n".join(L) + "\n"
+
+
 def _ci_str(lo: float, hi: float) -> str:
     return f"[{fmt(lo)}, {fmt(hi)}]"
 
@@ -244,16 +362,21 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps: int,
-              seed: int, figure_files: dict[str, str]) -> str:
+def _runs_markdown(t: Tables, results: Path, opts: Options) -> list[str]:
+    """report.md's head: the command, the group, the runs scored and left out, the budgets and
+    what is compared."""
     runs = t.runs
     n = len(runs)
     st = _status_counts(runs)
     L = []
     L.append(f"# Benchmark report: `{results}`\n")
     L.append(f"Generated {_dt.datetime.now().isoformat(timespec='seconds')} by "
-             f"`python -m analysis report {results} --x {x} --last-n {last_n} --diverged {t.diverged}` "
-             f"(bootstrap: {reps} replicates, seed {seed}, 95% percentile intervals).\n")
+             f"`python -m analysis report {results} --x {opts.x} --last-n {opts.last_n} --diverged {t.diverged}` "
+             f"(bootstrap: {opts.reps} replicates, seed {opts.seed}, 95% percentile intervals).\n")
+    if t.group:
+        L.append(f"Comparison group **{t.group}** of the folder (its runs differ in "
+                 f"{', '.join(f'`{k}`' for k in t.group_keys)}; runs at different budgets are never compared; "
+                 f"[all groups](../report.md)).\n")
     L.append("## Runs\n")
     L.append(f"{n} runs scored over {runs['task'].nunique()} task(s) and {runs['estimator'].nunique()} "
              f"estimator(s): {st['completed']} completed, {st['diverged']} diverged; "
@@ -270,9 +393,37 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
         L += [f"- `{r['path']}`: {r['reason']}" for r in t.left_out]
     else:
         L.append("None.")
-    L.append("\nBudgets (largest logged sample count per task): "
-             + ", ".join(f"{task}: {figs.human_count(b)} {figs.x_label(col)}"
-                         for task, (col, b) in t.budgets.items()) + ".\n")
+    L.append("\n" + budget_text(t) + "\n")
+    L.append("### What is compared\n")
+    L += comparison_text(t)
+    return L
+
+
+def _scores_markdown(t: Tables) -> list[str]:
+    """The final-score table (and the normalised one over tasks, where there are several)."""
+    rows = []
+    for r in t.scores.itertuples():
+        rows.append([r.task, r.estimator, f"{r.n_scored}/{r.n_runs}", fmt(r.iqm),
+                     _ci_str(r.iqm_low, r.iqm_high), fmt(r.mean), _ci_str(r.mean_low, r.mean_high),
+                     fmt(r.auc), _ci_str(r.auc_low, r.auc_high), r.diverged, r.collapsed,
+                     r.n_configs])
+    L = [_md_table(["task", "estimator", "runs (scored/all)", "IQM", "IQM 95% CI", "mean",
+                    "mean 95% CI", "AUC (IQM)", "AUC 95% CI", "diverged", "collapsed",
+                    "configs pooled"], rows)]
+    if not t.aggregate.empty:
+        L.append("\n### All tasks, min–max normalised\n")
+        L.append("Each run's final score is mapped to (s − min) / (max − min) with min/max over all "
+                 "runs of all estimators on that task; the bootstrap is stratified over tasks.\n")
+        rows = [[r.estimator, r.n_tasks, r.n_runs, fmt(r.iqm), _ci_str(r.iqm_low, r.iqm_high),
+                 fmt(r.mean), _ci_str(r.mean_low, r.mean_high)] for r in t.aggregate.itertuples()]
+        L.append(_md_table(["estimator", "tasks", "runs", "IQM", "IQM 95% CI", "mean",
+                            "mean 95% CI"], rows))
+    return L
+
+
+def _markdown(t: Tables, results: Path, opts: Options, figure_files: dict[str, str]) -> str:
+    L = _runs_markdown(t, results, opts)
+    last_n = opts.last_n
 
     def section(title: str, *figure_keys: str, text: str | None = None) -> None:
         """A section with figures: its heading (after a blank line, where the text before ends
@@ -290,31 +441,7 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
                  "IQM trims floor(n/4) runs at each end, so with fewer than 4 runs it equals the "
                  "mean. Diverged runs are kept; runs left out (above) are not scored. "
                  + diverged_rule_text(t, last_n) + "\n")
-    rows = []
-    for r in t.scores.itertuples():
-        rows.append([r.task, r.estimator, f"{r.n_scored}/{r.n_runs}", fmt(r.iqm),
-                     _ci_str(r.iqm_low, r.iqm_high), fmt(r.mean), _ci_str(r.mean_low, r.mean_high),
-                     fmt(r.auc), _ci_str(r.auc_low, r.auc_high), r.diverged, r.collapsed,
-                     r.n_configs])
-    L.append(_md_table(["task", "estimator", "runs (scored/all)", "IQM", "IQM 95% CI", "mean",
-                        "mean 95% CI", "AUC (IQM)", "AUC 95% CI", "diverged", "collapsed",
-                        "configs pooled"], rows))
-    split = sorted(e for e in runs["estimator"].unique() if "[" in str(e))
-    if split:
-        L.append("\nEstimators run with more than one `update` (policy loss) or `loss_agg` are "
-                 "never pooled: each setting is its own row, " + ", ".join(f"`{e}`" for e in split)
-                 + ".")
-    if (t.scores["n_configs"] > 1).any():
-        L.append("\n'configs pooled' > 1: the row pools runs with different hyperparameters "
-                 "(see Sensitivity).")
-    if not t.aggregate.empty:
-        L.append("\n### All tasks, min–max normalised\n")
-        L.append("Each run's final score is mapped to (s − min) / (max − min) with min/max over all "
-                 "runs of all estimators on that task; the bootstrap is stratified over tasks.\n")
-        rows = [[r.estimator, r.n_tasks, r.n_runs, fmt(r.iqm), _ci_str(r.iqm_low, r.iqm_high),
-                 fmt(r.mean), _ci_str(r.mean_low, r.mean_high)] for r in t.aggregate.itertuples()]
-        L.append(_md_table(["estimator", "tasks", "runs", "IQM", "IQM 95% CI", "mean",
-                            "mean 95% CI"], rows))
+    L += _scores_markdown(t)
     section("Learning curves", "learning_curves",
             text="Mean over runs with a 95% bootstrap band; each run is linearly interpolated onto a "
                  "common grid of 50 points per task, only inside its logged range.\n")
@@ -353,25 +480,70 @@ def _markdown(t: Tables, *, results: Path, out: Path, x: str, last_n: int, reps:
     return "\n".join(L) + "\n"
 
 
-def build_report(results: str | Path, out: str | Path | None = None, *, x: str = "env_steps",
-                 last_n: int = 5, reps: int = stats.DEFAULT_REPS, seed: int = stats.DEFAULT_SEED,
-                 diverged: str = stats.DEFAULT_DIVERGED,
+@dataclass(frozen=True)
+class Options:
+    """How a report is drawn and scored (the ``python -m analysis report`` options)."""
+
+    x: str = "env_steps"
+    last_n: int = 5
+    reps: int = stats.DEFAULT_REPS
+    seed: int = stats.DEFAULT_SEED
+    diverged: str = stats.DEFAULT_DIVERGED
+
+
+def _kinds(df: pd.DataFrame) -> dict[str, str]:
+    """run_dir -> kind (:data:`analysis.load.KINDS`) of every run directory load surveyed."""
+    runs = df.attrs.get("runs")
+    if runs is None or "kind" not in runs:
+        return {}
+    return dict(zip(runs["run_dir"], runs["kind"]))
+
+
+def _no_training_runs(results: Path, others: dict) -> str:
+    what = "; ".join(f"{len(v)} {KINDS[k]}" for k, v in others.items())
+    hint = f"; claims: {claims_command(results, others['claims'])}" if "claims" in others else ""
+    return f"{results}: no training runs to compare ({what}){hint}"
+
+
+def build_report(results: str | Path, out: str | Path | None = None, opts: Options | None = None,
                  progress: Callable[[str], None] | None = None) -> Tables:
-    """Load ``results``, compute every table, draw every figure, write report.md (``diverged``:
-    how diverged runs are scored, :data:`analysis.stats.DIVERGED_RULES`; report.md says which).
+    """Load ``results``, compute every table, draw every figure, write report.md (``opts``: the
+    command's options, :class:`Options`; ``opts.diverged``: how diverged runs are scored,
+    :data:`analysis.stats.DIVERGED_RULES`; report.md says which).
+
+    Only training runs are compared; probe and claim runs (:func:`analysis.load.run_kind`) are
+    named in a section of their own. Runs are pooled only where their configs are equal but for
+    the seed (:mod:`analysis.groups`): a budget that differs between runs of a task splits the
+    folder into comparison groups, each reported on its own in ``out/<group>/`` (report.md,
+    figures, tables), with ``out/report.md`` naming them; with one group everything is in ``out``.
 
     Writes into ``out`` (default ``<results>/report/``): ``report.md``, the PNGs of
-    :data:`FIGURES` and CSVs of the tables (``left_out.csv``: every run not scored, and why). Returns the :class:`Tables`; the report path
-    is ``Path(out) / 'report.md'``. Raises :class:`NoRunsError` if nothing is readable.
+    :data:`FIGURES` and CSVs of the tables (``left_out.csv``: every run not scored, and why). Returns
+    the :class:`Tables` (of the first group; ``groups`` holds every group's where there are
+    several). Raises :class:`NoRunsError` if nothing is readable.
     """
+    opts = opts or Options()
+    x = opts.x
     results = Path(results)
     if not results.exists():
         raise NoRunsError(f"{results}: does not exist; expected {EXPECTED}")
     if not results.is_dir():
         raise NoRunsError(f"{results}: is a file, not a folder; expected {EXPECTED}")
     df = load(results)
-    left_out = df.attrs.get("left_out", [])
+    kinds = _kinds(df)
+    others: dict[str, list[str]] = {}
+    for run_dir, kind in sorted(kinds.items()):
+        if kind != "train":
+            others.setdefault(kind, []).append(run_dir)
+    left_out = [r for r in df.attrs.get("left_out", []) if r.get("kind", "train") in ("train", None)]
+    df.attrs["left_out"] = left_out
+    if others:
+        attrs = df.attrs
+        df = df[df["run_dir"].map(kinds).fillna("train").to_numpy() == "train"].reset_index(drop=True)
+        df.attrs = attrs
     if df.empty:
+        if others:
+            raise NoRunsError(_no_training_runs(results, others), left_out)
         what = (f"no finished run to score, {len(left_out)} left out" if left_out else
                 "no metrics.parquet with rows found")
         raise NoRunsError(f"{results}: {what}; expected {EXPECTED}", left_out)
@@ -380,27 +552,61 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
     progress = progress or (lambda s: None)
     out = Path(out) if out is not None else results / "report"
     out.mkdir(parents=True, exist_ok=True)
+    surveyed = [r["run_dir"] for r in left_out if "kind" in r]  # not the symlinks
+    configs = run_configs(results, sorted({*df["run_dir"].unique(), *surveyed}))
+    keys, comparison = groups.comparison_groups(groups.config_frame(label_variants(df), configs))
+    if len(comparison) == 1:
+        t = _report(df, configs, results, out, opts, progress)
+        t.other_kinds, t.results = others, results
+        _write_markdown(t, results, out, opts)
+        return t
+    done = []
+    for g in comparison:
+        sub = df[df["run_dir"].isin(g.run_dirs).to_numpy()].reset_index(drop=True)
+        sub.attrs = {**df.attrs, "left_out": [r for r in left_out if _in_group(r, g, configs)]}
+        t = _report(sub, configs, results, out / g.folder, opts, progress)
+        t.group, t.group_keys, t.other_kinds, t.results = g.name, keys, others, results
+        done.append((g, t))
+    for g, t in done:
+        t.groups = [u for _, u in done]
+        _write_markdown(t, results, out / g.folder, opts)
+    first = done[0][1]
+    index = _index_markdown(results, done, keys, others, [r for r in left_out if not any(
+        _in_group(r, g, configs) for g, _ in done)], opts)
+    (out / "report.md").write_text(index, encoding="utf-8")
+    return first
 
-    t = compute_tables(df, last_n=last_n, reps=reps, seed=seed, diverged=diverged)
+
+def _in_group(left: dict, group: groups.Group, configs: dict) -> bool:
+    """Whether the run left out ``left`` belongs to ``group``: its config records the group's
+    budget settings (one without a readable config belongs to none: the index lists it)."""
+    cfg = configs.get(left.get("run_dir")) or {}
+    return bool(cfg) and all(groups.text(cfg.get(k)) == groups.text(v) for k, v in group.settings)
+
+
+def _report(df: pd.DataFrame, configs: dict, results: Path, out: Path, opts: Options,
+            progress: Callable[[str], None]) -> Tables:
+    """Tables, figures and CSVs of one comparison group's runs ``df`` into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    t = compute_tables(df, last_n=opts.last_n, reps=opts.reps, seed=opts.seed, diverged=opts.diverged,
+                       configs=configs)
     df = t.metrics  # with the estimator labels the tables use
-    palette = figs.estimator_palette(t.runs["estimator"])
-    styles = figs.variant_styles(t.runs["estimator"])  # one second encoding for every figure
+    labels = pd.concat([t.runs["estimator"], t.runs["estimator_name"]]).dropna().unique()
+    look = figs.Look(palette=figs.estimator_palette(labels),  # names too: the sensitivity figure's
+                     styles=figs.variant_styles(t.runs["estimator"]),  # one second encoding for every figure
+                     budgets=t.budgets)
+    curves = figs.Curves(x=opts.x, seed=opts.seed)
     files = {k: name for k, (name, _) in FIGURES.items()}
     draw = {
-        "learning_curves": lambda p: figs.plot_learning_curves(df, p, palette, x=x, budgets=t.budgets,
-                                                               seed=seed, styles=styles),
-        "final_scores": lambda p: figs.plot_final_scores(t.scores, t.runs, p, palette, last_n=last_n,
-                                                         aggregate=t.aggregate, budgets=t.budgets,
-                                                         styles=styles),
+        "learning_curves": lambda p: figs.plot_learning_curves(df, p, look, curves),
+        "final_scores": lambda p: figs.plot_final_scores(t.scores, t.runs, p, look, last_n=opts.last_n,
+                                                         aggregate=t.aggregate),
         "probability_of_improvement": lambda p: figs.plot_probability_of_improvement(
-            t.poi, p, palette, n_tasks=t.runs["task"].nunique()),
-        "performance_profiles": lambda p: figs.plot_performance_profiles(t.profiles, p, palette,
-                                                                         budgets=t.budgets, styles=styles),
-        "stability": lambda p: figs.plot_stability(df, p, palette, x=x, budgets=t.budgets, seed=seed,
-                                                   styles=styles),
-        "sensitivity": lambda p: figs.plot_sensitivity(t.sensitivity, p, palette, last_n=last_n,
-                                                       budgets=t.budgets, styles=styles),
-        "failures": lambda p: figs.plot_failure_counts(t.failures, p, palette, styles=styles),
+            t.poi, p, look.palette, n_tasks=t.runs["task"].nunique()),
+        "performance_profiles": lambda p: figs.plot_performance_profiles(t.profiles, p, look),
+        "stability": lambda p: figs.plot_stability(df, p, look, figs.Curves(x=opts.x, reps=500, seed=opts.seed)),
+        "sensitivity": lambda p: figs.plot_sensitivity(t.sensitivity, p, look, last_n=opts.last_n),
+        "failures": lambda p: figs.plot_failure_counts(t.failures, p, look.palette, styles=look.styles),
     }
     for key, fn in draw.items():
         path = fn(out / files[key])
@@ -414,7 +620,10 @@ def build_report(results: str | Path, out: str | Path | None = None, *, x: str =
     t.failures.to_csv(out / "failures.csv", index=False)
     pd.DataFrame(t.left_out, columns=["run_dir", "path", "reason", "task", "estimator"]).to_csv(
         out / "left_out.csv", index=False)
-    md = _markdown(t, results=results, out=out, x=x, last_n=last_n, reps=reps, seed=seed,
-                   figure_files=files)
-    (out / "report.md").write_text(md, encoding="utf-8")
     return t
+
+
+def _write_markdown(t: Tables, results: Path, out: Path, opts: Options) -> None:
+    files = {k: name for k, (name, _) in FIGURES.items()}
+    md = _markdown(t, results, opts, files)
+    (out / "report.md").write_text(md, encoding="utf-8")

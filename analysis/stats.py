@@ -71,6 +71,8 @@ __all__ = [
     "performance_profile",
     "fraction_above",
     "area_under_curve",
+    "task_budgets",
+    "within_budget",
     "is_collapsed",
     "worst_returns",
     "final_scores",
@@ -333,7 +335,10 @@ def area_under_curve(x, y, budget: float, *, stop: float | None = None,
 
     ``(1 / budget) * integral_0^budget f(s) ds`` where ``f`` joins the points ``(x, y)``
     (sorted by x, non-finite points dropped) linearly - the trapezoid rule - and is held
-    at its first value before the first point and at its last value after the last point.
+    at its first value before the first point and at its last value after the last point;
+    points past the budget only give ``f(budget)``, by linear interpolation between the last
+    point before it and the first after (a run whose last episode or group crossed the budget is
+    cut there, so every run is integrated over the same number of samples).
     A run evaluated from 0 to the budget gets exactly ``trapezoid(y, x) / budget``: the
     average return over the budget, so an estimator that learns sooner scores higher.
 
@@ -350,7 +355,12 @@ def area_under_curve(x, y, budget: float, *, stop: float | None = None,
         return float("nan")
     end = budget if stop is None else float(np.clip(stop, 0.0, budget))
     order = np.argsort(x, kind="stable")
-    x, y = np.clip(x[order], 0.0, end), y[order]
+    x, y = x[order], y[order]
+    if x[-1] > end:  # a run logged past the end (its last episode or group crossed the budget): cut there
+        y_end = float(np.interp(end, x, y))
+        keep = x <= end
+        x, y = np.append(x[keep], end), np.append(y[keep], y_end)
+    x = np.clip(x, 0.0, end)
     x = np.concatenate([[0.0], x, [end]])
     y = np.concatenate([[y[0]], y, [y[-1]]])
     area = _trapezoid(y, x)
@@ -464,12 +474,66 @@ def final_scores(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_D
                                        "worst_source"])
 
 
+#: ``source`` of a task's budget in :func:`task_budgets`.
+BUDGET_CONFIGURED = "configured"
+BUDGET_LOGGED = "largest logged"
+
+
+def task_budgets(df: pd.DataFrame) -> dict[str, dict]:
+    """Each task's sample axis and budget: ``{task: {"x_col", "budget", "source", "largest"}}``.
+    ``x_col``: tokens where logged (LM tasks), else env_steps, else iteration; ``budget``: the
+    runs' configured budget (column ``sample_budget``, :func:`analysis.groups.sample_budgets`;
+    the largest where runs of the task differ, which a report's comparison group never holds;
+    source :data:`BUDGET_CONFIGURED`), else the largest logged ``x_col`` value (source
+    :data:`BUDGET_LOGGED`); ``largest``: the largest logged value."""
+    out = {}
+    for task, tdf in df.groupby("task", sort=True):
+        x_col = _x_column(tdf)
+        xs = tdf[x_col].to_numpy(dtype=float)
+        largest = float(np.nanmax(xs)) if np.isfinite(xs).any() else np.nan
+        conf = tdf["sample_budget"].to_numpy(dtype=float) if "sample_budget" in tdf else np.array([])
+        conf = conf[np.isfinite(conf)]
+        if conf.size and x_col != "iteration":
+            out[task] = {"x_col": x_col, "budget": float(conf.max()), "source": BUDGET_CONFIGURED, "largest": largest}
+        else:
+            out[task] = {"x_col": x_col, "budget": largest, "source": BUDGET_LOGGED, "largest": largest}
+    return out
+
+
+def row_budgets(df: pd.DataFrame, budgets: Mapping[str, dict]) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, budget)`` per row of ``df``: the row's value of its task's sample axis and the
+    budget its run is cut at (its own configured ``sample_budget``, else its task's, :func:`task_budgets`)."""
+    x = np.full(len(df), np.nan)
+    budget = np.full(len(df), np.nan)
+    tasks = df["task"].to_numpy(dtype=object)
+    for task, b in budgets.items():
+        rows = tasks == task
+        x[rows] = df.loc[rows, b["x_col"]].to_numpy(dtype=float)
+        budget[rows] = b["budget"]
+    if "sample_budget" in df:
+        own = df["sample_budget"].to_numpy(dtype=float)
+        budget = np.where(np.isfinite(own), own, budget)
+    return x, budget
+
+
+def within_budget(df: pd.DataFrame, budgets: Mapping[str, dict]) -> np.ndarray:
+    """The rows of ``df`` at or below their run's budget (:func:`row_budgets`; a row without a
+    sample count is kept): what final scores and diagnostics read, so every run is scored on the
+    same number of samples."""
+    x, budget = row_budgets(df, budgets)
+    return ~(x > budget)
+
+
 def run_table(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_DIVERGED) -> pd.DataFrame:
     """Everything per run the report needs: final score, AUC, collapse flag, hyperparameters.
 
-    Adds to :func:`final_scores` (``diverged`` as there): ``x_col`` and ``budget`` (the task's
-    largest logged env_steps - or tokens, or iteration), ``auc`` (:func:`area_under_curve` of
-    the score curve over that axis; a diverged run under ``diverged="worst"`` scores its worst
+    Every run is cut at its budget (:func:`task_budgets`: the configured one, else its task's
+    largest logged sample count): its final score reads only the rows at or below it
+    (:func:`within_budget`), its AUC integrates its curve up to it. Adds to :func:`final_scores`
+    (``diverged`` as there; scored on those rows): ``x_col`` and ``budget`` (the sample axis and
+    the run's budget on it), ``samples`` (the largest logged value, past the budget where the run's
+    last episode or group crossed it), ``auc`` (:func:`area_under_curve` of
+    the score curve over that axis to the budget; a diverged run under ``diverged="worst"`` scores its worst
     return from its last logged ``x_col`` value - the divergence point - to the budget, and
     the worst return throughout when it logged no score), ``collapsed`` (:func:`is_collapsed`
     on the score curve, shifted by the task's minimum observed score when that is negative),
@@ -477,22 +541,26 @@ def run_table(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_DIVE
     column per hyperparameter (its first logged value) and per :data:`VARIANT_KEYS` setting
     (``update``, ``loss_agg``: its first logged value, None when the run did not log it).
     """
-    scores = final_scores(df, last_n=last_n, diverged=diverged).set_index(RUN_KEYS)
+    budgets = task_budgets(df)
+    inside = within_budget(df, budgets)
+    scores = final_scores(df[inside], last_n=last_n, diverged=diverged).set_index(RUN_KEYS)
     extra = []
     for task, tdf in df.groupby("task", sort=True):
-        x_col = _x_column(tdf)
-        budget = float(np.nanmax(tdf[x_col].to_numpy(dtype=float))) if tdf[x_col].notna().any() else np.nan
+        x_col, task_budget = budgets[task]["x_col"], budgets[task]["budget"]
         score_min = {}
         for col in ("eval_return", "episode_return"):
             v = tdf[col].to_numpy(dtype=float)
             v = v[np.isfinite(v)]
             score_min[col] = float(v.min()) if v.size else 0.0
-        for (run_dir, seed), run in _runs(tdf, "status", "iteration", x_col, *SCORE_COLUMNS):
+        for (run_dir, seed), run in _runs(tdf, "status", "iteration", x_col, "sample_budget", *SCORE_COLUMNS):
             run = by_iteration(run)
             col = score_column(run)
-            row = {"run_dir": run_dir, "seed": seed, "x_col": x_col, "budget": budget,
-                   "iterations": int(run["iteration"].notna().sum()) or len(run)}
+            own = run["sample_budget"].iloc[0] if "sample_budget" in run else np.nan
+            budget = float(own) if np.isfinite(own) else task_budget
             xs = run[x_col].to_numpy(dtype=float)
+            row = {"run_dir": run_dir, "seed": seed, "x_col": x_col, "budget": budget,
+                   "iterations": int(run["iteration"].notna().sum()) or len(run),
+                   "samples": float(np.nanmax(xs)) if np.isfinite(xs).any() else np.nan}
             cut = {}
             if _scored_worst(run, diverged):  # the rule of the module docstring, "Diverged runs"
                 at = xs[np.isfinite(xs)]
@@ -503,15 +571,14 @@ def run_table(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_DIVE
             else:
                 ys = run[col].to_numpy(dtype=float)
                 row["auc"] = area_under_curve(xs, ys, budget, **cut)
-                row["collapsed"] = is_collapsed(ys, shift=min(score_min[col], 0.0))
+                row["collapsed"] = is_collapsed(ys[~(xs > budget)], shift=min(score_min[col], 0.0))
             extra.append(row)
     extra = pd.DataFrame(extra)
     if extra.empty:
         return scores.reset_index()
     # each hyperparameter's and variant setting's first logged value (by iteration) per run
     have = [c for c in (*HYPERPARAMETERS, *VARIANT_KEYS) if c in df.columns]
-    firsts = (df[[*RUN_KEYS, "iteration", *have]].sort_values("iteration", kind="stable")
-              .groupby(RUN_KEYS, dropna=False, sort=True)[have].first())
+    firsts = first_values(df, have)
     for hp in HYPERPARAMETERS:
         firsts[hp] = firsts[hp].astype(float) if hp in have else np.nan
     for key in VARIANT_KEYS:
@@ -519,6 +586,12 @@ def run_table(df: pd.DataFrame, last_n: int = 5, *, diverged: str = DEFAULT_DIVE
         firsts[key] = pd.Series([None if pd.isna(x) else str(x) for x in v], index=firsts.index)
     extra = extra.set_index(RUN_KEYS).join(firsts[[*HYPERPARAMETERS, *VARIANT_KEYS]])
     return scores.join(extra).reset_index()
+
+
+def first_values(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Each run's (index :data:`RUN_KEYS`) first logged value (by iteration; nulls skipped) of each of ``columns``."""
+    return (df[[*RUN_KEYS, "iteration", *columns]].sort_values("iteration", kind="stable")
+            .groupby(RUN_KEYS, dropna=False, sort=True)[columns].first())
 
 
 def normalize_by_task(runs: pd.DataFrame, column: str = "score") -> pd.Series:
@@ -531,11 +604,12 @@ def normalize_by_task(runs: pd.DataFrame, column: str = "score") -> pd.Series:
     return out.where(span > 0, 0.5).where(runs[column].notna())
 
 
-def swept_hyperparameters(runs: pd.DataFrame) -> dict[tuple[str, str], list[str]]:
+def swept_hyperparameters(runs: pd.DataFrame, by: str = "estimator") -> dict[tuple[str, str], list[str]]:
     """Hyperparameters that take more than one value across the runs of an
-    (estimator, task) pair: ``{(task, estimator): [names]}``."""
+    (estimator, task) pair: ``{(task, estimator): [names]}`` (``by``: the column naming the
+    estimator, e.g. ``estimator_name`` for the registered name over its config labels)."""
     out = {}
-    for (task, est), g in runs.groupby(["task", "estimator"], sort=True):
+    for (task, est), g in runs.groupby(["task", by], sort=True):
         swept = [hp for hp in HYPERPARAMETERS if hp in g and g[hp].dropna().nunique() > 1]
         if swept:
             out[(task, est)] = swept
@@ -552,12 +626,14 @@ def curve_bands(
     n_grid: int = 50,
     reps: int = 1000,
     seed: int = DEFAULT_SEED,
-    confidence: float = CONFIDENCE,
+    x_max: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
-    """Mean learning curve with a bootstrap band, per task and estimator.
+    """Mean learning curve with a bootstrap band (a :data:`CONFIDENCE` percentile interval), per
+    task and estimator.
 
     Runs log at different steps, so each run's finite ``(x, metric)`` points are linearly
-    interpolated onto a per-task grid of ``n_grid`` points from 0 to the task's largest
+    interpolated onto a per-task grid of ``n_grid`` points from 0 to ``x_max[task]`` (the
+    budget: points past it only interpolate the curve there), else the task's largest
     ``x`` (no extrapolation: a run counts only inside its logged range; a run with a single
     point counts at the nearest grid point). At every grid
     point the band is the percentile interval of the mean over runs resampled with
@@ -570,8 +646,8 @@ def curve_bands(
     out = []
     rng = np.random.default_rng(seed)
     for task, tdf in sub.groupby("task", sort=True):
-        xmax = float(tdf[x].max())
-        if xmax <= 0:
+        xmax = float((x_max or {}).get(task, tdf[x].max()))
+        if not xmax > 0:
             continue
         grid = np.linspace(0.0, xmax, n_grid)
         for est, edf in tdf.groupby("estimator", sort=True):
@@ -587,7 +663,7 @@ def curve_bands(
                                      minlength=reps * len(curves)).reshape(reps, len(curves)).astype(float)
                 finite = np.isfinite(curves)
                 boot = (counts @ np.where(finite, curves, 0.0)) / (counts @ finite.astype(float))
-            lo, hi = _percentiles(boot, confidence)
+            lo, hi = _percentiles(boot, CONFIDENCE)
             keep = n_runs > 0
             out.append(pd.DataFrame({"task": task, "estimator": est, "x": grid[keep],
                                      "mean": mean[keep], "low": lo[keep], "high": hi[keep],

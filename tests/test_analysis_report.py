@@ -26,7 +26,7 @@ def sweep(tmp_path_factory):
 
 def _direct_final_scores(root: Path, last_n: int = 5) -> pd.DataFrame:
     """Final score per finished run straight from the files, without the analysis package:
-    the mean of the last ``last_n`` evaluations; a diverged run (the fixture's runs record no
+    the mean of the last ``last_n`` evaluations (each config its own estimator label); a diverged run (the fixture's runs record no
     task.worst_return) scores the lowest evaluation of any finished run of its task."""
     rows, lowest = [], {}
     for path in sorted(root.rglob("metrics.parquet")):
@@ -38,7 +38,10 @@ def _direct_final_scores(root: Path, last_n: int = 5) -> pd.DataFrame:
         task = m["task"].iloc[0]
         lowest[task] = min(lowest.get(task, np.inf), ev.min())
         diverged = json.loads((path.parent / "summary.json").read_text())["status"] == "diverged"
-        rows.append({"task": task, "estimator": m["estimator"].iloc[0],
+        est = m["estimator"].iloc[0]
+        if est == "ppo_gae":  # the fixture sweeps its gae_lambda: one config (row) per value
+            est = f"ppo_gae[gae_lambda={m['gae_lambda'].iloc[0]:g}]"
+        rows.append({"task": task, "estimator": est,
                      "score": np.nan if diverged else ev.tail(last_n).mean()})
     out = pd.DataFrame(rows)
     return out.assign(score=out["score"].fillna(out["task"].map(lowest)))
@@ -82,14 +85,14 @@ def test_report_on_synthetic_sweep(sweep, capsys):
         lo, hi = map(float, cells[4].strip("[]").split(","))
         assert lo <= float(cells[3]) <= hi
         checked += 1
-    assert checked == 6
+    assert checked == 8
     # The 4 CartPole runs per estimator: IQM drops 1 at each end -> differs from the mean.
     g = direct[(direct.task == "CartPole-v1") & (direct.estimator == "rloo")]["score"].sort_values()
     assert scipy.stats.trim_mean(g, 0.25) == pytest.approx(g.iloc[1:3].mean())
 
     # diverged / collapsed counts per estimator (fixture: ppo_gae 1 diverged, rloo 1 collapsed)
     fails = pd.read_csv(out_dir / "failures.csv").set_index("estimator")
-    assert fails.loc["ppo_gae", "diverged"] == 1 and fails.loc["rloo", "collapsed"] == 1
+    assert fails.loc["ppo_gae[gae_lambda=0.95]", "diverged"] == 1 and fails.loc["rloo", "collapsed"] == 1
     assert fails["diverged"].sum() == 1 and fails["collapsed"].sum() == 1
     assert fails.loc["reinforce", "left_out"] == 1 and fails["left_out"].sum() == 1
     left = pd.read_csv(out_dir / "left_out.csv")
