@@ -27,7 +27,7 @@ from .load import HYPERPARAMETERS, RUN_KEYS, VARIANT_KEYS, variant_label
 from .stats import first_values
 
 __all__ = ["GROUP_KEYS", "SAMPLE_BUDGET_KEYS", "Group", "config_frame", "comparison_groups", "config_labels",
-           "sample_budgets"]
+           "sample_axes", "sample_budgets"]
 
 #: Budget settings: runs that differ in one on a task are in different comparison groups.
 GROUP_KEYS = ("budget.env_steps", "budget.tokens", "budget.iterations")
@@ -149,6 +149,18 @@ def config_labels(frame: pd.DataFrame) -> tuple[pd.Series, dict[str, list[str]]]
     index = pd.MultiIndex.from_frame(frame[RUN_KEYS]) if len(frame) else pd.MultiIndex.from_arrays([[], []],
                                                                                                 names=RUN_KEYS)
     return pd.Series(labels, index=index, dtype=object), {k: v for k, v in swept.items() if v}
+
+
+def sample_axes(frame: pd.DataFrame) -> pd.Series:
+    """Each run's sample axis (index :data:`RUN_KEYS`): the metrics column its budget counts,
+    ``tokens`` for a ``budget.tokens`` budget, ``env_steps`` for ``budget.env_steps`` (on the toy
+    task sampled sequences, though it logs tokens too); None for a run with neither."""
+    out = pd.Series(None, index=pd.MultiIndex.from_frame(frame[RUN_KEYS]) if len(frame) else None, dtype=object)
+    for key in reversed(SAMPLE_BUDGET_KEYS):
+        if key in frame and len(frame):
+            v = pd.to_numeric(frame[key], errors="coerce").to_numpy(dtype=float)
+            out = out.where(~np.isfinite(v), key.split(".", 1)[1])
+    return out
 
 
 def sample_budgets(frame: pd.DataFrame) -> pd.Series:

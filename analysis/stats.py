@@ -481,7 +481,9 @@ BUDGET_LOGGED = "largest logged"
 
 def task_budgets(df: pd.DataFrame) -> dict[str, dict]:
     """Each task's sample axis and budget: ``{task: {"x_col", "budget", "source", "largest"}}``.
-    ``x_col``: tokens where logged (LM tasks), else env_steps, else iteration; ``budget``: the
+    ``x_col``: the column the runs' configured budget counts (``sample_axis``,
+    :func:`analysis.groups.sample_axes`), else tokens where logged (LM tasks), else env_steps,
+    else iteration; ``budget``: the
     runs' configured budget (column ``sample_budget``, :func:`analysis.groups.sample_budgets`;
     the largest where runs of the task differ, which a report's comparison group never holds;
     source :data:`BUDGET_CONFIGURED`), else the largest logged ``x_col`` value (source
@@ -489,6 +491,9 @@ def task_budgets(df: pd.DataFrame) -> dict[str, dict]:
     out = {}
     for task, tdf in df.groupby("task", sort=True):
         x_col = _x_column(tdf)
+        axes = tdf["sample_axis"].dropna().unique() if "sample_axis" in tdf else []
+        if len(axes) == 1 and axes[0] in tdf and tdf[axes[0]].notna().any():
+            x_col = str(axes[0])  # the column the configured budget counts
         xs = tdf[x_col].to_numpy(dtype=float)
         largest = float(np.nanmax(xs)) if np.isfinite(xs).any() else np.nan
         conf = tdf["sample_budget"].to_numpy(dtype=float) if "sample_budget" in tdf else np.array([])

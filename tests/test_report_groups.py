@@ -151,3 +151,22 @@ def test_a_run_past_its_budget_is_cut_at_the_budget(tmp_path):
     assert bands["x"].tolist() == [40.0, 60.0, 80.0, 100.0]            # the grid ends at the budget
     assert bands["mean"].tolist() == pytest.approx([0.0, 5.0, 10.0, 20.0])
     assert np.isclose(stats.area_under_curve([40, 80, 120], [0, 10, 30], 100.0), 5.0)
+
+
+def test_the_budget_is_cut_on_the_column_it_counts(tmp_path):
+    """The toy task logs ``tokens`` (3 a sequence) beside ``env_steps`` (sequences), its budget
+    in env_steps: the run is cut at 100 sequences, not at 100 tokens (where it would be cut
+    after its first iteration). By hand as the test above, on env_steps: AUC 5, score 5."""
+    from analysis.load import load, run_configs
+    from analysis.report import compute_tables
+
+    cols = {"run_id": ["r"] * 3, "task": [TASK] * 3, "estimator": ["grpo"] * 3, "seed": [0, 0, 0],
+            "iteration": [1, 2, 3], "env_steps": [40, 80, 120], "tokens": [120, 240, 360],
+            "wall_time_s": [1.0, 2.0, 3.0], "episode_return": [0.0, 10.0, 30.0], "eval_return": [0.0, 10.0, 30.0]}
+    write_run(tmp_path / TASK / "grpo" / "seed0-ffffffffff", cols, summary=_summary("r", "completed", 3),
+              config=_config("grpo", 0, 100))
+    t = compute_tables(load(tmp_path), reps=10, configs=run_configs(tmp_path, ["CartPole-v1/grpo/seed0-ffffffffff"]))
+    run = t.runs.iloc[0]
+    assert t.budgets == {TASK: ("env_steps", 100.0)}
+    assert run["budget"] == 100 and run["samples"] == 120
+    assert run["auc"] == pytest.approx(5.0) and run["score"] == pytest.approx(5.0)
