@@ -107,8 +107,17 @@ def estimator_color(name: str) -> str:
 
 
 def estimator_palette(estimators: Iterable[str]) -> dict[str, str]:
-    """Label -> colour (:func:`estimator_color`) for each of ``estimators``."""
-    return {n: estimator_color(n) for n in sorted(set(estimators))}
+    """Label -> colour for each of ``estimators``: a registered estimator's own
+    (:func:`estimator_color`); the names outside the registry (plugins' estimators), in sorted
+    order, take the colours the registry leaves free one after another, so no two of them share a
+    colour while free ones remain, and a set of names gets the same colours in every figure and
+    process."""
+    labels = sorted(set(estimators))
+    known = _registered()
+    free = ESTIMATOR_COLORS[len(known):] or ESTIMATOR_COLORS
+    others = sorted({split_label(n)[0] for n in labels} - set(known))
+    theirs = {name: free[i % len(free)] for i, name in enumerate(others)}
+    return {n: theirs.get(split_label(n)[0]) or estimator_color(n) for n in labels}
 
 
 @dataclass(frozen=True)

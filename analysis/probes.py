@@ -189,11 +189,12 @@ def report_markdown(data: ProbeData, figure: str | None) -> str:
 def plot_probes(groups: list[tuple[str, pd.DataFrame]], path: Path) -> Path:
     """``probes.png``: per group (a row of panels), each estimator's relative variance (log scale)
     and relative squared bias with their bootstrap intervals, one point per seed, in the estimator's
-    colour of every figure (:func:`analysis.figures.estimator_color`)."""
+    colour of every figure (:func:`analysis.figures.estimator_palette`)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    from .figures import _figure, _save, estimator_color
+    from .figures import _figure, _save, estimator_palette
 
+    palette = estimator_palette(name for _, g in groups for name in g.apply(_name, axis=1))
     panels = (("rel_total_var", "relative variance (log)"), ("rel_bias_sq", "relative squared bias"))
     fig, axes = _figure(len(groups), 2, w=5.0, h=2.8)
     for (heading, g), row in zip(groups, axes):
@@ -205,7 +206,7 @@ def plot_probes(groups: list[tuple[str, pd.DataFrame]], path: Path) -> Path:
                 xs = i + np.linspace(-0.15, 0.15, len(mine)) if len(mine) > 1 else np.array([float(i)])
                 y = mine[col].to_numpy(float)
                 err = np.abs(np.vstack([y - mine[f"{col}_low"].to_numpy(float), mine[f"{col}_high"].to_numpy(float) - y]))
-                ax.errorbar(xs, y, yerr=err, fmt="o", color=estimator_color(name), capsize=3, ms=5)
+                ax.errorbar(xs, y, yerr=err, fmt="o", color=palette[name], capsize=3, ms=5)
             ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
             ax.set_title(f"{title}\n{heading}", fontsize=9)
             if col == "rel_total_var":

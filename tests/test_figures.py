@@ -172,6 +172,18 @@ def test_unknown_estimator_colour_is_stable_and_free():
     assert out == repr(here)
 
 
+def test_plugins_take_the_free_colours_in_turn():
+    """Names outside the registry take the colours the registry leaves free, in sorted order: as
+    many distinct colours as there are free ones, none a registered estimator's."""
+    registered = estimator_names()
+    free = figs.ESTIMATOR_COLORS[len(registered):]
+    plugins = [f"plugin_{i}" for i in range(len(free))]
+    palette = figs.estimator_palette([*plugins, "grpo", f"{plugins[0]}[update=gspo]"])
+    assert [palette[p] for p in sorted(plugins)] == list(free)
+    assert palette[f"{plugins[0]}[update=gspo]"] == palette[plugins[0]]
+    assert palette["grpo"] == figs.ESTIMATOR_COLORS[registered.index("grpo")]
+
+
 def _claim_data(arms: dict[str, str]) -> tuple[object, dict]:
     """A training claim whose arms (tag -> estimator) run 3 seeds x 3 evaluations of column v."""
     import types
