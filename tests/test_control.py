@@ -15,7 +15,7 @@ from harness.io.rundir import METRIC_COLUMNS
 from harness.tasks.control import EpisodeCollector, MemberEnvs, StepCollector, env_info
 from harness.train.control import ControlSource
 from harness.train.loop import Loop
-from harness.train.update import update
+from harness.train.update import Members, update
 from tests.control_helpers import TINY, make_cfg
 
 TASKS = ["acrobot", "mountaincar", "pendulum"]  # cartpole: harness/testing/test_registry_contract.py
@@ -217,8 +217,8 @@ def one_update(cfg):
     batch = source.advantage_batch(ro)
     out = loop.spec(batch, loop.est_params)
     ub = source.update_batch(ro, out.advantages, out.returns, batch.values)
-    stats = update(loop.learner, loop.opt, ub, loop.settings, source.gens, loop.active, loop.member_lr(),
-                   loop.kl_beta)
+    stats = update(loop.learner, loop.opt, ub, loop.settings,
+                   Members(source.gens, loop.active, loop.member_lr(), loop.kl_beta))
     return stats, ro, source
 
 

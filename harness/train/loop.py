@@ -37,7 +37,7 @@ from ..io import RunDir
 from ..io.trackers import NoLog, make_logger
 from ..losses import adaptive_kl_beta
 from .checkpointing import Checkpoints
-from .update import MemberOptimizer, UpdateBatch, UpdateSettings, update
+from .update import MemberOptimizer, Members, UpdateBatch, UpdateSettings, update
 
 log = logging.getLogger("harness")
 
@@ -253,8 +253,8 @@ class Loop(Checkpoints):
                 ub = src.update_batch(ro, out.advantages, out.returns, batch.values)
                 pre = src.before_update(ro, ub)
                 beta_used = self.kl_beta.clone()
-                stats = update(self.learner, self.opt, ub, self.settings, src.shuffle_generators(), self.active,
-                               lr, self.kl_beta)
+                stats = update(self.learner, self.opt, ub, self.settings,
+                               Members(src.shuffle_generators(), self.active, lr, self.kl_beta))
                 reasons = self._divergence(stats)
                 self._adapt_kl(ro, stats, reasons)
                 done = torch.zeros(self.P, dtype=torch.bool)
