@@ -367,7 +367,8 @@ def _kl_estimates(p: ToyProbe) -> _Estimates:
     task, theta, batch, M, kl_name = p.task, p.theta, p.batch, p.M, p.training.kl_name
     L = task.spec.length
     p.meta.update(label=f"kl_{kl_name}", kl_estimator=kl_name, kl_placement="loss")
-    ref_logp = torch.log_softmax(p.theta_ref, -1)[batch.states, batch.tokens].view(M, p.training.batch_size, L).transpose(1, 2)
+    ref_logp = torch.log_softmax(p.theta_ref, -1)[batch.states, batch.tokens]
+    ref_logp = ref_logp.view(M, p.training.batch_size, L).transpose(1, 2)
 
     def loss_fn(logp, mask):
         loss, _ = kl_penalty(logp, ref_logp, mask, kl_name, agg="seq_mean_token_sum_norm")
