@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.app import run
-from harness.models.lm import generate, response_forward, tiny_causal_lm
+from harness.models.lm import DecodeSettings, generate, response_forward, tiny_causal_lm
 from harness.tasks.lm.data import left_pad
 
 from .test_lm_common import assert_own_decode_step_is_the_models, compose
@@ -25,7 +25,7 @@ def test_teacher_forcing_on_cuda_in_bf16():
                            seed=0).cuda().eval()
     ids, mask = left_pad([[5, 6, 7, 8, 9, 3], [4, 5], [9, 8, 7, 6]], 0, torch.device("cuda"))
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        g = generate(model, ids, mask, 12, eos_token_id=2, pad_token_id=0, temperature=0.7,
+        g = generate(model, ids, mask, DecodeSettings(12, eos_token_id=2, pad_token_id=0, temperature=0.7),
                      generator=torch.Generator(device="cuda").manual_seed(3))
         with torch.no_grad():
             tf = response_forward(model, ids, mask, g.tokens, g.mask, temperature=0.7)
@@ -33,7 +33,7 @@ def test_teacher_forcing_on_cuda_in_bf16():
     assert m.sum() > 3
     assert torch.allclose(tf.logp[m].float(), g.logp[m].float(), atol=0.05, rtol=0)
     # fp32 on the GPU: equal to float rounding, as on CPU
-    g32 = generate(model, ids, mask, 12, eos_token_id=2, pad_token_id=0, temperature=0.7,
+    g32 = generate(model, ids, mask, DecodeSettings(12, eos_token_id=2, pad_token_id=0, temperature=0.7),
                    generator=torch.Generator(device="cuda").manual_seed(3))
     with torch.no_grad():
         tf32 = response_forward(model, ids, mask, g32.tokens, g32.mask, temperature=0.7)

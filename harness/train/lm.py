@@ -54,7 +54,7 @@ from omegaconf import DictConfig
 from ..estimators import AdvantageBatch, get_estimator, kl_estimate, kl_guards
 from ..io import RunDir
 from ..io import checkpoint as ckpt
-from ..models.lm import (NonFiniteError, PolicyWithValue, ValueModel, fast_gelu, generate_groups,
+from ..models.lm import (DecodeSettings, NonFiniteError, PolicyWithValue, ValueModel, fast_gelu, generate_groups,
                          response_forward)
 from ..tasks.lm.data import decode_responses, left_pad
 from ..tasks.lm.metrics import length_by_correctness, mean_pass_at_k, zero_std_fraction
@@ -443,8 +443,9 @@ class LMSource(Source):
         per_row = torch.arange(len(prompt_idx), device=self.device).repeat_interleave(k)
         p_ids, p_mask = u_ids[per_row], u_mask[per_row]
         with self.ac():
-            g, gg = generate_groups(self.policy.lm, u_ids, u_mask, lm.max_response_len, self.tok.eos_token_id,
-                                    self.tok.pad_token_id, temperature=lm.temperature, samples=k,
+            decoding = DecodeSettings(lm.max_response_len, self.tok.eos_token_id, self.tok.pad_token_id,
+                                      temperature=lm.temperature)
+            g, gg = generate_groups(self.policy.lm, u_ids, u_mask, decoding, samples=k,
                                     with_greedy=self.spec.needs_greedy, generator=self.gen)
         mask = g.mask.float()
         ref = None

@@ -42,8 +42,8 @@ from typing import Any, Callable, Iterable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ...models.lm import (PooledRewardModel, disable_dropout, generate, load_pretrained, pretrained_source,
-                          response_forward, tiny_causal_lm)
+from ...models.lm import (DecodeSettings, PooledRewardModel, disable_dropout, generate, load_pretrained,
+                          pretrained_source, response_forward, tiny_causal_lm)
 from .corpus import Example, vocabulary
 from .data import (EncodedSplit, decode_responses, encode_response, encode_split, left_pad, load_examples,
                    right_pad)
@@ -373,8 +373,9 @@ def _sample_texts(model, tokenizer, split: EncodedSplit, indices: list[int], dec
         chunk = indices[s:s + per_chunk]
         ids, mask = left_pad([split.prompt_ids[i] for i in chunk], tokenizer.pad_token_id, d.device)
         with autocast(d.device, d.dtype):
-            g = generate(model, ids, mask, d.max_response_len, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                         temperature=d.temperature, greedy=d.greedy, generator=gen, samples=n)
+            g = generate(model, ids, mask, DecodeSettings(d.max_response_len, tokenizer.eos_token_id,
+                                                          tokenizer.pad_token_id, d.temperature),
+                         greedy=d.greedy, generator=gen, samples=n)
         texts += decode_responses(tokenizer, g.tokens, g.mask)
         finished += g.has_eos.tolist()
     return rows, texts, finished
