@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 
-from harness.models.lm import DecodeSettings, generate, response_forward, tiny_causal_lm
+from harness.models.lm import DecodeSettings, TinyArch, generate, response_forward, tiny_causal_lm
 from harness.tasks.lm import build_word_tokenizer, ensure_special_tokens, make_corpus, vocabulary
 from harness.tasks.lm.data import encode_prompt, encode_response, left_pad, right_pad
 
@@ -81,8 +81,8 @@ def test_padding_layout():
 
 def _tiny(arch: str, vocab: int = 10):
     if arch == "gpt2":
-        return tiny_causal_lm(vocab, pad_token_id=0, eos_token_id=2, n_positions=64, n_layer=2, n_embd=32,
-                              n_head=2, seed=0).eval()
+        return tiny_causal_lm(vocab, pad_token_id=0, eos_token_id=2, n_positions=64,
+                              arch=TinyArch(n_layer=2, n_embd=32, n_head=2), seed=0).eval()
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)

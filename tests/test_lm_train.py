@@ -381,11 +381,11 @@ def test_lm_finite_members_reads_every_weight(value, expected, where):
 
     import torch
 
-    from harness.models.lm import PolicyWithValue, ValueModel, tiny_causal_lm
+    from harness.models.lm import PolicyWithValue, TinyArch, ValueModel, tiny_causal_lm
     from harness.train.lm import LMLearner
 
-    policy = PolicyWithValue(tiny_causal_lm(10, 0, 2, 16, n_layer=1, n_embd=8, n_head=2), value_head=False)
-    critic = ValueModel(tiny_causal_lm(10, 0, 2, 16, n_layer=1, n_embd=8, n_head=2).transformer)
+    policy = PolicyWithValue(tiny_causal_lm(10, 0, 2, 16, TinyArch(n_layer=1, n_embd=8, n_head=2)), value_head=False)
+    critic = ValueModel(tiny_causal_lm(10, 0, 2, 16, TinyArch(n_layer=1, n_embd=8, n_head=2)).transformer)
     learner = LMLearner(SimpleNamespace(policy=policy, critic=critic))
     if value is not None:
         net = policy.lm.transformer if where == "policy" else critic.backbone

@@ -54,13 +54,24 @@ def load_pretrained(auto_cls, source, field_name: str = "lm.model", **kwargs):
                          f"{type(exc).__name__}: {reason}") from None
 
 
+@dataclass(frozen=True)
+class TinyArch:
+    """A small GPT-2's shape (``lm.arch``): ``n_layer`` blocks of width ``n_embd`` with ``n_head``
+    attention heads."""
+
+    n_layer: int = 2
+    n_embd: int = 128
+    n_head: int = 4
+
+
 def tiny_causal_lm(vocab_size: int, pad_token_id: int, eos_token_id: int, n_positions: int,
-                   n_layer: int = 2, n_embd: int = 128, n_head: int = 4, seed: int = 0):
-    """A small GPT-2 (no dropout: RL needs the sampling and the training forward to agree)."""
+                   arch: TinyArch = TinyArch(), seed: int = 0):
+    """A small GPT-2 of shape ``arch`` (no dropout: RL needs the sampling and the training forward
+    to agree), its weights drawn from ``seed``."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+        vocab_size=vocab_size, n_positions=n_positions, n_embd=arch.n_embd, n_layer=arch.n_layer, n_head=arch.n_head,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=eos_token_id,
         eos_token_id=eos_token_id, pad_token_id=pad_token_id, tie_word_embeddings=True,
     )

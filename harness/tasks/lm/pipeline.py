@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ...models.lm import (DecodeSettings, PooledRewardModel, disable_dropout, generate, load_pretrained,
+from ...models.lm import (DecodeSettings, PooledRewardModel, TinyArch, disable_dropout, generate, load_pretrained,
                           pretrained_source, response_forward, tiny_causal_lm)
 from .corpus import Example, vocabulary
 from .data import (EncodedSplit, decode_responses, encode_response, encode_split, left_pad, load_examples,
@@ -684,8 +684,8 @@ def _build_sft(p: PipelineInputs, out: Path) -> dict:
     torch.manual_seed(p.seed)
     if lm.model is None:
         model = tiny_causal_lm(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
-                               lm.max_prompt_len + lm.max_response_len, lm.arch.n_layer, lm.arch.n_embd,
-                               lm.arch.n_head, p.seed)
+                               lm.max_prompt_len + lm.max_response_len,
+                               TinyArch(lm.arch.n_layer, lm.arch.n_embd, lm.arch.n_head), p.seed)
     else:
         with quiet_transformers():
             model = load_pretrained(AutoModelForCausalLM, lm.model, "lm.model")
