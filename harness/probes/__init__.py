@@ -24,11 +24,11 @@ import traceback
 from omegaconf import DictConfig
 
 from ..config import TASK_KINDS, ProbeSettings, entry_point, settings_from_config, task_kind
-from .toy import probe_toy
+from .toy import ProbeTraining, probe_toy
 
 log = logging.getLogger("harness.probes")
 
-__all__ = ["ProbeSettings", "probe_toy", "run_probe", "settings_from_config", "validate_probe"]
+__all__ = ["ProbeSettings", "ProbeTraining", "probe_toy", "run_probe", "settings_from_config", "validate_probe"]
 
 
 def validate_probe(cfg: DictConfig) -> None:
