@@ -427,7 +427,7 @@ class _MinibatchPlan:
             yield idx, None, None
 
     def _ragged(self, gens: list[torch.Generator], mask: torch.Tensor):
-        P, device = len(gens), mask.device
+        P, device = mask.shape[0], mask.device
         perms = [torch.randperm(c, generator=g) if n > 1 else torch.arange(c)
                  for c, n, g in zip(self.cols, self.n_mb_p, gens)]
         for i in range(self.n_mb):
