@@ -34,7 +34,6 @@ ALLOWED = {
     "harness/models/lm.py:_gpt2_packed_response",
     "harness/models/lm.py:_shared_response_pass",
     "harness/losses.py:kl_penalty",
-    "harness/train/loop.py:_row",
 }
 
 
