@@ -397,96 +397,20 @@ def _refused_before_any_work(args) -> bool:
 def _run_claims(args) -> int:
     import time
 
-    from harness.io import atomic_write_json
-
     if args.register:
         return _register_claims(args)
-    if _refused_before_any_work(args):
+    if _refused_before_any_work(args) or _claims_folders_refused(args):
         return 2
     from . import claims
 
-    only = args.only
-    if not args.run and not Path(args.results).exists():
-        print(f"python -m analysis claims: error: argument DIR: {args.results} does not exist; allowed: an existing "
-              "folder holding the claim experiments' runs (or --run, which runs them there)", file=sys.stderr)
-        return 2
-    if not args.run and not _holds_runs(Path(args.results)):
-        print(f"python -m analysis claims: error: argument DIR: {args.results} holds no runs (no run directory with "
-              "metrics.parquet or summary.json, no exact_tests.json); allowed: a folder holding the claim "
-              "experiments' runs (or --run, which runs them there)", file=sys.stderr)
-        return 2
-    outputs = [("DIR", Path(args.results))] + [("--readme", f.parent) for f in args.readme or []]
-    if args.publish:
-        outputs.append(("--publish", Path(args.publish)))
-    for argument, folder in outputs:
-        if _unwritable("claims", argument, folder):
-            return 2
     t0 = time.time()
     command = "python -m analysis claims " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else \
         f"python -m analysis claims {args.results}"
-    judged = None  # the last judgement, reused when the plan asks for nothing more
-    if args.run:
-        from harness.experiments.run import describe, run_claims  # the one named exception (.importlinter)
-
-        from .claims.plan import extensions, next_looks, read_plan, variant, write_plan
-        from .claims.report import commit
-
-        started_at = commit()  # what the run ran (a later commit may write the docs block)
-        root = Path(args.results).resolve()
-        timings: dict[str, float] = {}
-        # stage one, and every look an earlier --run of this offset reached (a stopped run is completed)
-        totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print,
-                            timings=timings, reached=extensions(read_plan(root, args.quick, args.seed_offset)))
-        print(f"[claims] stage one: {describe(totals) or 'nothing to run'} ({time.time() - t0:.0f} s)")
-        looks_run = 0
-        while True:
-            t_judge = time.time()
-            verdicts, data, meta = claims.evaluate_all(root, args.quick, only, args.seed_offset,
-                                                       diverged=args.diverged)
-            timings["judging"] = timings.get("judging", 0.0) + time.time() - t_judge
-            plan = meta["plan"] if args.quick else next_looks(verdicts, claims.CLAIMS_BY_ID, meta["plan"])
-            fresh = {name: {"population": e["looks"][e["reached"]]} for name, e in plan["experiments"].items()
-                     if e.get("reached", 0) != meta["plan"].get("experiments", {}).get(name, {}).get("reached", 0)}
-            if not fresh:
-                judged = (verdicts, data, meta)
-                break
-            write_plan(root, args.quick, args.seed_offset, plan)
-            looks_run += 1
-            for name, e in fresh.items():
-                print(f"[claims] next look: {name} to {e['population']} seeds per arm - "
-                      + "; ".join(plan["experiments"][name].get("why", []))[:200])
-            t1 = time.time()
-            totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, extensions=fresh,
-                                progress=print, timings=timings)
-            print(f"[claims] look {looks_run + 1}: {describe(totals) or 'nothing to run'} ({time.time() - t1:.0f} s)")
-        if not only:  # the wall time of a whole run, for the docs blocks
-            atomic_write_json(root / f"claims_run{variant(args.quick, args.seed_offset)}.json",
-                              {"wall_s": time.time() - t0, "seconds": timings, "command": command,
-                               "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": started_at})
-    res = claims.build_claims(args.results, quick=args.quick, only=only, seed_offset=args.seed_offset,
-                              diverged=args.diverged, progress=print, judged=judged, command=command)
-    out, verdicts = res.out, res.verdicts
-    print(claims.format_table(verdicts))
-    stat = [x for x in verdicts if not x.exact]
-    if args.quick:
-        print(f"{len(stat)} statistical claims: pilot estimates only, no verdict; "
-              f"{sum(x.exact and x.verdict == 'supported' for x in verdicts)} of {sum(x.exact for x in verdicts)} "
-              f"exact checks passed  ({time.time() - t0:.0f} s)")
-    else:
-        counts = {v: sum(x.verdict == v and not x.not_run for x in stat) for v in claims.VERDICTS}
-        not_run = sum(bool(x.not_run) for x in stat)
-        print(f"{len(stat)} statistical claims: " + ", ".join(f"{n} {k}" for k, n in counts.items())
-              + f", {not_run} not run; {sum(x.exact and x.verdict == 'supported' for x in verdicts)} of "
-              f"{sum(x.exact for x in verdicts)} exact checks passed  ({time.time() - t0:.0f} s)")
-    stab = claims.stability(Path(args.results).resolve(), args.quick)
-    if len(stab["offsets"]) > 1:
-        print(f"seed offsets {stab['offsets']}: {stab['summary']}")
-    _print_left_out(res.left_out)
-    if res.missing:
-        ids = ",".join(sorted(only, key=lambda c: int(c[1:]))) if only else ""
-        print(f"{res.missing} run director{'y' if res.missing == 1 else 'ies'} not run yet (python -m analysis "
-              f"claims {args.results} --run{' --quick' if args.quick else ''}"
-              f"{f' --seed-offset {args.seed_offset}' if args.seed_offset else ''}{' --only ' + ids if ids else ''})")
+    judged = _run_claim_looks(args, command) if args.run else None
+    settings = claims.ReportSettings(quick=args.quick, only=args.only, seed_offset=args.seed_offset,
+                                     diverged=args.diverged, command=command)
+    res = claims.build_claims(args.results, settings, progress=print, judged=judged)
+    _print_claims_summary(args, res, time.time() - t0)
     if args.readme:
         from .claims.report import update_pages
 
@@ -499,8 +423,100 @@ def _run_claims(args) -> int:
 
         for page in publish(Path(args.results).resolve(), args.quick, args.publish, command):
             print(f"published: {page}")
-    print(f"report: {out}")
+    print(f"report: {res.out}")
     return 0
+
+
+def _claims_folders_refused(args) -> bool:
+    """The results folder (unless --run makes it) holds runs, and every folder written to is
+    writable; else one line on stderr and True."""
+    if not args.run and not Path(args.results).exists():
+        print(f"python -m analysis claims: error: argument DIR: {args.results} does not exist; allowed: an existing "
+              "folder holding the claim experiments' runs (or --run, which runs them there)", file=sys.stderr)
+        return True
+    if not args.run and not _holds_runs(Path(args.results)):
+        print(f"python -m analysis claims: error: argument DIR: {args.results} holds no runs (no run directory with "
+              "metrics.parquet or summary.json, no exact_tests.json); allowed: a folder holding the claim "
+              "experiments' runs (or --run, which runs them there)", file=sys.stderr)
+        return True
+    outputs = [("DIR", Path(args.results))] + [("--readme", f.parent) for f in args.readme or []]
+    if args.publish:
+        outputs.append(("--publish", Path(args.publish)))
+    return any(_unwritable("claims", argument, folder) for argument, folder in outputs)
+
+
+def _run_claim_looks(args, command: str) -> tuple:
+    """``--run``: stage one (and every look an earlier --run of this offset reached), then each
+    next look the sequential plans ask for, judging after each; the last judgement
+    ``(verdicts, data, meta)``, which asks for nothing more."""
+    import time
+
+    from harness.experiments.run import ClaimStage, describe, run_claims  # the one named exception (.importlinter)
+    from harness.io import atomic_write_json
+
+    from . import claims
+    from .claims.plan import extensions, next_looks, read_plan, variant, write_plan
+    from .claims.report import commit
+
+    t0 = time.time()
+    started_at = commit()  # what the run ran (a later commit may write the docs block)
+    root, only = Path(args.results).resolve(), args.only
+    timings: dict[str, float] = {}
+    stage = ClaimStage(reached=extensions(read_plan(root, args.quick, args.seed_offset)), timings=timings)
+    totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print, stage=stage)
+    print(f"[claims] stage one: {describe(totals) or 'nothing to run'} ({time.time() - t0:.0f} s)")
+    looks_run = 0
+    while True:
+        t_judge = time.time()
+        verdicts, data, meta = claims.evaluate_all(root, args.quick, only, args.seed_offset, diverged=args.diverged)
+        timings["judging"] = timings.get("judging", 0.0) + time.time() - t_judge
+        plan = meta["plan"] if args.quick else next_looks(verdicts, claims.CLAIMS_BY_ID, meta["plan"])
+        fresh = {name: {"population": e["looks"][e["reached"]]} for name, e in plan["experiments"].items()
+                 if e.get("reached", 0) != meta["plan"].get("experiments", {}).get(name, {}).get("reached", 0)}
+        if not fresh:
+            break
+        write_plan(root, args.quick, args.seed_offset, plan)
+        looks_run += 1
+        for name, e in fresh.items():
+            print(f"[claims] next look: {name} to {e['population']} seeds per arm - "
+                  + "; ".join(plan["experiments"][name].get("why", []))[:200])
+        t1 = time.time()
+        totals = run_claims(root, quick=args.quick, only=only, seed_offset=args.seed_offset, progress=print,
+                            stage=ClaimStage(extensions=fresh, timings=timings))
+        print(f"[claims] look {looks_run + 1}: {describe(totals) or 'nothing to run'} ({time.time() - t1:.0f} s)")
+    if not only:  # the wall time of a whole run, for the docs blocks
+        atomic_write_json(root / f"claims_run{variant(args.quick, args.seed_offset)}.json",
+                          {"wall_s": time.time() - t0, "seconds": timings, "command": command,
+                           "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": started_at})
+    return verdicts, data, meta
+
+
+def _print_claims_summary(args, res, seconds: float) -> None:
+    """The verdicts' table and counts, the stability across seed offsets, the runs left out and
+    those not run yet."""
+    from . import claims
+
+    verdicts, only = res.verdicts, args.only
+    print(claims.format_table(verdicts))
+    stat = [x for x in verdicts if not x.exact]
+    exact = f"{sum(x.exact and x.verdict == 'supported' for x in verdicts)} of {sum(x.exact for x in verdicts)}"
+    if args.quick:
+        print(f"{len(stat)} statistical claims: pilot estimates only, no verdict; "
+              f"{exact} exact checks passed  ({seconds:.0f} s)")
+    else:
+        counts = {v: sum(x.verdict == v and not x.not_run for x in stat) for v in claims.VERDICTS}
+        not_run = sum(bool(x.not_run) for x in stat)
+        print(f"{len(stat)} statistical claims: " + ", ".join(f"{n} {k}" for k, n in counts.items())
+              + f", {not_run} not run; {exact} exact checks passed  ({seconds:.0f} s)")
+    stab = claims.stability(Path(args.results).resolve(), args.quick)
+    if len(stab["offsets"]) > 1:
+        print(f"seed offsets {stab['offsets']}: {stab['summary']}")
+    _print_left_out(res.left_out)
+    if res.missing:
+        ids = ",".join(sorted(only, key=lambda c: int(c[1:]))) if only else ""
+        print(f"{res.missing} run director{'y' if res.missing == 1 else 'ies'} not run yet (python -m analysis "
+              f"claims {args.results} --run{' --quick' if args.quick else ''}"
+              f"{f' --seed-offset {args.seed_offset}' if args.seed_offset else ''}{' --only ' + ids if ids else ''})")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.models.lm import response_forward, tiny_causal_lm  # noqa: E402
+from harness.models.lm import TinyArch, response_forward, tiny_causal_lm  # noqa: E402
 from harness.tasks.lm.corpus import vocabulary  # noqa: E402
 from harness.tasks.lm.tokenizer import build_word_tokenizer  # noqa: E402
 
@@ -87,7 +87,7 @@ def one_pass(P: int, shape: str, vocab: int):
 def harness_pass(vocab: int):
     """The harness's own teacher-forced pass (shared prompts, packed) of an SFT-shaped GPT-2 on the
     ``update`` minibatch, forward and backward."""
-    model = tiny_causal_lm(vocab, 0, 1, PROMPT + RESPONSE, LAYERS, WIDTH, HEADS)
+    model = tiny_causal_lm(vocab, 0, 1, PROMPT + RESPONSE, TinyArch(LAYERS, WIDTH, HEADS))
     g = torch.Generator().manual_seed(2)
     prompts = torch.randint(2, vocab, (2, PROMPT), generator=g).repeat_interleave(GROUP, 0)
     responses = torch.randint(2, vocab, (2 * GROUP, RESPONSE), generator=g)

@@ -154,7 +154,7 @@ def test_claims_names_runs_it_does_not_use(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(C, "compose_points", compose)
     from harness.io import run_status
     assert run_status(corrupt) is None and run_status(good) == "completed"
-    r = C.build_claims(root, only={"C3"}, progress=lambda s: None)
+    r = C.build_claims(root, C.ReportSettings(only={"C3"}), progress=lambda s: None)
     reasons = {x["path"]: x["reason"] for x in r.left_out}
     assert set(reasons) == {str(corrupt), str(status5), str(inf)}
     assert reasons[str(corrupt)].startswith("unreadable metrics.parquet (")

@@ -35,10 +35,10 @@ def kill_at(monkeypatch, iteration: int, seed: int | None = None) -> None:
     monkeypatch.setattr(train_loop, "FLUSH_SECONDS", 0.0)
     original = Loop._row
 
-    def row(self, p, it, *args):
-        if it == iteration and seed in (None, self.source.seeds[p]):
-            raise Killed(f"killed at iteration {it}")
-        return original(self, p, it, *args)
+    def row(self, p, rec):
+        if rec.iteration == iteration and seed in (None, self.source.seeds[p]):
+            raise Killed(f"killed at iteration {rec.iteration}")
+        return original(self, p, rec)
 
     monkeypatch.setattr(Loop, "_row", row)
 

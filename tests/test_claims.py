@@ -597,9 +597,9 @@ def test_the_cli_runs_looks_by_runs_not_by_time(tmp_path, monkeypatch):
 
     calls, judged, resumed = [], [], []
 
-    def run_claims(root, **kw):
-        calls.append(kw.get("extensions"))
-        resumed.append(kw.get("reached"))
+    def run_claims(root, stage=None, **kw):
+        calls.append(stage.extensions)
+        resumed.append(stage.reached)
         return {}
 
     def evaluate(root, quick, only, offset, diverged="worst"):

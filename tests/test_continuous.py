@@ -18,7 +18,7 @@ import torch
 from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
 
 from harness.app import run
-from harness.models.control import ControlAgent
+from harness.models.control import AgentSpec, ControlAgent
 from harness.models.mlp import PopulationMLP
 from harness.tasks.control import MemberEnvs, Normalization, env_info, evaluate, make_vector_env
 from harness.validation import validate
@@ -137,7 +137,7 @@ def test_evaluation_uses_frozen_copies_of_each_members_statistics():
     envs, _, _ = drive("Pendulum-v1", P, N, 40, norm)
     before = {k: v.clone() for k, v in envs.norm_state().items()}
     info = env_info("Pendulum-v1")
-    agent = ControlAgent(P, info.obs_dim, info.act_dim, False, [8], "tanh", False,
+    agent = ControlAgent(P, AgentSpec(info.obs_dim, info.act_dim, False, [8], "tanh"), False,
                          [torch.Generator().manual_seed(i) for i in range(P)])
     first = evaluate(agent, "Pendulum-v1", 2, 20, info, [5, 6], train_envs=envs)
     second = evaluate(agent, "Pendulum-v1", 2, 20, info, [5, 6], train_envs=envs)
@@ -167,7 +167,7 @@ def test_evaluation_uses_frozen_copies_of_each_members_statistics():
 def gaussian_agent(**kw) -> ControlAgent:
     gens = [torch.Generator().manual_seed(i) for i in range(2)]
     low, high = np.array([-2.0, 0.0], np.float32), np.array([1.0, 4.0], np.float32)
-    return ControlAgent(2, 3, 2, False, [8], "tanh", True, gens, low=low, high=high, **kw)
+    return ControlAgent(2, AgentSpec(3, 2, False, [8], "tanh", low=low, high=high, **kw), True, gens)
 
 
 def test_tanh_log_prob_equals_torch_transformed_distribution():

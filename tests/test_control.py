@@ -15,11 +15,11 @@ from harness.app import run
 from harness.config import TaskConfig
 from harness.estimators import EstimatorParams, estimator_names, gae, get_estimator
 from harness.io.rundir import METRIC_COLUMNS
-from harness.tasks.control import EpisodeCollector, MemberEnvs, StepCollector, env_info, missing_extra
+from harness.tasks.control import EpisodeCollector, EpisodeLayout, MemberEnvs, StepCollector, env_info, missing_extra
+from harness.testing import config_folders
 from harness.train.control import ControlSource
 from harness.train.loop import Loop
-from harness.testing import config_folders
-from harness.train.update import update
+from harness.train.update import Members, update
 from tests.control_helpers import TINY, make_cfg
 
 
@@ -76,11 +76,12 @@ def test_every_task_and_estimator_runs_two_iterations(task, estimator, tmp_path)
 
 # ----------------------------------------------------------------- collection, by hand
 def agent_for(env_id, population=1, critic=True):
-    from harness.models.control import ControlAgent
+    from harness.models.control import AgentSpec, ControlAgent
 
     info = env_info(env_id)
     gens = [torch.Generator().manual_seed(i) for i in range(population)]
-    return ControlAgent(population, info.obs_dim, info.act_dim, info.discrete, [8], "tanh", critic, gens), info, gens
+    spec = AgentSpec(info.obs_dim, info.act_dim, info.discrete, [8], "tanh")
+    return ControlAgent(population, spec, critic, gens), info, gens
 
 
 def test_autoreset_transition_is_masked_and_not_counted():
@@ -130,7 +131,7 @@ def test_truncation_bootstraps_from_the_real_final_observation():
 
 def test_group_members_start_from_identical_states_and_greedy_shares_them():
     agent, info, gens = agent_for("ChainTest-v0", critic=False)
-    col = EpisodeCollector("ChainTest-v0", 1, episodes=6, group_size=3, greedy=True,
+    col = EpisodeCollector("ChainTest-v0", 1, EpisodeLayout(episodes=6, group_size=3, greedy=True),
                            max_episode_steps=None, info=info, gens=gens)
     ro = col.collect(agent)
     starts = ro.obs[0, 0, :, 1].tolist()  # start_offset of each of the 6 episodes
@@ -246,8 +247,8 @@ def one_update(cfg):
     batch = source.advantage_batch(ro)
     out = loop.spec(batch, loop.est_params)
     ub = source.update_batch(ro, out.advantages, out.returns, batch.values)
-    stats = update(loop.learner, loop.opt, ub, loop.settings, source.gens, loop.active, loop.member_lr(),
-                   loop.kl_beta)
+    stats = update(loop.learner, loop.opt, ub, loop.settings,
+                   Members(source.gens, loop.active, loop.member_lr(), loop.kl_beta))
     return stats, ro, source
 
 
@@ -642,15 +643,15 @@ def test_a_frozen_forward_is_the_forward_bit_for_bit(population):
     a narrow output layer (CartPole's 64 -> 2, computed transposed) and a wide one, tanh and relu,
     records no graph when grad is on, and a policy made after the weights change (an optimizer
     step) is the new weights' forward (nothing of the old weights kept across policies)."""
-    from harness.models.control import ControlAgent
+    from harness.models.control import AgentSpec, ControlAgent
 
     cases = [(4, 2, True, [64, 64], "tanh", "state_independent"),  # narrow output layer (64 -> 2)
              (5, 3, False, [64, 64], "relu", "state_dependent"),  # narrow (64 -> 6)
              (5, 6, False, [8], "tanh", "state_dependent")]  # wide (8 -> 12)
     for obs_dim, act_dim, discrete, hidden, activation, log_std in cases:
         gens = [torch.Generator().manual_seed(11 + p) for p in range(population)]
-        agent = ControlAgent(population, obs_dim, act_dim, discrete, hidden, activation, True, gens,
-                             log_std=log_std)
+        agent = ControlAgent(population, AgentSpec(obs_dim, act_dim, discrete, hidden, activation, log_std=log_std),
+                             True, gens)
         obs = torch.randn(population, 7, obs_dim, generator=torch.Generator().manual_seed(2))
         for step in range(2):
             if step:  # an optimizer step's in-place change of every weight
@@ -792,9 +793,9 @@ def test_discrete_sampling_is_gumbel_max_on_the_pre_drawn_uniforms():
     """A discrete action is ``argmax(logits + g)``, ``g = -log(-log u)`` on the pre-drawn uniform
     ``u`` (clamped away from 0 and 1), written here as the textbook formula: the same actions for
     every draw, including near-ties; and its frequencies are the softmax's."""
-    from harness.models.control import ControlAgent
+    from harness.models.control import AgentSpec, ControlAgent
 
-    agent = ControlAgent(1, 3, 4, True, [8], "tanh", False, [torch.Generator().manual_seed(0)])
+    agent = ControlAgent(1, AgentSpec(3, 4, True, [8], "tanh"), False, [torch.Generator().manual_seed(0)])
     gen = torch.Generator().manual_seed(1)
     logits = torch.tensor([[[0.0, 1.0, -1.0, 0.5]]]).expand(1, 50_000, 4).contiguous()
     logits[0, :100] = 0.25  # four-way ties: decided by the noise alone

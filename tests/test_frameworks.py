@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.train.update import MemberOptimizer, UpdateBatch, UpdateSettings, update
+from harness.train.update import MemberOptimizer, Members, UpdateBatch, UpdateSettings, update
 from tests import framework_refs as F
 from tests.control_helpers import make_cfg
 from tests.test_recipes import TokenLearner
@@ -54,8 +54,9 @@ def _harness(overrides: str, logp, old, ref, adv, mask):
     opt = MemberOptimizer(learner.params, 1, lr=0.0)
     batch = UpdateBatch(adv=(adv.view(-1, 1) * mask).T.unsqueeze(0), mask=mask.T.unsqueeze(0),
                         old_logp=old.T.unsqueeze(0), inputs=None, kl_target=ref.T.unsqueeze(0))
-    out = update(learner, opt, batch, s, [torch.Generator().manual_seed(0)], torch.ones(1, dtype=torch.bool),
-                 torch.zeros(1, dtype=torch.float64), torch.tensor([float(cfg.kl.beta)], dtype=torch.float64))
+    out = update(learner, opt, batch, s, Members([torch.Generator().manual_seed(0)], torch.ones(1, dtype=torch.bool),
+                                                 torch.zeros(1, dtype=torch.float64),
+                                                 torch.tensor([float(cfg.kl.beta)], dtype=torch.float64)))
     return float(out["loss"][0]), learner.grad[0].T
 
 

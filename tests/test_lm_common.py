@@ -76,8 +76,8 @@ def assert_own_decode_step_is_the_models(model, ids, mask, monkeypatch, device: 
         monkeypatch.setattr(lm_mod, "_gpt2_trunk", trunk_of)
         gen = torch.Generator(device=device).manual_seed(4)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
-            sampled, greedy = lm_mod.generate_groups(model, ids, mask, 12, 2, 0, temperature=0.9, samples=3,
-                                                     with_greedy=True, generator=gen)
+            sampled, greedy = lm_mod.generate_groups(model, ids, mask, lm_mod.DecodeSettings(12, 2, 0, temperature=0.9),
+                                                     samples=3, with_greedy=True, generator=gen)
         return sampled, greedy, gen.get_state()
 
     (fast_s, fast_g, fast_state) = run(spy, lm_mod._gpt2_trunk)

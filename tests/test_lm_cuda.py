@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.app import run
-from harness.models.lm import generate, response_forward, tiny_causal_lm
+from harness.models.lm import DecodeSettings, TinyArch, generate, response_forward, tiny_causal_lm
 from harness.tasks.lm.data import left_pad
 
 from .test_lm_common import assert_own_decode_step_is_the_models, compose
@@ -21,11 +21,11 @@ def test_teacher_forcing_on_cuda_in_bf16():
     """Teacher-forced log-probabilities equal the sampler's on CUDA under bf16 autocast, up to
     bf16 rounding. (Not named test_c12_*: the claims report's C12 row quotes the CPU tests in
     tests/test_lm_model.py, which run everywhere; a skipped GPU test would make it inconclusive.)"""
-    model = tiny_causal_lm(10, pad_token_id=0, eos_token_id=2, n_positions=64, n_layer=2, n_embd=32, n_head=2,
-                           seed=0).cuda().eval()
+    model = tiny_causal_lm(10, pad_token_id=0, eos_token_id=2, n_positions=64,
+                           arch=TinyArch(n_layer=2, n_embd=32, n_head=2), seed=0).cuda().eval()
     ids, mask = left_pad([[5, 6, 7, 8, 9, 3], [4, 5], [9, 8, 7, 6]], 0, torch.device("cuda"))
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        g = generate(model, ids, mask, 12, eos_token_id=2, pad_token_id=0, temperature=0.7,
+        g = generate(model, ids, mask, DecodeSettings(12, eos_token_id=2, pad_token_id=0, temperature=0.7),
                      generator=torch.Generator(device="cuda").manual_seed(3))
         with torch.no_grad():
             tf = response_forward(model, ids, mask, g.tokens, g.mask, temperature=0.7)
@@ -33,7 +33,7 @@ def test_teacher_forcing_on_cuda_in_bf16():
     assert m.sum() > 3
     assert torch.allclose(tf.logp[m].float(), g.logp[m].float(), atol=0.05, rtol=0)
     # fp32 on the GPU: equal to float rounding, as on CPU
-    g32 = generate(model, ids, mask, 12, eos_token_id=2, pad_token_id=0, temperature=0.7,
+    g32 = generate(model, ids, mask, DecodeSettings(12, eos_token_id=2, pad_token_id=0, temperature=0.7),
                    generator=torch.Generator(device="cuda").manual_seed(3))
     with torch.no_grad():
         tf32 = response_forward(model, ids, mask, g32.tokens, g32.mask, temperature=0.7)
@@ -62,7 +62,7 @@ def test_gpt2_decoding_step_on_cuda_is_the_models_own_step(autocast, monkeypatch
     (:func:`harness.models.lm._gpt2_decode_step`) draws the tokens, log-probabilities and generator
     state of decoding with ``model(...)`` at every step, bit for bit: in float32 and under the bf16
     autocast the LM task uses on a GPU, with left-padded prompts and rows that end early."""
-    model = tiny_causal_lm(10, pad_token_id=0, eos_token_id=2, n_positions=64, n_layer=2, n_embd=32, n_head=2,
-                           seed=0).cuda().eval()
+    model = tiny_causal_lm(10, pad_token_id=0, eos_token_id=2, n_positions=64,
+                           arch=TinyArch(n_layer=2, n_embd=32, n_head=2), seed=0).cuda().eval()
     ids, mask = left_pad([[5, 6, 7, 8, 9, 3], [4, 5], [9, 8, 7, 6]], 0, torch.device("cuda"))
     assert_own_decode_step_is_the_models(model, ids, mask, monkeypatch, device="cuda", autocast=autocast)

@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 
-from harness.models.lm import generate, response_forward, tiny_causal_lm
+from harness.models.lm import DecodeSettings, TinyArch, generate, response_forward, tiny_causal_lm
 from harness.tasks.lm import build_word_tokenizer, ensure_special_tokens, make_corpus, vocabulary
 from harness.tasks.lm.data import encode_prompt, encode_response, left_pad, right_pad
 
@@ -81,8 +81,8 @@ def test_padding_layout():
 
 def _tiny(arch: str, vocab: int = 10):
     if arch == "gpt2":
-        return tiny_causal_lm(vocab, pad_token_id=0, eos_token_id=2, n_positions=64, n_layer=2, n_embd=32,
-                              n_head=2, seed=0).eval()
+        return tiny_causal_lm(vocab, pad_token_id=0, eos_token_id=2, n_positions=64,
+                              arch=TinyArch(n_layer=2, n_embd=32, n_head=2), seed=0).eval()
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -100,7 +100,7 @@ def test_c12_teacher_forced_logprobs_equal_sequential_decoding(arch):
     model, T = _tiny(arch), 0.7
     prompts = [[5, 6, 7, 8, 9, 3], [4, 5], [9, 8, 7, 6]]  # different lengths: left padding
     ids, mask = left_pad(prompts, 0)
-    g = generate(model, ids, mask, 12, eos_token_id=2, pad_token_id=0, temperature=T,
+    g = generate(model, ids, mask, DecodeSettings(12, eos_token_id=2, pad_token_id=0, temperature=T),
                  generator=torch.Generator().manual_seed(3))
     assert g.has_eos.any() and (~g.has_eos).any()  # some rows stop early, one runs to the limit
     with torch.no_grad():
@@ -117,15 +117,15 @@ def test_c12_teacher_forced_logprobs_equal_sequential_decoding(arch):
             if g.has_eos[i]:  # masked after EOS, which is the last kept token
                 assert resp[-1] == 2 and (g.tokens[i, len(resp):] == 0).all()
     # the cache-free decoder draws the same tokens with the same log-probabilities
-    g2 = generate(model, ids, mask, 12, eos_token_id=2, pad_token_id=0, temperature=T,
-                  generator=torch.Generator().manual_seed(3), use_cache=False)
+    g2 = generate(model, ids, mask, DecodeSettings(12, eos_token_id=2, pad_token_id=0, temperature=T, use_cache=False),
+                  generator=torch.Generator().manual_seed(3))
     assert torch.equal(g2.tokens, g.tokens) and torch.allclose(g2.logp, g.logp, atol=1e-5, rtol=0)
 
 
 def test_entropy_and_greedy_decoding():
     model = _tiny("gpt2")
     ids, mask = left_pad([[5, 6, 7]], 0)
-    g = generate(model, ids, mask, 3, eos_token_id=2, pad_token_id=0, greedy=True)
+    g = generate(model, ids, mask, DecodeSettings(3, eos_token_id=2, pad_token_id=0), greedy=True)
     with torch.no_grad():
         tf = response_forward(model, ids, mask, g.tokens, g.mask)
         logits = model(input_ids=torch.tensor([[5, 6, 7]])).logits[0, -1]
@@ -171,7 +171,8 @@ def test_shared_prompt_decoding_draws_the_samples_of_decoding_each_row_alone(arc
     prompts = [[5, 6, 7, 8, 9, 3], [4, 5], [9, 8, 7, 6]]
     ids, mask = left_pad(prompts, 0)
     gen = torch.Generator().manual_seed(seed)
-    s, g = generate_groups(model, ids, mask, 12, 2, 0, temperature=T, samples=k, with_greedy=True, generator=gen)
+    s, g = generate_groups(model, ids, mask, DecodeSettings(12, 2, 0, temperature=T), samples=k, with_greedy=True,
+                           generator=gen)
     ref_gen = torch.Generator().manual_seed(seed)
     want, want_lp = _decode_rows_alone(model, [p for p in prompts for _ in range(k)], 12, T, ref_gen)
     assert any(len(w) < 12 for w in want)  # some end with EOS
@@ -194,8 +195,9 @@ def test_shared_prompt_decoding_draws_the_samples_of_decoding_each_row_alone(arc
         assert g.tokens[i, :len(w)].tolist() == w and int(g.mask[i].sum()) == len(w)
         assert torch.allclose(g.logp[i, :len(w)], torch.tensor(lp), atol=1e-5, rtol=0)
     # greedy=True of generate is the greedy part; sampling alone is the sampled part
-    g2 = generate(model, ids, mask, 12, 2, 0, temperature=T, greedy=True)
-    s2 = generate(model, ids, mask, 12, 2, 0, temperature=T, samples=k, generator=torch.Generator().manual_seed(seed))
+    g2 = generate(model, ids, mask, DecodeSettings(12, 2, 0, temperature=T), greedy=True)
+    s2 = generate(model, ids, mask, DecodeSettings(12, 2, 0, temperature=T), samples=k,
+                  generator=torch.Generator().manual_seed(seed))
     assert torch.equal(g2.tokens, g.tokens) and torch.equal(s2.tokens, s.tokens)
 
 
@@ -294,8 +296,8 @@ def test_decoding_stops_running_finished_rows_without_changing_a_bit(dtype, monk
         monkeypatch.setattr(lm_mod, "_gpt2_decode_step", own_step)  # turned off last by the helper above
         monkeypatch.setattr(lm_mod, "_gpt2_trunk", own_trunk)
         gen = torch.Generator().manual_seed(4)
-        out = lm_mod.generate_groups(model, ids, mask, 12, 2, 0, temperature=0.9, samples=3, with_greedy=True,
-                                     generator=gen)
+        out = lm_mod.generate_groups(model, ids, mask, lm_mod.DecodeSettings(12, 2, 0, temperature=0.9), samples=3,
+                                     with_greedy=True, generator=gen)
         return [getattr(part, name) for part in out for name in ("tokens", "mask", "logp", "has_eos")], gen.get_state()
 
     kept.clear()
@@ -320,7 +322,7 @@ def test_gpt2_teacher_forced_passes_are_the_models_own_bit_for_bit(prompts, dtyp
 
     model = _tiny("gpt2").to(dtype)
     ids, mask = left_pad(prompts, 0)
-    g = generate(model, ids, mask, 9, eos_token_id=2, pad_token_id=0, temperature=0.9,
+    g = generate(model, ids, mask, DecodeSettings(9, eos_token_id=2, pad_token_id=0, temperature=0.9),
                  generator=torch.Generator().manual_seed(5))
     assert (g.mask == 0).any() and g.tokens.shape[1] > 1  # padded responses
     real_trunk, taken = lm_mod._gpt2_trunk, []
@@ -402,7 +404,7 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, order, 
     if order == "grouped":
         prompts = [p for p in ([5, 6, 7, 8, 9, 3], [4, 5], [9, 8, 7, 6]) for _ in range(2)]
     ids, mask = left_pad(prompts, 0)
-    g = generate(model, ids, mask, 9, eos_token_id=2, pad_token_id=0, temperature=0.9,
+    g = generate(model, ids, mask, DecodeSettings(9, eos_token_id=2, pad_token_id=0, temperature=0.9),
                  generator=torch.Generator().manual_seed(5))
     m = g.mask.bool()
     assert (~m).sum() > 5 and g.tokens.shape[1] > 2  # rows end early: padding to leave out
@@ -500,7 +502,7 @@ def test_shared_prompt_teacher_forcing_equals_one_pass_with_its_gradient(arch):
     first, rows = distinct_prompts(ids, mask)
     assert first.tolist() == [0, 1, 2, 5] and rows.tolist() == [0, 1, 2, 1, 0, 3, 1]
     assert distinct_prompts(ids[:3], mask[:3]) is None  # nothing shared: the one-pass path
-    g = generate(model, ids, mask, 9, eos_token_id=2, pad_token_id=0, temperature=T,
+    g = generate(model, ids, mask, DecodeSettings(9, eos_token_id=2, pad_token_id=0, temperature=T),
                  generator=torch.Generator().manual_seed(5))
     m = g.mask.bool()
 

@@ -101,7 +101,7 @@ def test_evaluation_scores_the_sft_policy_first_and_never_moves_training(tmp_pat
 
     import torch
 
-    from harness.tasks.lm.pipeline import build_task, evaluate_gold
+    from harness.tasks.lm.pipeline import Decoding, build_task, evaluate_gold
     from harness.train.lm import LMSource
 
     _, with_eval, summary = run_one(tmp_path / "a", "estimator=rloo", "lm.eval_samples=3")
@@ -113,10 +113,10 @@ def test_evaluation_scores_the_sft_policy_first_and_never_moves_training(tmp_pat
     cfg = compose("estimator=rloo", results_dir=tmp_path / "a")
     task = build_task(cfg)
     sft = task.load_policy()
-    args = (sft, task.tokenizer, task.held_out, 4, 10, 1.0)  # TINY: lm.eval_prompts=4, max_response_len=10
+    args = (sft, task.tokenizer, task.held_out, 4)  # TINY: lm.eval_prompts=4, max_response_len=10
     seed = int(cfg.lm.pipeline_seed) + LMSource.EVAL_SEED_OFFSET
-    want_sampled = evaluate_gold(*args, False, seed, torch.device("cpu"), samples=3)
-    want_greedy = evaluate_gold(*args, True, seed, torch.device("cpu"))
+    want_sampled = evaluate_gold(*args, Decoding(10, 1.0, False, torch.device("cpu"), samples=3), seed)
+    want_greedy = evaluate_gold(*args, Decoding(10, 1.0, True, torch.device("cpu")), seed)
     assert summary["eval_return_init"] == pytest.approx(want_sampled, abs=1e-12)
     assert summary["eval_gold_greedy_init"] == pytest.approx(want_greedy, abs=1e-12)
     assert with_eval.eval_gold_greedy.between(0, 1).all()
@@ -381,11 +381,11 @@ def test_lm_finite_members_reads_every_weight(value, expected, where):
 
     import torch
 
-    from harness.models.lm import PolicyWithValue, ValueModel, tiny_causal_lm
+    from harness.models.lm import PolicyWithValue, TinyArch, ValueModel, tiny_causal_lm
     from harness.train.lm import LMLearner
 
-    policy = PolicyWithValue(tiny_causal_lm(10, 0, 2, 16, n_layer=1, n_embd=8, n_head=2), value_head=False)
-    critic = ValueModel(tiny_causal_lm(10, 0, 2, 16, n_layer=1, n_embd=8, n_head=2).transformer)
+    policy = PolicyWithValue(tiny_causal_lm(10, 0, 2, 16, TinyArch(n_layer=1, n_embd=8, n_head=2)), value_head=False)
+    critic = ValueModel(tiny_causal_lm(10, 0, 2, 16, TinyArch(n_layer=1, n_embd=8, n_head=2)).transformer)
     learner = LMLearner(SimpleNamespace(policy=policy, critic=critic))
     if value is not None:
         net = policy.lm.transformer if where == "policy" else critic.backbone

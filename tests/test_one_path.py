@@ -19,7 +19,7 @@ from harness.app import run
 from harness.estimators import ESTIMATORS
 from harness.losses import aggregate, kl_penalty
 from harness.train.control import sequence_ids
-from harness.train.update import ADAM_EPS, MemberOptimizer, UpdateBatch, UpdateSettings, update
+from harness.train.update import ADAM_EPS, MemberOptimizer, Members, UpdateBatch, UpdateSettings, update
 from tests.control_helpers import TINY, make_cfg, population_against_lone_runs, run_frames
 
 
@@ -169,8 +169,8 @@ def test_diagnostics_are_the_last_epochs():
     opt = MemberOptimizer(learner.params, P, lr)
     old = -torch.ones(P, 1, 6)
     batch = UpdateBatch(adv=torch.ones(P, 1, 6), mask=torch.ones(P, 1, 6), old_logp=old, inputs=old)
-    stats = update(learner, opt, batch, _settings(), [torch.Generator().manual_seed(0)],
-                   torch.ones(P, dtype=torch.bool), torch.full((P,), lr, dtype=torch.float64), torch.zeros(P))
+    stats = update(learner, opt, batch, _settings(), Members([torch.Generator().manual_seed(0)],
+                   torch.ones(P, dtype=torch.bool), torch.full((P,), lr, dtype=torch.float64), torch.zeros(P)))
     w = float(learner.w.detach()[0, 0])
     assert w == pytest.approx(2 * lr, rel=1e-4)  # two steps of lr (epoch 2's gradient has the same sign)
     assert float(stats["approx_kl"][0]) == pytest.approx(math.exp(lr) - 1 - lr, rel=1e-4)
@@ -185,8 +185,8 @@ def test_a_member_with_a_non_finite_gradient_takes_no_step_and_its_neighbours_do
     adv = torch.ones(P, 1, 4)
     adv[1, 0, 2] = float("nan")
     batch = UpdateBatch(adv=adv, mask=torch.ones(P, 1, 4), old_logp=old, inputs=old)
-    stats = update(learner, opt, batch, _settings(epochs=1), [torch.Generator().manual_seed(i) for i in range(P)],
-                   torch.ones(P, dtype=torch.bool), torch.full((P,), lr, dtype=torch.float64), torch.zeros(P))
+    stats = update(learner, opt, batch, _settings(epochs=1), Members([torch.Generator().manual_seed(i) for i in range(P)],
+                   torch.ones(P, dtype=torch.bool), torch.full((P,), lr, dtype=torch.float64), torch.zeros(P)))
     assert learner.w.detach()[:, 0].tolist() == pytest.approx([lr, 0.0], rel=1e-4)  # Adam: lr * g / (|g| + eps)
     assert stats["nonfinite"].tolist() == [0, 1]  # member 1: non-finite loss
 
@@ -198,8 +198,8 @@ def test_member_learning_rates_scale_each_members_step():
     opt = MemberOptimizer(learner.params, P, 0.1)
     old = -torch.ones(P, 1, 4)
     batch = UpdateBatch(adv=torch.ones(P, 1, 4), mask=torch.ones(P, 1, 4), old_logp=old, inputs=old)
-    update(learner, opt, batch, _settings(epochs=1), [torch.Generator().manual_seed(i) for i in range(P)],
-           torch.ones(P, dtype=torch.bool), torch.tensor([0.1, 0.05, 0.0], dtype=torch.float64), torch.zeros(P))
+    update(learner, opt, batch, _settings(epochs=1), Members([torch.Generator().manual_seed(i) for i in range(P)],
+           torch.ones(P, dtype=torch.bool), torch.tensor([0.1, 0.05, 0.0], dtype=torch.float64), torch.zeros(P)))
     assert learner.w.detach()[:, 0].tolist() == pytest.approx([0.1, 0.05, 0.0], rel=1e-4)  # eps=1e-5 in Adam
 
 

@@ -7,6 +7,7 @@ import torch
 from harness.app import run
 from harness.estimators import EstimatorParams, get_estimator
 from harness.probes import ProbeSettings, probe_toy
+from harness.probes.toy import ProbeTraining
 from harness.probes import stats as pstats
 from harness.tasks.toy import PRESETS, ToyTask
 from tests.control_helpers import make_cfg
@@ -19,7 +20,7 @@ def _probe(name, task=None, theta=None, seed=0, M=1000, B=32, k=4, lam=0.95, std
     theta = task.init_logits() if theta is None else theta
     s = ProbeSettings(batches=M, reps=400, **kw)
     return probe_toy(task, theta, get_estimator(name), EstimatorParams(gamma=1.0, gae_lambda=lam, std_normalize=std),
-                     settings=s, batch_size=B, group_size=k, seed=seed)
+                     settings=s, training=ProbeTraining(batch_size=B, group_size=k, seed=seed))
 
 
 def _all(res):
@@ -81,7 +82,7 @@ def test_kl_probe_k1_k3_values_unbiased_k2_biased_k3_gradient_biased():
     for k in ("k1", "k2", "k3"):
         s = ProbeSettings(batches=1000, reps=400, target="kl")
         out[k] = _all(probe_toy(task, theta, get_estimator("reinforce"), EstimatorParams(), settings=s,
-                                batch_size=32, group_size=4, seed=0, kl_name=k))
+                                training=ProbeTraining(batch_size=32, group_size=4, seed=0, kl_name=k)))
     for k in ("k1", "k3"):
         assert out[k]["value_bias_low"] < 0 < out[k]["value_bias_high"], k
     assert not out["k2"]["value_bias_low"] < 0 < out["k2"]["value_bias_high"]
@@ -97,7 +98,7 @@ def test_importance_weights_keep_the_mean_and_grow_the_variance():
     for shift in (0.0, 1.5):
         s = ProbeSettings(batches=1000, reps=400, target="importance", proposal_shift=shift)
         rows[shift] = _all(probe_toy(task, theta, get_estimator("reinforce"), EstimatorParams(gamma=1.0),
-                                     settings=s, batch_size=32, group_size=4, seed=0))
+                                     settings=s, training=ProbeTraining(batch_size=32, group_size=4, seed=0)))
     assert rows[0.0]["is_weight_m2"] == pytest.approx(1.0)
     assert rows[1.5]["is_weight_m2"] > 1.2
     for r in rows.values():
@@ -210,7 +211,7 @@ def test_toy_probe_per_batch_extras_and_directions_carry_a_standard_error():
     M, reps, seed = 200, 400, 0
     s = ProbeSettings(batches=M, reps=reps, arcsin=True)
     res = probe_toy(task, task.init_logits(), get_estimator("grpo"), EstimatorParams(gamma=1.0), settings=s,
-                    batch_size=32, group_size=4, seed=seed)
+                    training=ProbeTraining(batch_size=32, group_size=4, seed=seed))
     r = _all(res)
     W = pstats.resample_weights(M, reps, seed=seed + 7)  # the probe's resampling
     b = res.batches.query("scope == 'all'")
@@ -317,7 +318,7 @@ def test_probe_whitens_each_batch_by_the_update_rule():
     own (computed here with numpy); minibatch with minibatches=1 is the same whitening (the update's rule);
     minibatch over several minibatches is refused, in the probe and by validation (one line, the field)."""
     from harness.probes import validate_probe
-    from harness.probes.toy import draw_batches, estimator_advantages
+    from harness.probes.toy import ToyProbe, draw_batches, estimator_advantages
 
     task = ToyTask(PRESETS["mixed"])
     theta = task.init_logits(scale=0.5, seed=1)
@@ -326,7 +327,9 @@ def test_probe_whitens_each_batch_by_the_update_rule():
     spec, params = get_estimator("reinforce"), EstimatorParams(gamma=1.0)
 
     def adv(normalize, minibatches=1):
-        return estimator_advantages(task, spec, params, batch, theta, M, k, None, normalize, minibatches=minibatches)
+        training = ProbeTraining(batch_size=B, group_size=k, seed=0, normalize=normalize, minibatches=minibatches)
+        return estimator_advantages(ToyProbe(task, theta, theta, spec, params, ProbeSettings(batches=M), training,
+                                             batch=batch))
 
     raw, white = adv("none"), adv("batch")
     mask = batch.mask.T.numpy()  # [L, M*B]

@@ -11,7 +11,7 @@ import torch
 from harness.estimators import EstimatorParams, get_estimator, kl_estimate
 from harness.probes import ProbeSettings, probe_toy, validate_probe
 from harness.probes import stats as pstats
-from harness.probes.toy import estimator_advantages
+from harness.probes.toy import ProbeTraining, ToyProbe, estimator_advantages
 from harness.tasks.toy import DTYPE, PRESETS, PromptSpec, ToyBatch, ToyTask
 from tests.control_helpers import make_cfg
 
@@ -29,8 +29,8 @@ def _probe(task, theta, name="reinforce", M=1000, B=64, k=4, gamma=1.0, lam=0.95
            kl_beta=0.0, kl_in_reward=False, **kw):
     s = ProbeSettings(batches=M, reps=400, **kw)
     return probe_toy(task, theta, get_estimator(name), EstimatorParams(gamma=gamma, gae_lambda=lam), settings=s,
-                     batch_size=B, group_size=k, seed=0, normalize=normalize, kl_name=kl_name, kl_beta=kl_beta,
-                     kl_in_reward=kl_in_reward)
+                     training=ProbeTraining(batch_size=B, group_size=k, seed=0, normalize=normalize, kl_name=kl_name,
+                                            kl_beta=kl_beta, kl_in_reward=kl_in_reward))
 
 
 # ----------------------------------------------------------------------------- discounted values (C27)
@@ -138,8 +138,9 @@ def test_c23_k1_in_the_reward_is_exactly_unbiased_for_the_regularised_objective(
     batch = _all_leaves(task)
     logp = torch.log_softmax(theta, -1)[batch.states, batch.tokens].T
     lref = torch.log_softmax(ref, -1)[batch.states, batch.tokens].T
-    adv = estimator_advantages(task, get_estimator("reinforce"), EstimatorParams(gamma=1.0), batch, theta, 1, 1,
-                               None, reward_penalty=beta * kl_estimate("k1", logp, lref))  # [L, N]
+    probe = ToyProbe(task, theta, ref, get_estimator("reinforce"), EstimatorParams(gamma=1.0), ProbeSettings(batches=1),
+                     ProbeTraining(batch_size=batch.tokens.shape[0], group_size=1, seed=0), batch=batch)
+    adv = estimator_advantages(probe, reward_penalty=beta * kl_estimate("k1", logp, lref))  # [L, N]
     eg = _enumerated_expectation(task, theta, ref, lambda lp, lr: adv.T * lp)
     th = theta.clone().requires_grad_(True)
     (truth,) = torch.autograd.grad(task.expected_reward(th) - beta * task.sequence_kl(th, ref), th)

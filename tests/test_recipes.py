@@ -30,7 +30,7 @@ import torch
 
 from harness.estimators import EstimatorParams, get_estimator
 from harness.train.lm import LMSource, Rollout, greedy_baseline
-from harness.train.update import MemberOptimizer, UpdateSettings, update
+from harness.train.update import MemberOptimizer, Members, UpdateSettings, update
 from tests import framework_refs as F
 from tests.control_helpers import make_cfg
 
@@ -193,8 +193,9 @@ def harness_step(cfg, e: Episode):
     s.epochs, s.minibatches, s.vf_coef = 1, 1, 0.0
     learner = TokenLearner(e.logp.T.unsqueeze(0), None if ub.returns is None else ub.old_values)
     opt = MemberOptimizer(learner.params, 1, lr=0.0)
-    res = update(learner, opt, ub, s, [torch.Generator().manual_seed(0)], torch.ones(1, dtype=torch.bool),
-                 torch.zeros(1, dtype=torch.float64), torch.tensor([beta], dtype=torch.float64))
+    res = update(learner, opt, ub, s, Members([torch.Generator().manual_seed(0)], torch.ones(1, dtype=torch.bool),
+                                              torch.zeros(1, dtype=torch.float64),
+                                              torch.tensor([beta], dtype=torch.float64)))
     return float(res["loss"][0]), learner.grad[0].T
 
 

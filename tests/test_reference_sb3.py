@@ -212,7 +212,7 @@ def _one_update_both_sides(overrides, seed=7):
     from harness.tasks.control import Rollout
     from harness.train.control import ControlSource
     from harness.train.loop import Loop
-    from harness.train.update import update
+    from harness.train.update import Members, update
 
     cfg = cfg_for(*overrides)
     validate(cfg)
@@ -280,7 +280,7 @@ def _one_update_both_sides(overrides, seed=7):
     model.set_logger(Logger(None, []))
 
     start = {n: p.detach().clone() for n, p in agent.named_parameters()}
-    stats = update(loop.learner, loop.opt, ub, settings, gens, loop.active, loop.member_lr(), loop.kl_beta)
+    stats = update(loop.learner, loop.opt, ub, settings, Members(gens, loop.active, loop.member_lr(), loop.kl_beta))
     np.random.seed(seed)
     model.train()
     ours = {n: p.detach().clone() for n, p in agent.named_parameters()}

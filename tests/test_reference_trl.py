@@ -209,8 +209,8 @@ def _one_iteration_both_sides(overrides, tmp_path, monkeypatch, mask_positions=T
         def randrange(self, n):
             return self.left.pop(0)
 
-    def replay(model, u_ids, u_mask, max_new, eos, pad, temperature=1.0, samples=1, with_greedy=False,
-               generator=None, use_cache=True):
+    def replay(model, u_ids, u_mask, settings, samples=1, with_greedy=False, generator=None):
+        eos, pad, temperature = settings.eos_token_id, settings.pad_token_id, settings.temperature
         tokens = out["completion_ids"]
         mask = _response_mask(tokens, eos)
         rows = torch.arange(u_ids.shape[0]).repeat_interleave(samples)

@@ -140,12 +140,47 @@ def _data_at(e: ExpData, n: int | None) -> ExpData:
     return e if n is None else e.first_members(n)
 
 
+@dataclass
+class _Primary:
+    """The primary test at the last look it reached: its estimate, nominal p-value, the look (an
+    index into ``looks``, ``at_n`` seeds per arm), whether it is the plan's final judgement, and
+    ``incomplete = (seeds, runs missing)`` where the next look is short of runs."""
+
+    est: Estimate | None
+    p_nom: float
+    look: int
+    at_n: int | None
+    looks: list[int]
+    alpha_stop: float
+    final: bool
+    incomplete: tuple[int, int] | None
+
+
 def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], quick: bool = False,
                    reached: dict[str, int] | None = None) -> Verdict:
     """The claim's primary test (at every look its experiment reached, stopping at the first
     whose boundary it crosses), its checks and reported parts at that look. Holm's level is
     applied afterwards (:func:`apply_holm`); until then the primary is shown at 95%."""
     pr = c.primary
+    t = _primary_at_looks(pr, data, skipped, reached)
+    est, look, looks, at_n = t.est, t.look, t.looks, t.at_n
+    primary = _part(pr, est, PROTOCOL.check_level, look)
+    v = Verdict(c.id, PILOT if quick else "undecided", pr.name, primary.point, primary.low, primary.high,
+                PROTOCOL.check_level, est.n_text, [primary], estimate=est)
+    notes = []
+    if at_n is not None and len(looks) > 1:
+        notes.append(f"Judged at look {look + 1} of {len(looks)} ({at_n} seeds per arm; looks at "
+                     f"{', '.join(map(str, looks))}).")
+    failed = _checks(c, v, data, skipped, t)
+    _reported(c, v, data, skipped, t, notes)
+    v.note = " ".join(notes)
+    return _decide(v, t, failed, quick)
+
+
+def _primary_at_looks(pr: PartSpec, data: dict[str, ExpData], skipped: dict[str, str],
+                      reached: dict[str, int] | None) -> _Primary:
+    """The primary's estimate at each look its experiment reached, stopping at the first whose
+    alpha-spending boundary it crosses, or at the first look short of runs."""
     if pr.experiment not in data:
         raise NotRun(skipped.get(pr.experiment, f"{pr.experiment} not composed"))
     e = data[pr.experiment]
@@ -169,14 +204,13 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
             stopped = True  # crossed the stopping boundary at this look: judged here
             break
     final = incomplete is None and (stopped or len(looks) < 2 or look == len(looks) - 1)
-    at_n = used[look]
-    primary = _part(pr, est, PROTOCOL.check_level, look)
-    v = Verdict(c.id, PILOT if quick else "undecided", pr.name, primary.point, primary.low, primary.high,
-                PROTOCOL.check_level, est.n_text, [primary], estimate=est)
-    notes = []
-    if at_n is not None and len(looks) > 1:
-        notes.append(f"Judged at look {look + 1} of {len(looks)} ({at_n} seeds per arm; looks at "
-                     f"{', '.join(map(str, looks))}).")
+    return _Primary(est, p_nom, look, used[look], looks, alpha_stop, final, incomplete)
+
+
+def _checks(c: Claim, v: Verdict, data: dict[str, ExpData], skipped: dict[str, str],
+            t: _Primary) -> tuple[str, str] | None:
+    """Append the claim's checks at the primary's look to ``v.parts``; return the first failed
+    one as ``(role, why)`` (a failed power check gives way to a later failure of another role)."""
     failed = None
     for ps in c.checks:
         if ps.experiment not in data:
@@ -187,8 +221,8 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
             continue
         try:
             for one in expand(ps, data[ps.experiment]):
-                part = _part(one, KINDS[one.stat](_data_at(data[one.experiment], at_n), one.args),
-                             PROTOCOL.check_level, look)
+                part = _part(one, KINDS[one.stat](_data_at(data[one.experiment], t.at_n), one.args),
+                             PROTOCOL.check_level, t.look)
                 v.parts.append(part)
                 if part.verdict != "supported" and (failed is None or failed[0] == "power"):
                     failed = (ps.role, f"{ps.role} check {one.name!r} not supported ({part.verdict} at "
@@ -197,6 +231,13 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
             v.parts.append(Part(ps.name, math.nan, math.nan, math.nan, ps.rule.text, "undecided", "not run",
                                 role=ps.role, spec=ps.rule, experiment=ps.experiment))
             failed = failed or (ps.role, f"{ps.role} check {ps.name!r} not run ({exc})")
+    return failed
+
+
+def _reported(c: Claim, v: Verdict, data: dict[str, ExpData], skipped: dict[str, str], t: _Primary,
+              notes: list[str]) -> None:
+    """Append the claim's reported parts at the primary's look to ``v.reported``; what could not
+    be computed goes to ``notes``."""
     for ps in c.reported:
         if ps.experiment not in data:
             if not ps.optional:
@@ -204,15 +245,18 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
             continue
         try:
             for one in expand(ps, data[ps.experiment]):
-                v.reported.append(_part(one, KINDS[one.stat](_data_at(data[one.experiment], at_n), one.args),
-                                        PROTOCOL.check_level, look))
+                v.reported.append(_part(one, KINDS[one.stat](_data_at(data[one.experiment], t.at_n), one.args),
+                                        PROTOCOL.check_level, t.look))
         except (NotRun, Undecidable) as exc:
             notes.append(f"{ps.name}: {exc}")
-    v.note = " ".join(notes)
+
+
+def _decide(v: Verdict, t: _Primary, failed: tuple[str, str] | None, quick: bool) -> Verdict:
+    """Whether the claim is tested at this look, and what decides it where it is not."""
+    est, look, looks, at_n, incomplete = t.est, t.look, t.looks, t.at_n, t.incomplete
     if quick:
         v.deciding = "pilot (--quick): estimate and 95% interval only, no verdict"
-        primary.verdict = PILOT
-        for part in v.parts[1:]:
+        for part in v.parts:
             part.verdict = PILOT
         return v
     if failed is not None and failed[0] == "premise":
@@ -227,14 +271,14 @@ def evaluate_claim(c: Claim, data: dict[str, ExpData], skipped: dict[str, str], 
     if est.unit == "seeds" and est.n < PROTOCOL.min_seeds:
         v.deciding = f"n = {est.n} < {PROTOCOL.min_seeds} seeds per arm: a learning claim is not decided below that"
         return v
-    if not final:  # the plan goes on: judging here would be a peek the alpha spending does not pay for
+    if not t.final:  # the plan goes on: judging here would be a peek the alpha spending does not pay for
         v.pending = True
         nxt = (f"({incomplete[0]} seeds) has {incomplete[1]} run(s) not run yet (--run runs them)" if incomplete
                else f"({looks[look + 1]} seeds) is not run yet (--run runs it)")
         v.deciding = f"sequential plan: not past its stopping boundary at {at_n} seeds per arm; its next look {nxt}"
         return v
     v.tested = True
-    v.p = sequential_p(p_nom, look, looks, alpha_stop) if len(looks) > 1 else p_nom
+    v.p = sequential_p(t.p_nom, look, looks, t.alpha_stop) if len(looks) > 1 else t.p_nom
     return v
 
 
@@ -368,9 +412,10 @@ def evaluate_all(root: Path, quick: bool, only: set[str] | None = None, seed_off
 
 
 from .report import (  # noqa: E402 - the report needs the names above
-    ClaimsResult, build_claims, build_claims_report, format_table, readme_table, stability,
+    ClaimsResult, ReportSettings, build_claims, build_claims_report, format_table, readme_table, stability,
 )
 
 __all__ = ["CLAIMS", "CLAIMS_BY_ID", "M_REGISTERED", "PROTOCOL", "VERDICTS", "Claim", "ClaimsResult", "ExpData",
-           "NotRun", "Part", "Rule", "Verdict", "apply_holm", "build_claims", "build_claims_report", "evaluate_all",
-           "evaluate_claim", "format_table", "load_claims", "readme_table", "stability", "sweep_key", "write_plan"]
+           "NotRun", "Part", "ReportSettings", "Rule", "Verdict", "apply_holm", "build_claims", "build_claims_report",
+           "evaluate_all", "evaluate_claim", "format_table", "load_claims", "readme_table", "stability", "sweep_key",
+           "write_plan"]

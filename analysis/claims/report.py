@@ -214,30 +214,77 @@ def _registration_record(cid: str) -> dict | None:
             "changed_since": _changes_of(cid, changes)}
 
 
-def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], meta: dict, quick: bool,
-                 seed_offset: int, wall_s: float, only: bool = False, command: str = "") -> Path:
+@dataclass(frozen=True)
+class ReportSettings:
+    """How a claims report is judged and named: ``quick`` (pilot estimates, no verdicts), ``only``
+    (a subset of claim ids; None: all), ``seed_offset`` (the seeds it was run on, shifted by that
+    much), ``diverged`` (the rule for diverged runs) and the ``command`` it names as its maker."""
+
+    quick: bool = False
+    only: set[str] | None = None
+    seed_offset: int = 0
+    diverged: str = "worst"
+    command: str = ""
+
+
+def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], meta: dict,
+                 settings: ReportSettings, wall_s: float) -> Path:
+    quick, seed_offset, only = settings.quick, settings.seed_offset, bool(settings.only)
     fig_dir = root / f"claims_figures{variant(quick, seed_offset)}{'_only' if only else ''}"
     for v in verdicts:
         if not v.not_run and v.parts and not v.exact:
             v.figure = claim_figure(v, CLAIMS_BY_ID[v.claim], data, fig_dir)
     stat = [v for v in verdicts if not v.exact]
     exact = [v for v in verdicts if v.exact]
+    lines = _report_header(root, stat, exact, settings, wall_s)
+    lines += protocol_text(quick) + ["", DIVERGED_RULE[meta.get("diverged", "worst")], ""]
+    lines += _statistical_table(stat) + _exact_table(exact)
+    left_out = [r for name in sorted(data) for r in data[name].left_out()]
+    missing = sum(e.missing() for e in data.values())
+    # the JSON first: the stability section below reads every offset's JSON, this one's included
+    _write_report_json(root, verdicts, meta, settings, wall_s, left_out, missing)
+    stab = stability(root, quick)
+    if len(stab["offsets"]) > 1 and not only:
+        lines += ["", "## Stability across seed offsets", "", stability_table(stab), "",
+                  f"Offsets judged in this folder: {', '.join(map(str, stab['offsets']))} "
+                  f"(`python -m analysis claims DIR --run --seed-offset K`). {stab['summary']}"]
+    if not quick:
+        lines += ["", "## Registration", ""]
+        lines += _registration_lines()
+        lines += _plan_lines(data, meta.get("plan") or {})
+    lines += _left_out_lines(root, left_out, missing, quick)
+    lines += ["", "## Details", ""]
+    for v in verdicts:
+        lines += _details(v, data, root)
+    lines += _experiment_lines(data, meta, quick)
+    out = root / report_name(seed_offset, quick, ".md", only)
+    atomic_write_text(out, "\n".join(lines) + "\n")
+    return out
+
+
+def _report_header(root: Path, stat: list[Verdict], exact: list[Verdict], settings: ReportSettings,
+                   wall_s: float) -> list[str]:
+    """The title and the summary line: mode, seeds, maker, and the verdicts counted."""
+    quick = settings.quick
     counts = {k: sum(v.verdict == k and not v.not_run for v in stat) for k in
               ((PILOT,) if quick else ("supported", "refuted", "undecided", "untestable"))}
     not_run = sum(bool(v.not_run) for v in stat)
     tested = [v for v in stat if v.tested]
-    lines = [f"# Claims report — {root}", "",
-             f"Mode: **{'pilot (--quick)' if quick else 'full'}**; seeds offset by **{seed_offset}**. Generated "
-             f"{time.strftime('%Y-%m-%d %H:%M:%S')} by `{command or 'python -m analysis claims ' + str(root)}` at "
-             f"commit {commit()}; judging took {wall_s:.0f} s. {len(stat)} statistical claims: "
-             + ", ".join(f"{n} {'untestable here' if k == 'untestable' else k}" for k, n in counts.items())
-             + f", {not_run} not run" + ("" if quick else f"; {len(tested)} tested (the Holm family)")
-             + f". {len(exact)} exact checks: {sum(v.verdict == 'supported' for v in exact)} passed.", ""]
-    lines += protocol_text(quick) + ["", DIVERGED_RULE[meta.get("diverged", "worst")], ""]
-    lines += ["## Statistical claims", "",
-              "| id | claim | primary statistic | n per arm | estimate | interval | level | rule (registered effect) | "
-              "verdict | deciding |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    return [f"# Claims report — {root}", "",
+            f"Mode: **{'pilot (--quick)' if quick else 'full'}**; seeds offset by **{settings.seed_offset}**. "
+            f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by "
+            f"`{settings.command or 'python -m analysis claims ' + str(root)}` at commit {commit()}; judging took "
+            f"{wall_s:.0f} s. {len(stat)} statistical claims: "
+            + ", ".join(f"{n} {'untestable here' if k == 'untestable' else k}" for k, n in counts.items())
+            + f", {not_run} not run" + ("" if quick else f"; {len(tested)} tested (the Holm family)")
+            + f". {len(exact)} exact checks: {sum(v.verdict == 'supported' for v in exact)} passed.", ""]
+
+
+def _statistical_table(stat: list[Verdict]) -> list[str]:
+    lines = ["## Statistical claims", "",
+             "| id | claim | primary statistic | n per arm | estimate | interval | level | rule (registered effect) | "
+             "verdict | deciding |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v in stat:
         c = CLAIMS_BY_ID[v.claim]
         p = v.primary
@@ -248,19 +295,27 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
         lines.append(f"| {c.id} | {_cell(c.text)} | {_cell(p.name)} | {_cell(p.n)} | {_fmt(p.point)} | {_ci(p)} | "
                      f"{_level(p.level)} | {_cell(_rule_cell(c))} | {_verdict_cell(v)} | "
                      f"{_cell(v.deciding)} |")
-    lines += ["", "## Exact checks", "",
-              "Identities checked by unit tests (`@pytest.mark.claim`), not statistical claims: not counted among "
-              "the verdicts above or in the stability across seed offsets.", "",
-              "| id | claim | tests | outcome |", "| --- | --- | --- | --- |"]
+    return lines
+
+
+def _exact_table(exact: list[Verdict]) -> list[str]:
+    lines = ["", "## Exact checks", "",
+             "Identities checked by unit tests (`@pytest.mark.claim`), not statistical claims: not counted among "
+             "the verdicts above or in the stability across seed offsets.", "",
+             "| id | claim | tests | outcome |", "| --- | --- | --- | --- |"]
     for v in exact:
         c = CLAIMS_BY_ID[v.claim]
         outcome = v.label if v.not_run else ("passed" if v.verdict == "supported" else "failed")
         lines.append(f"| {c.id} | {_cell(c.text)} | {_cell(v.n or '—')} ({_cell(c.tests)}) | {_cell(outcome)} |")
-    left_out = [r for name in sorted(data) for r in data[name].left_out()]
-    missing = sum(e.missing() for e in data.values())
-    # the JSON first: the stability section below reads every offset's JSON, this one's included
-    atomic_write_json(root / report_name(seed_offset, quick, ".json", only), {
-        "mode": "quick" if quick else "full", "seed_offset": seed_offset, "wall_s": wall_s,
+    return lines
+
+
+def _write_report_json(root: Path, verdicts: list[Verdict], meta: dict, settings: ReportSettings, wall_s: float,
+                       left_out: list[dict], missing: int) -> None:
+    """The report's JSON (claims.json and its variants): every verdict with its parts."""
+    quick, only = settings.quick, bool(settings.only)
+    atomic_write_json(root / report_name(settings.seed_offset, quick, ".json", only), {
+        "mode": "quick" if quick else "full", "seed_offset": settings.seed_offset, "wall_s": wall_s,
         "only": sorted(v.claim for v in verdicts) if only else None, "commit": commit(),
         "protocol": PROTOCOL.__dict__, "registry": _registry_record(),
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "verdicts": [
@@ -271,29 +326,27 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
              "parts": [p.as_dict() for p in v.parts], "reported": [p.as_dict() for p in v.reported],
              "note": v.note} for v in verdicts],
         "plan": meta.get("plan"), "left_out": left_out, "not_run_yet": missing})
-    stab = stability(root, quick)
-    if len(stab["offsets"]) > 1 and not only:
-        lines += ["", "## Stability across seed offsets", "", stability_table(stab), "",
-                  f"Offsets judged in this folder: {', '.join(map(str, stab['offsets']))} "
-                  f"(`python -m analysis claims DIR --run --seed-offset K`). {stab['summary']}"]
-    if not quick:
-        lines += ["", "## Registration", ""]
-        lines += _registration_lines()
-    plan = meta.get("plan") or {}
-    if not quick:
-        lines += ["", "## Sequential plan", "",
-                  "Looks (seeds per arm) each training experiment registered, and how far this folder's runs went "
-                  "(stage one is the first look).", "",
-                  "| experiment | looks | reached | why it went on |", "| --- | --- | --- | --- |"]
-        for name in sorted(data):
-            looks = looks_of(name)
-            if len(looks) < 2:
-                continue
-            e = plan.get("experiments", {}).get(name, {})
-            k = int(e.get("reached", 0))
-            lines.append(f"| `{name}` | {', '.join(map(str, looks))} | {looks[k]} | "
-                         f"{_cell('; '.join(e.get('why', [])) or '—')} |")
-    lines += ["", "## Runs left out", ""]
+
+
+def _plan_lines(data: dict[str, ExpData], plan: dict) -> list[str]:
+    """The sequential plan: each experiment's looks and how far this folder's runs went."""
+    lines = ["", "## Sequential plan", "",
+             "Looks (seeds per arm) each training experiment registered, and how far this folder's runs went "
+             "(stage one is the first look).", "",
+             "| experiment | looks | reached | why it went on |", "| --- | --- | --- | --- |"]
+    for name in sorted(data):
+        looks = looks_of(name)
+        if len(looks) < 2:
+            continue
+        e = plan.get("experiments", {}).get(name, {})
+        k = int(e.get("reached", 0))
+        lines.append(f"| `{name}` | {', '.join(map(str, looks))} | {looks[k]} | "
+                     f"{_cell('; '.join(e.get('why', [])) or '—')} |")
+    return lines
+
+
+def _left_out_lines(root: Path, left_out: list[dict], missing: int, quick: bool) -> list[str]:
+    lines = ["", "## Runs left out", ""]
     if left_out:
         lines += [f"{len(left_out)} run director{'y' if len(left_out) == 1 else 'ies'} of the experiments are not "
                   "evidence (only finished runs are, by the harness's definition, `harness.io.finished`):", ""]
@@ -303,14 +356,16 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
     if missing:
         lines += ["", f"{missing} run director{'y' if missing == 1 else 'ies'} not run yet (`python -m analysis claims "
                       f"{root} --run{' --quick' if quick else ''}` runs them)."]
-    lines += ["", "## Details", ""]
-    for v in verdicts:
-        lines += _details(v, data, root)
-    lines += ["## Experiments", "",
-              "Each claim experiment is a Hydra sweep (`python -m harness -m experiment=NAME`); seeds, budgets and "
-              "fixed settings are in `harness/conf/experiment/NAME.yaml`. Sweep parameters as run for this report"
-              + (" (with the --quick replacements)" if quick else "") + ":", "",
-              "| experiment | sweep | configs | runs |", "| --- | --- | --- | --- |"]
+    return lines
+
+
+def _experiment_lines(data: dict[str, ExpData], meta: dict, quick: bool) -> list[str]:
+    """Each claim experiment's sweep as run for this report, and its runs' outcomes."""
+    lines = ["## Experiments", "",
+             "Each claim experiment is a Hydra sweep (`python -m harness -m experiment=NAME`); seeds, budgets and "
+             "fixed settings are in `harness/conf/experiment/NAME.yaml`. Sweep parameters as run for this report"
+             + (" (with the --quick replacements)" if quick else "") + ":", "",
+             "| experiment | sweep | configs | runs |", "| --- | --- | --- | --- |"]
     for name in sorted(set(data) | set(meta.get("skipped", {}))):
         if name in data:
             e = data[name]
@@ -322,9 +377,7 @@ def write_report(root: Path, verdicts: list[Verdict], data: dict[str, ExpData], 
             lines.append(f"| `{name}` | {sweep} | {e.runs.point.nunique() if len(e.runs) else 0} | {st} |")
         else:
             lines.append(f"| `{name}` | — | — | not run: {_cell(meta['skipped'][name])} |")
-    out = root / report_name(seed_offset, quick, ".md", only)
-    atomic_write_text(out, "\n".join(lines) + "\n")
-    return out
+    return lines
 
 
 def _details(v: Verdict, data: dict[str, ExpData], root: Path) -> list[str]:
@@ -635,26 +688,24 @@ class ClaimsResult:
     missing: int
 
 
-def build_claims(root: str | Path, *, quick: bool = False, only: set[str] | None = None, seed_offset: int = 0,
-                 diverged: str = "worst", progress: Callable[[str], None] = print,
-                 judged: tuple | None = None, command: str = "") -> ClaimsResult:
+def build_claims(root: str | Path, settings: ReportSettings = ReportSettings(), *,
+                 progress: Callable[[str], None] = print, judged: tuple | None = None) -> ClaimsResult:
     """Judge the claims on what ``root`` holds; write the report, its JSON and figures there.
     ``judged``: ``(verdicts, data, meta)`` of an :func:`evaluate_all` on the same folder with
     nothing run since, reported without judging again."""
     root = Path(root).resolve()  # as harness.experiments wrote it (results_dir=<root>/<experiment>)
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    verdicts, data, meta = judged or evaluate_all(root, quick=quick, only=only, seed_offset=seed_offset,
-                                                  diverged=diverged)
-    out = write_report(root, verdicts, data, meta, quick, seed_offset, time.time() - t0, only=bool(only),
-                       command=command)
+    verdicts, data, meta = judged or evaluate_all(root, quick=settings.quick, only=settings.only,
+                                                  seed_offset=settings.seed_offset, diverged=settings.diverged)
+    out = write_report(root, verdicts, data, meta, settings, time.time() - t0)
     left_out = [r for name in sorted(data) for r in data[name].left_out()]
     return ClaimsResult(out, verdicts, left_out, sum(e.missing() for e in data.values()))
 
 
 def build_claims_report(root: str | Path, *, quick: bool = False, only: set[str] | None = None,
                         seed_offset: int = 0, progress: Callable[[str], None] = print) -> tuple[Path, list[Verdict]]:
-    res = build_claims(root, quick=quick, only=only, seed_offset=seed_offset, progress=progress)
+    res = build_claims(root, ReportSettings(quick=quick, only=only, seed_offset=seed_offset), progress=progress)
     return res.out, res.verdicts
 
 

@@ -24,6 +24,7 @@ import time
 import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -203,81 +204,52 @@ def run_exact_tests(claims: Iterable[str], out: Path, progress: Callable[[str], 
     return payload
 
 
+@dataclass(frozen=True)
+class ClaimStage:
+    """Which look of the claims' sequential plans a :func:`run_claims` call runs. ``extensions``:
+    only these experiments, each extended as given (a later look); ``reached``: the members each
+    experiment's plan has already reached (a resumed run: every experiment runs at least to these,
+    so a look a stopped run began is completed); ``timings``: each experiment's seconds (and
+    ``exact tests``) are added to it."""
+
+    extensions: dict[str, dict] | None = None
+    reached: dict[str, dict] | None = None
+    timings: dict[str, float] | None = None
+
+    def add_time(self, name: str, seconds: float) -> None:
+        if self.timings is not None:
+            self.timings[name] = self.timings.get(name, 0.0) + seconds
+
+
 def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None = None, seed_offset: int = 0,
-               extensions: dict[str, dict] | None = None, progress: Callable[[str], None] = print,
-               timings: dict[str, float] | None = None, reached: dict[str, dict] | None = None) -> dict[str, int]:
+               progress: Callable[[str], None] = print, stage: ClaimStage | None = None) -> dict[str, int]:
     """Run the exact tests and every experiment the claims (``only``: a subset) need, into ``root``
-    (``seed_offset``: on seeds shifted by that much, :func:`~harness.experiments.compose_points`).
-    ``extensions``: run only these experiments, each extended as given (a second stage).
-    ``timings``: each experiment's seconds (and ``exact tests``) are added to it. ``reached``: the
-    members each experiment's sequential plan has already reached (a resumed run: every experiment runs
-    at least to these, so a look a stopped run began is completed)."""
+    (``seed_offset``: on seeds shifted by that much, :func:`~harness.experiments.compose_points`);
+    ``stage``: the look of the sequential plans to run (None: stage one)."""
     # glibc's allocator as `python -m harness` sets it for its runs (and their forked population
     # workers): without it a population's activations were mapped and unmapped at every minibatch
     # (claim_c53's harness side: 4.7-5.0 s of system time against 0.6-0.7). The isolated points'
     # fork server is a fresh interpreter and keeps glibc's own settings (C15 measures memory there).
     tune_allocator()
+    stage = stage or ClaimStage()
     root = Path(root).resolve()  # the exact tests run from the repository root
     root.mkdir(parents=True, exist_ok=True)
     claims = [c for c in CLAIM_IDS if only is None or c in only]
     totals: dict[str, int] = {}
-    if extensions is None and any(c in EXACT_CLAIMS for c in claims):
+    if stage.extensions is None and any(c in EXACT_CLAIMS for c in claims):
         # every exact claim, whatever --only asks: one pytest run covers them all, and the results
         # file is shared by every report of the folder (a subset would turn the others "not run")
         t_exact = time.perf_counter()
         run_exact_tests(EXACT_CLAIMS, root / "exact_tests.json", progress)
-        if timings is not None:
-            timings["exact tests"] = timings.get("exact tests", 0.0) + time.perf_counter() - t_exact
+        stage.add_time("exact tests", time.perf_counter() - t_exact)
     names = experiments_for(claims)
-    if extensions is not None:
-        names = [n for n in names if n in extensions]
-
-    def skipped(name: str) -> str | None:
-        ex = experiments()[name]
-        if quick and ex.quick_skip:
-            return ex.quick_skip
-        return left_out_of_run(name, only) or (lm_unavailable() if ex.family == "lm" else None)
-
-    composed: dict[str, list[Point]] = {}
-
-    def points_of(name: str) -> list[Point]:
-        if name not in composed:
-            composed[name] = compose_points(name, root, quick, seed_offset=seed_offset,
-                                            extend=(extensions or reached or {}).get(name))
-        return composed[name]
-
-    runnable = [n for n in names if not skipped(n)]
-    pipelines = None
-    if runnable and experiments()[runnable[0]].family != "lm":  # else the first point would only wait for it
-        lm_points = []
-        for name in runnable:
-            if experiments()[name].family == "lm":
-                try:
-                    lm_points += points_of(name)
-                except Exception:  # reported where the experiment runs
-                    pass
-        pipelines = prepare_pipelines(lm_points) if lm_points else None
+    if stage.extensions is not None:
+        names = [n for n in names if n in stage.extensions]
+    points = _ClaimPoints(root, quick, only, seed_offset, stage)
+    pipelines = _start_pipelines(points, [n for n in names if not points.skipped(n)])
     try:
         for name in names:
-            ex = experiments()[name]
-            reason = skipped(name)
-            if reason:
-                progress(f"[claims] experiment {name}: skipped ({reason})")
-                continue
-            try:
-                points = points_of(name)
-            except Exception as exc:
-                progress(f"[claims] experiment {name}: cannot compose: {type(exc).__name__}: {exc}".splitlines()[0])
-                totals["error"] = totals.get("error", 0) + 1
-                continue
-            t0 = time.perf_counter()
-            progress(f"[claims] experiment {name}: {len(points)} config(s)"
-                     f"{', each in its own process' if ex.isolate else ''}")
-            for k, v in run_points(points, progress, isolate=ex.isolate).items():
-                totals[k] = totals.get(k, 0) + v
-            if timings is not None:
-                timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
-            progress(f"[claims] experiment {name} done in {time.perf_counter() - t0:.1f} s")
+            _run_experiment(points, name, totals, progress)
     except BaseException:
         if pipelines is not None:  # stopped: the build is not waited for (its stage's lock dies with it)
             pipelines.terminate()
@@ -286,6 +258,67 @@ def run_claims(root: str | Path, *, quick: bool = False, only: set[str] | None =
         if pipelines is not None:
             pipelines.join()
     return totals
+
+
+@dataclass
+class _ClaimPoints:
+    """The claim experiments' points of one :func:`run_claims` call, each composed once."""
+
+    root: Path
+    quick: bool
+    only: set[str] | None
+    seed_offset: int
+    stage: ClaimStage
+    composed: dict[str, list[Point]] = field(default_factory=dict)
+
+    def skipped(self, name: str) -> str | None:
+        """Why experiment ``name`` is not run here (None: it is)."""
+        ex = experiments()[name]
+        if self.quick and ex.quick_skip:
+            return ex.quick_skip
+        return left_out_of_run(name, self.only) or (lm_unavailable() if ex.family == "lm" else None)
+
+    def of(self, name: str) -> list[Point]:
+        if name not in self.composed:
+            self.composed[name] = compose_points(name, self.root, self.quick, seed_offset=self.seed_offset,
+                                                 extend=(self.stage.extensions or self.stage.reached or {}).get(name))
+        return self.composed[name]
+
+
+def _start_pipelines(points: _ClaimPoints, runnable: list[str]):
+    """The LM pipelines of the runnable LM experiments, built in the background while the others
+    run (None where the first experiment is an LM one: its first point would only wait for it)."""
+    if not runnable or experiments()[runnable[0]].family == "lm":
+        return None
+    lm_points = []
+    for name in runnable:
+        if experiments()[name].family == "lm":
+            try:
+                lm_points += points.of(name)
+            except Exception:  # reported where the experiment runs
+                pass
+    return prepare_pipelines(lm_points) if lm_points else None
+
+
+def _run_experiment(points: _ClaimPoints, name: str, totals: dict[str, int], progress: Callable[[str], None]) -> None:
+    """Run experiment ``name``'s points (or say why not), adding its outcomes to ``totals``."""
+    ex = experiments()[name]
+    reason = points.skipped(name)
+    if reason:
+        progress(f"[claims] experiment {name}: skipped ({reason})")
+        return
+    try:
+        todo = points.of(name)
+    except Exception as exc:
+        progress(f"[claims] experiment {name}: cannot compose: {type(exc).__name__}: {exc}".splitlines()[0])
+        totals["error"] = totals.get("error", 0) + 1
+        return
+    t0 = time.perf_counter()
+    progress(f"[claims] experiment {name}: {len(todo)} config(s){', each in its own process' if ex.isolate else ''}")
+    for k, v in run_points(todo, progress, isolate=ex.isolate).items():
+        totals[k] = totals.get(k, 0) + v
+    points.stage.add_time(name, time.perf_counter() - t0)
+    progress(f"[claims] experiment {name} done in {time.perf_counter() - t0:.1f} s")
 
 
 # ============================================================================ command line

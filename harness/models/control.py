@@ -2,7 +2,7 @@
 
 The Gaussian policy's switches are the continuous-control choices that "What Matters in
 On-Policy Reinforcement Learning?" (Andrychowicz et al. 2021) ablates, each a ``task.*`` key
-with the PPO literature's default (:func:`agent_options`):
+with the PPO literature's default (:class:`AgentSpec`):
 
 - ``task.log_std``: ``state_independent`` (default; a learned vector per member, Schulman et
   al. 2017, CleanRL, SB3) or ``state_dependent`` (a second head of the actor's output layer);
@@ -22,7 +22,8 @@ with the PPO literature's default (:func:`agent_options`):
 from __future__ import annotations
 
 import math
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -33,10 +34,32 @@ from ..config import ACTION_BOUNDS, LOG_STD_MODES
 from .mlp import PopulationMLP
 
 
-def agent_options(task) -> dict:
-    """The :class:`ControlAgent` keyword arguments a ``task`` config node sets."""
-    return {"init_log_std": float(task.init_log_std), "log_std": str(task.log_std),
-            "action_bound": str(task.action_bound), "ortho_init": bool(task.ortho_init)}
+@dataclass(frozen=True)
+class AgentSpec:
+    """A :class:`ControlAgent`'s networks and action head: ``obs_dim`` inputs, ``act_dim`` actions
+    (Discrete categories or Box dimensions), ``hidden`` layer widths with ``activation``; for a
+    Gaussian policy the switches of the module docstring (``init_log_std``, ``log_std``,
+    ``action_bound``; ``ortho_init`` for every policy) and the Box bounds ``low``/``high``."""
+
+    obs_dim: int
+    act_dim: int
+    discrete: bool
+    hidden: Sequence[int]
+    activation: str = "tanh"
+    init_log_std: float = 0.0
+    log_std: str = "state_independent"
+    action_bound: str = "clip"
+    ortho_init: bool = True
+    low: np.ndarray | None = None
+    high: np.ndarray | None = None
+
+    @classmethod
+    def from_task(cls, task: Any, info: Any) -> AgentSpec:
+        """What a ``task`` config node sets, for an env's spaces ``info``
+        (:func:`harness.tasks.control.env_info`)."""
+        return cls(info.obs_dim, info.act_dim, info.discrete, list(task.hidden), task.activation,
+                   init_log_std=float(task.init_log_std), log_std=str(task.log_std),
+                   action_bound=str(task.action_bound), ortho_init=bool(task.ortho_init), low=info.low, high=info.high)
 
 
 class ControlAgent(nn.Module):
@@ -45,12 +68,10 @@ class ControlAgent(nn.Module):
     The critic's value is output column 0 (its other columns are unused). With
     ``log_std="state_dependent"`` the output has ``2 x act_dim`` columns: mean, then log-std."""
 
-    def __init__(self, population: int, obs_dim: int, act_dim: int, discrete: bool,
-                 hidden: list[int], activation: str, critic: bool,
-                 generators: list[torch.Generator], init_log_std: float = 0.0,
-                 log_std: str = "state_independent", action_bound: str = "clip", ortho_init: bool = True,
-                 low: np.ndarray | None = None, high: np.ndarray | None = None):
+    def __init__(self, population: int, spec: AgentSpec, critic: bool, generators: list[torch.Generator]):
         super().__init__()
+        discrete, act_dim, log_std, action_bound = spec.discrete, spec.act_dim, spec.log_std, spec.action_bound
+        low, high, init_log_std = spec.low, spec.high, spec.init_log_std
         if log_std not in LOG_STD_MODES or action_bound not in ACTION_BOUNDS:
             raise ValueError(f"log_std {log_std!r} (one of {LOG_STD_MODES}), action_bound {action_bound!r} "
                              f"(one of {ACTION_BOUNDS})")
@@ -64,7 +85,8 @@ class ControlAgent(nn.Module):
         rows = list(generators) + (list(generators) if critic else [])
         gains = [0.01] * population + ([1.0] * population if critic else [])
         out = act_dim * (2 if self.state_dependent else 1)
-        self.net = PopulationMLP(len(rows), [obs_dim, *hidden, out], activation, gains, rows, ortho_init)
+        self.net = PopulationMLP(len(rows), [spec.obs_dim, *spec.hidden, out], spec.activation, gains, rows,
+                                 spec.ortho_init)
         self.act_dim = act_dim
         self.init_log_std = float(init_log_std)
         self.log_std = None if discrete or self.state_dependent else nn.Parameter(

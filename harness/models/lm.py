@@ -54,13 +54,24 @@ def load_pretrained(auto_cls, source, field_name: str = "lm.model", **kwargs):
                          f"{type(exc).__name__}: {reason}") from None
 
 
+@dataclass(frozen=True)
+class TinyArch:
+    """A small GPT-2's shape (``lm.arch``): ``n_layer`` blocks of width ``n_embd`` with ``n_head``
+    attention heads."""
+
+    n_layer: int = 2
+    n_embd: int = 128
+    n_head: int = 4
+
+
 def tiny_causal_lm(vocab_size: int, pad_token_id: int, eos_token_id: int, n_positions: int,
-                   n_layer: int = 2, n_embd: int = 128, n_head: int = 4, seed: int = 0):
-    """A small GPT-2 (no dropout: RL needs the sampling and the training forward to agree)."""
+                   arch: TinyArch = TinyArch(), seed: int = 0):
+    """A small GPT-2 of shape ``arch`` (no dropout: RL needs the sampling and the training forward
+    to agree), its weights drawn from ``seed``."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+        vocab_size=vocab_size, n_positions=n_positions, n_embd=arch.n_embd, n_layer=arch.n_layer, n_head=arch.n_head,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=eos_token_id,
         eos_token_id=eos_token_id, pad_token_id=pad_token_id, tie_word_embeddings=True,
     )
@@ -757,30 +768,39 @@ class Generation:
         return self.mask.sum(-1)
 
 
-def generate(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
-             eos_token_id: int, pad_token_id: int, temperature: float = 1.0, greedy: bool = False,
-             generator: torch.Generator | None = None, use_cache: bool = True, samples: int = 1) -> Generation:
-    """Sample token by token until EOS or ``max_new_tokens``: ``samples`` responses to each prompt
-    row of ``prompt_ids [n, P]``, as ``n * samples`` rows, group-major (row ``i * samples + j`` is
-    sample ``j`` of prompt ``i``); with ``greedy`` one argmax response per prompt (``samples`` is
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How responses are decoded token by token: until ``eos_token_id`` or ``max_new_tokens``, padded
+    with ``pad_token_id`` after, from ``softmax(logits / temperature)``; ``use_cache=False``
+    recomputes the whole prefix every step (the slow reference decoder)."""
+
+    max_new_tokens: int
+    eos_token_id: int
+    pad_token_id: int
+    temperature: float = 1.0
+    use_cache: bool = True
+
+
+def generate(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, settings: DecodeSettings, *,
+             greedy: bool = False, generator: torch.Generator | None = None, samples: int = 1) -> Generation:
+    """Sample token by token until EOS or ``settings.max_new_tokens``: ``samples`` responses to each
+    prompt row of ``prompt_ids [n, P]``, as ``n * samples`` rows, group-major (row ``i * samples + j``
+    is sample ``j`` of prompt ``i``); with ``greedy`` one argmax response per prompt (``samples`` is
     then ignored). The decoder is :func:`generate_groups`."""
     if greedy:
-        return generate_groups(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id,
-                               temperature, samples=0, with_greedy=True, use_cache=use_cache)[1]
-    return generate_groups(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id, temperature,
-                           samples=samples, generator=generator, use_cache=use_cache)[0]
+        return generate_groups(model, prompt_ids, prompt_mask, settings, samples=0, with_greedy=True)[1]
+    return generate_groups(model, prompt_ids, prompt_mask, settings, samples=samples, generator=generator)[0]
 
 
-def generate_groups(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int,
-                    eos_token_id: int, pad_token_id: int, temperature: float = 1.0, samples: int = 1,
-                    with_greedy: bool = False, generator: torch.Generator | None = None,
-                    use_cache: bool = True) -> tuple[Generation | None, Generation | None]:
+def generate_groups(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, settings: DecodeSettings,
+                    *, samples: int = 1, with_greedy: bool = False,
+                    generator: torch.Generator | None = None) -> tuple[Generation | None, Generation | None]:
     """``samples`` sampled responses to each of the ``n`` prompts ``prompt_ids [n, P]`` (group-major,
     ``n * samples`` rows) and, with ``with_greedy``, one greedy (argmax) response to each, decoded
-    together with a KV cache until EOS or ``max_new_tokens``. Returns ``(sampled, greedy)``, each a
+    together with a KV cache until EOS or ``settings.max_new_tokens``. Returns ``(sampled, greedy)``, each a
     :class:`Generation` (None where not asked for).
 
-    Token ``t`` is drawn from ``softmax(logits / temperature)``; its log-probability under that
+    Token ``t`` is drawn from ``softmax(logits / settings.temperature)``; its log-probability under that
     distribution is recorded (the quantity the C12 test compares with :func:`response_forward`).
     Each prompt is run through the model once and its KV cache gathered to its rows (the group's
     samples and its greedy row), into a cache preallocated for the whole response
@@ -790,15 +810,14 @@ def generate_groups(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: tor
     (tested), the greedy rows draw nothing. A GPT-2's own step stops running the rows that have
     finished once enough have (``_DROP_*`` below: the same draws bit for bit, tested). Each
     returned part is cut at its longest response.
-    ``use_cache=False`` recomputes the whole prefix every step (the slow reference decoder).
+    ``settings.use_cache=False`` recomputes the whole prefix every step (the slow reference decoder).
 
     The loop runs under ``torch.inference_mode`` (less bookkeeping per operation than ``no_grad``);
     what it returns is copied out of it, since inference tensors may not be saved for a backward
     pass (the tokens are the update's input ids).
     """
-    tokens, logps, alive_at, finished, t = _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id,
-                                                   pad_token_id, temperature, samples, with_greedy, generator,
-                                                   use_cache)
+    tokens, logps, alive_at, finished, t = _decode(model, prompt_ids, prompt_mask, settings,
+                                                   _DecodeRows(prompt_ids.shape[0], samples, with_greedy), generator)
     with torch.no_grad():
         tokens, logps, alive_at, finished = (x.clone() for x in (tokens, logps, alive_at, finished))
     n_s = prompt_ids.shape[0] * samples
@@ -813,16 +832,34 @@ def generate_groups(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: tor
     return part(0, n_s), part(n_s, tokens.shape[0])
 
 
+@dataclass(frozen=True)
+class _DecodeRows:
+    """The decoded rows of ``n`` prompts: ``samples`` sampled rows each (group-major), then one
+    greedy row each with ``with_greedy``."""
+
+    n: int
+    samples: int
+    with_greedy: bool
+
+    @property
+    def n_s(self) -> int:
+        return self.n * self.samples
+
+    @property
+    def n_g(self) -> int:
+        return self.n if self.with_greedy else 0
+
+
 @torch.inference_mode()
-def _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_token_id, temperature, samples,
-            with_greedy, generator, use_cache):
+def _decode(model, prompt_ids, prompt_mask, settings: DecodeSettings, layout: _DecodeRows, generator):
     """The decode loop of :func:`generate_groups`: ``(tokens, log-probs, alive, finished, last step)``
     over all rows (sampled, then greedy), uncut."""
     n, P = prompt_ids.shape
     device = prompt_ids.device
-    n_s, n_g = n * samples, (n if with_greedy else 0)
-    R, L = n_s + n_g, max_new_tokens
-    rows = torch.cat([torch.arange(n, device=device).repeat_interleave(samples),
+    n_s, n_g = layout.n_s, layout.n_g
+    R, L = n_s + n_g, settings.max_new_tokens
+    pad_token_id, use_cache, temperature = settings.pad_token_id, settings.use_cache, settings.temperature
+    rows = torch.cat([torch.arange(n, device=device).repeat_interleave(layout.samples),
                       torch.arange(n_g, device=device)])  # the prompt of each decoded row
     row_ids, row_mask = prompt_ids[rows], prompt_mask[rows]
     tokens = torch.full((R, L), pad_token_id, dtype=torch.long, device=device)
@@ -834,23 +871,7 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_to
     pos = positions(row_mask)[:, -1:] + torch.arange(1, L + 1, device=device).view(1, -1)
     ckw = _cache_kwarg(model)
     keep = {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(model) else {}
-    cache = None
-    trunk = _gpt2_trunk(model) if use_cache else None
-    if trunk is not None and trunk is not model:  # a GPT-2: the prompts through the harness's own pass
-        from transformers import DynamicCache
-
-        last, kv = _gpt2_prompt_states(trunk, prompt_ids, prompt_mask)
-        logits = model.lm_head(last)[:, -1][rows]
-        cache = DynamicCache()
-        cache.layers = [_preallocated_layer()().fill(k, v, L, rows) for k, v in kv]
-    elif use_cache:
-        cache, out = _shared_prompt_cache(model, prompt_ids, prompt_mask, rows)
-        if cache is None:  # no gatherable cache: prefill every row
-            out = model(input_ids=row_ids, attention_mask=row_mask, position_ids=positions(row_mask), use_cache=True,
-                        **keep)
-            cache, logits = _cache_out(out), out.logits[:, -1]
-        else:
-            cache, logits = preallocate_cache(cache, L), out.logits[:, -1][rows]
+    cache, logits = _prefill(model, prompt_ids, prompt_mask, rows, L, use_cache, keep) if use_cache else (None, None)
     fast_step = _gpt2_decode_step(model, cache) if use_cache else None
     live = every = None  # the rows the own step still runs (None: all) and every row's last log-probs
     t = 0
@@ -869,45 +890,90 @@ def _decode(model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id, pad_to
             out = model(input_ids=tokens[:, t - 1:t], attention_mask=attn[:, :P + t], position_ids=pos[:, t - 1:t],
                         use_cache=True, **{ckw: cache}, **keep)
             cache, logits = _cache_out(out), out.logits[:, -1]
-        logits = logits.float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        if not torch.isfinite(logits).all():
-            raise NonFiniteError(f"non-finite logits while decoding token {t}")
-        logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = _step_logprobs(logits, temperature, t)
         if live is not None:  # the finished rows keep log-probs of an earlier step: drawn from, never kept
             logprobs = every.index_copy_(0, live, logprobs)
-        if n_g:
-            nxt = torch.empty(R, dtype=torch.long, device=device)
-            if n_s and not bool(finished[:n_s].all()):
-                nxt[:n_s] = _categorical(logprobs[:n_s].exp(), generator)
-            else:
-                nxt[:n_s] = pad_token_id
-            nxt[n_s:] = logprobs[n_s:].argmax(-1)
-        else:  # sampled rows only: one of them is unfinished, or the loop would have ended
-            nxt = _categorical(logprobs.exp(), generator)
+        nxt = torch.where(~finished, _next_tokens(logprobs, layout, finished, generator, pad_token_id), pad)
         alive = ~finished
-        nxt = torch.where(alive, nxt, pad)
         tokens[:, t] = nxt
         logps[:, t] = logprobs.gather(-1, nxt.unsqueeze(-1)).squeeze(-1).masked_fill_(finished, 0.0)
         alive_at[:, t] = alive
-        finished |= alive & (nxt == eos_token_id)
+        finished |= alive & (nxt == settings.eos_token_id)
         done = int(finished.sum())
         if done == R:
             break
         attn[:, P + t].copy_(alive)
-        running = R - done
-        if fast_step is not None and t + _DROP_STEPS_LEFT < L and running >= _DROP_MIN_ROWS:
-            computed = R if live is None else live.numel()
-            if computed - running >= max(_DROP_MIN_ROWS, computed // _DROP_FRACTION):
-                running_now = ~finished
-                rows = running_now.nonzero().squeeze(1)  # of all R rows
-                kept = rows if live is None else running_now.index_select(0, live).nonzero().squeeze(1)  # of live
-                for layer in cache.layers:
-                    layer.keep_rows(kept)
-                live, every = rows, (logprobs.clone() if every is None else every)
+        if fast_step is not None and t + _DROP_STEPS_LEFT < L and R - done >= _DROP_MIN_ROWS:
+            live, every = _drop_finished(cache, finished, R - done, (live, every), logprobs)
 
     return tokens, logps, alive_at, finished, t
+
+
+def _prefill(model, prompt_ids, prompt_mask, rows, L: int, use_cache: bool, keep: dict):
+    """``(cache, logits of each row's next token)``: the prompts run once and their keys and
+    values gathered to the decoded ``rows`` (a GPT-2: through the harness's own pass, into a
+    preallocated cache of ``L`` more columns), or every row prefilled where no cache can be gathered."""
+    trunk = _gpt2_trunk(model) if use_cache else None
+    if trunk is not None and trunk is not model:  # a GPT-2: the prompts through the harness's own pass
+        from transformers import DynamicCache
+
+        last, kv = _gpt2_prompt_states(trunk, prompt_ids, prompt_mask)
+        logits = model.lm_head(last)[:, -1][rows]
+        cache = DynamicCache()
+        cache.layers = [_preallocated_layer()().fill(k, v, L, rows) for k, v in kv]
+        return cache, logits
+    cache, out = _shared_prompt_cache(model, prompt_ids, prompt_mask, rows)
+    if cache is None:  # no gatherable cache: prefill every row
+        row_ids, row_mask = prompt_ids[rows], prompt_mask[rows]
+        out = model(input_ids=row_ids, attention_mask=row_mask, position_ids=positions(row_mask), use_cache=True,
+                    **keep)
+        return _cache_out(out), out.logits[:, -1]
+    return preallocate_cache(cache, L), out.logits[:, -1][rows]
+
+
+def _step_logprobs(logits: torch.Tensor, temperature: float, t: int) -> torch.Tensor:
+    """``log softmax(logits / temperature)`` in float32; refuses non-finite logits."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    if not torch.isfinite(logits).all():
+        raise NonFiniteError(f"non-finite logits while decoding token {t}")
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _next_tokens(logprobs: torch.Tensor, layout: _DecodeRows, finished: torch.Tensor,
+                 generator: torch.Generator | None, pad_token_id: int) -> torch.Tensor:
+    """Every row's next token: one draw over the sampled rows while one of them is unfinished (the
+    draws of plain per-row decoding), the argmax for the greedy rows."""
+    n_s = layout.n_s
+    if not layout.n_g:  # sampled rows only: one of them is unfinished, or the loop would have ended
+        return _categorical(logprobs.exp(), generator)
+    nxt = torch.empty(logprobs.shape[0], dtype=torch.long, device=logprobs.device)
+    if n_s and not bool(finished[:n_s].all()):
+        nxt[:n_s] = _categorical(logprobs[:n_s].exp(), generator)
+    else:
+        nxt[:n_s] = pad_token_id
+    nxt[n_s:] = logprobs[n_s:].argmax(-1)
+    return nxt
+
+
+def _drop_finished(cache, finished: torch.Tensor, running: int,
+                   kept_rows: tuple[torch.Tensor | None, torch.Tensor | None],
+                   logprobs: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The rows a GPT-2's own step runs from now on ``(live, every)`` (``kept_rows``: until now;
+    ``live`` None: all rows): once enough of the rows it computes have finished (``_DROP_*``; of
+    them ``running`` have not), the finished ones leave its cache; ``every`` keeps each row's last
+    log-probs."""
+    live, every = kept_rows
+    computed = finished.shape[0] if live is None else live.numel()
+    if computed - running < max(_DROP_MIN_ROWS, computed // _DROP_FRACTION):
+        return live, every
+    running_now = ~finished
+    rows = running_now.nonzero().squeeze(1)  # of all R rows
+    kept = rows if live is None else running_now.index_select(0, live).nonzero().squeeze(1)  # of live
+    for layer in cache.layers:
+        layer.keep_rows(kept)
+    return rows, (logprobs.clone() if every is None else every)
 
 
 def _categorical(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

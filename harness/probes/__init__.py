@@ -26,11 +26,11 @@ from omegaconf import DictConfig
 
 from ..config import ProbeSettings, settings_from_config
 from . import control, toy
-from .toy import probe_toy
+from .toy import ProbeTraining, probe_toy
 
 log = logging.getLogger("harness.probes")
 
-__all__ = ["PROBES", "Probe", "ProbeSettings", "probe_toy", "run_probe", "settings_from_config", "validate_probe"]
+__all__ = ["PROBES", "Probe", "ProbeSettings", "ProbeTraining", "probe_toy", "run_probe", "settings_from_config", "validate_probe"]
 
 
 @dataclass(frozen=True)

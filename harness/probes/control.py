@@ -38,9 +38,9 @@ from ..estimators import EstimatorParams, get_estimator, reward_to_go
 from ..io import RunDir, atomic_write_bytes
 from ..losses import (SEQUENCE_SUM, PolicyInputs, explained_variance, get_policy_loss, loss_settings, whiten,
                       within_sequence_std)
-from ..models.control import ControlAgent, agent_options
+from ..models.control import AgentSpec, ControlAgent
 from ..models.mlp import member_view
-from ..tasks.control import EpisodeCollector, advantage_batch, env_info
+from ..tasks.control import EpisodeCollector, EpisodeLayout, advantage_batch, env_info
 from . import stats as pstats
 from ..config import ProbeSettings, settings_from_config
 from .toy import _parquet_bytes, probe_whitening
@@ -70,10 +70,8 @@ def validate_control_probe(cfg, s: ProbeSettings) -> None:
 
 
 def _make_agent(cfg, info, population: int, seed: int) -> ControlAgent:
-    t = cfg.task
-    return ControlAgent(population, info.obs_dim, info.act_dim, info.discrete, list(t.hidden), t.activation, True,
-                        [torch.Generator().manual_seed(int(seed)) for _ in range(population)], **agent_options(t),
-                        low=info.low, high=info.high)
+    return ControlAgent(population, AgentSpec.from_task(cfg.task, info), True,
+                        [torch.Generator().manual_seed(int(seed)) for _ in range(population)])
 
 
 def _broadcast_weights(src: ControlAgent, dst: ControlAgent) -> None:
@@ -98,7 +96,7 @@ def _actor_grad(agent: ControlAgent) -> torch.Tensor:
 
 def _collect(cfg, info, agent, seeds: list[int], group: int, greedy: bool):
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
-    col = EpisodeCollector(cfg.task.env_id, len(seeds), int(cfg.task.episodes_per_iter), group, greedy,
+    col = EpisodeCollector(cfg.task.env_id, len(seeds), EpisodeLayout(int(cfg.task.episodes_per_iter), group, greedy),
                            cfg.task.max_episode_steps, info, gens)
     try:
         return col.collect(agent)
@@ -142,7 +140,7 @@ def _fit_critic(cfg, info, agent1: ControlAgent, s: ProbeSettings, gamma: float)
         n = max(8, int(s.critic_episodes))
         seeds = _batch_seeds(int(cfg.seed), 0, 1, stream)
         gens = [torch.Generator().manual_seed(seeds[0])]
-        col = EpisodeCollector(cfg.task.env_id, 1, n, 1, False, cfg.task.max_episode_steps, info, gens)
+        col = EpisodeCollector(cfg.task.env_id, 1, EpisodeLayout(n), cfg.task.max_episode_steps, info, gens)
         try:
             ro = col.collect(agent1)
         finally:
@@ -223,8 +221,7 @@ def probe_run(cfg, run: RunDir) -> None:
     tr_ref = float(((Gref - truth) ** 2).sum(1).mean() * R / (R - 1))
     tr_ref_reps = (Wref @ ref_sq / R - np.einsum("rd,rd->r", ref_reps, ref_reps)) * R / (R - 1)
     W = pstats.resample_weights(M, int(s.reps), seed=int(cfg.seed) + 7)
-    summ = pstats.gradient_summary(G, truth, W, truth_reps=ref_reps, truth_noise=tr_ref / R,
-                                   truth_noise_reps=tr_ref_reps / R)
+    summ = pstats.gradient_summary(G, truth, W, noisy_truth=pstats.NoisyTruth(ref_reps, tr_ref / R, tr_ref_reps / R))
     row = {**meta, "scope": "all", **summ, "reference_rel_noise": tr_ref / R / float(truth @ truth),
            "env_steps_per_batch": steps / M}
     row.update(pstats.value_summary(rets, float(ref_rets.mean()), W))

@@ -30,6 +30,8 @@ normal intervals ``<name> +- z se`` at any level.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 CONFIDENCE = 0.95
@@ -103,9 +105,20 @@ def direction_cosine(gbar: np.ndarray, gbar_reps: np.ndarray, tr: float, tr_reps
     return point, reps
 
 
+@dataclass(frozen=True)
+class NoisyTruth:
+    """A truth that is itself an estimate (a high-sample reference: the mean of ``R`` independent
+    estimates): its bootstrap replicates ``reps [reps, D]`` (the resampled reference means), its
+    noise ``noise = tr Sigma_ref / R`` and that noise's replicates ``noise_reps [reps]`` (None: the
+    point value in every replicate)."""
+
+    reps: np.ndarray
+    noise: float
+    noise_reps: np.ndarray | None = None
+
+
 def gradient_summary(G: np.ndarray, truth: np.ndarray, W: np.ndarray, gbar_reps: np.ndarray | None = None,
-                     confidence: float = CONFIDENCE, truth_reps: np.ndarray | None = None,
-                     truth_noise: float = 0.0, truth_noise_reps: np.ndarray | None = None,
+                     confidence: float = CONFIDENCE, noisy_truth: NoisyTruth | None = None,
                      directions: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """Point estimates, bootstrap intervals and standard errors (:func:`bootstrap_columns`) of
     bias, variance, cosine and SNR.
@@ -117,10 +130,12 @@ def gradient_summary(G: np.ndarray, truth: np.ndarray, W: np.ndarray, gbar_reps:
     with ``u`` and ``cos_<name>_gap = cos_<name> - cos_exp``, each with its interval (the gap's
     from the same replicates: a paired comparison of the two directions).
 
-    A *noisy* truth (a high-sample reference: the mean of R independent estimates) passes its
-    own bootstrap replicates ``truth_reps [reps, D]`` and noise ``truth_noise = tr Sigma_ref / R``
-    (and its replicates): the squared bias subtracts it as it subtracts the probe's own noise.
+    A *noisy* truth (:class:`NoisyTruth`) passes its own bootstrap replicates and noise (and the
+    noise's replicates): the squared bias subtracts it as it subtracts the probe's own noise.
     """
+    truth_reps = None if noisy_truth is None else noisy_truth.reps
+    truth_noise = 0.0 if noisy_truth is None else noisy_truth.noise
+    truth_noise_reps = None if noisy_truth is None else noisy_truth.noise_reps
     M, D = G.shape
     pb = per_batch_scalars(G, truth)
     gbar = G.mean(0)

@@ -61,7 +61,7 @@ from __future__ import annotations
 import io
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -185,22 +185,21 @@ def probe_whitening(normalize: str, minibatches: int) -> bool:
     return once
 
 
-def estimator_advantages(task: ToyTask, spec: EstimatorSpec, params: EstimatorParams, batch: ToyBatch,
-                         theta: torch.Tensor, M: int, k: int, critic: torch.Tensor | None,
-                         normalize: str = "none", reward_penalty: torch.Tensor | None = None,
-                         minibatches: int = 1) -> torch.Tensor:
-    """Advantages ``[L, M*B]`` of every batch at once (groups never straddle two batches);
-    ``reward_penalty [L, M*B]`` is subtracted from the per-token rewards first (in-reward KL);
-    each batch whitened on its own as the update step whitens it (:func:`probe_whitening`)."""
+def estimator_advantages(p: ToyProbe, critic: torch.Tensor | None = None,
+                         reward_penalty: torch.Tensor | None = None) -> torch.Tensor:
+    """Advantages ``[L, M*B]`` of every batch of ``p.batch`` at once (groups never straddle two
+    batches); ``reward_penalty [L, M*B]`` is subtracted from the per-token rewards first (in-reward
+    KL); each batch whitened on its own as the update step whitens it (:func:`probe_whitening`)."""
+    task, spec, batch, M, k = p.task, p.spec, p.batch, p.M, p.k
     greedy = None
     if spec.needs_greedy:
-        leaves = task.greedy(theta)[batch.prompts[::k]]
+        leaves = task.greedy(p.theta)[batch.prompts[::k]]
         greedy = task.leaf_reward[leaves]
     ab = advantage_batch(task, batch, critic if spec.needs_critic else None, greedy, k if spec.needs_groups else None,
                          reward_penalty)
     ab.members = M  # M independent batches side by side: batch-wide statistics per batch
-    adv = spec(ab, params).advantages * ab.mask
-    if probe_whitening(normalize, minibatches):
+    adv = spec(ab, p.params).advantages * ab.mask
+    if probe_whitening(p.training.normalize, p.training.minibatches):
         adv = _to_tm(whiten(_to_mb(adv, M), _to_mb(ab.mask, M)))
     return adv
 
@@ -243,150 +242,285 @@ class ProbeResult:
     truth: np.ndarray  # [D]
 
 
+@dataclass(frozen=True)
+class ProbeTraining:
+    """The training settings a toy probe mirrors.
+
+    ``batch_size`` sequences per batch in groups of ``group_size`` (prompts x group, the trainer's
+    layout), drawn from ``seed``; ``normalize``/``minibatches``: the update's whitening
+    (:func:`probe_whitening`); ``update``/``loss_knobs``: the registered policy loss and its settings
+    (None: its defaults); ``kl_name``/``kl_beta``/``kl_in_reward``: the KL estimator, its weight and
+    placement (in the reward or in the loss)."""
+    batch_size: int
+    group_size: int
+    seed: int
+    normalize: str = "none"
+    minibatches: int = 1
+    update: str = "pg"
+    loss_knobs: object = None
+    kl_name: str = "k3"
+    kl_beta: float = 0.0
+    kl_in_reward: bool = False
+
+    @classmethod
+    def from_cfg(cls, cfg) -> ProbeTraining:
+        return cls(batch_size=int(cfg.task.episodes_per_iter), group_size=int(cfg.group_size), seed=int(cfg.seed),
+                   normalize=str(cfg.normalize_advantages), minibatches=int(cfg.minibatches),
+                   update=str(cfg["update"]), loss_knobs=loss_settings(cfg), kl_name=str(cfg.kl.estimator),
+                   kl_beta=float(cfg.kl.beta), kl_in_reward=bool(cfg.kl.in_reward))
+
+
+@dataclass
+class ToyProbe:
+    """One probe's inputs: the frozen policy and its KL reference, the estimator, the probe's
+    settings and the training it mirrors; then the batches it draws (``M = settings.batches``
+    batches of ``training.batch_size``, groups of ``k = training.group_size``) and the columns it
+    records."""
+    task: ToyTask
+    theta: torch.Tensor
+    theta_ref: torch.Tensor
+    spec: EstimatorSpec
+    params: EstimatorParams
+    settings: ProbeSettings
+    training: ProbeTraining
+    batch: ToyBatch | None = None
+    theta_q: torch.Tensor | None = None  # the importance target's proposal logits
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def M(self) -> int:
+        return int(self.settings.batches or TOY_DEFAULT_BATCHES)
+
+    @property
+    def k(self) -> int:
+        return int(self.training.group_size)
+
+    @property
+    def n_groups(self) -> int:
+        return self.training.batch_size // self.k
+
+
+@dataclass
+class _Estimates:
+    """Per-batch gradient estimates ``grads [M, D]`` and values, the truths they are compared with,
+    and per-batch diagnostics (name -> ``[M]``)."""
+    grads: torch.Tensor
+    true_grad: torch.Tensor
+    values: np.ndarray
+    value_true: float
+    per_batch_extra: dict[str, np.ndarray]
+
+
 def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: EstimatorParams, *,
-              settings: ProbeSettings, batch_size: int, group_size: int, seed: int,
-              normalize: str = "none", theta_ref: torch.Tensor | None = None,
-              kl_name: str = "k3", update: str = "pg", loss_knobs: object = None, kl_beta: float = 0.0,
-              kl_in_reward: bool = False, minibatches: int = 1) -> ProbeResult:
+              settings: ProbeSettings, training: ProbeTraining,
+              theta_ref: torch.Tensor | None = None) -> ProbeResult:
     """Run one probe (one estimator, one target) and summarise it per scope (all, prompt<x>);
-    ``update``/``loss_knobs``: the registered policy loss and its settings (None: its defaults);
-    ``normalize``/``minibatches``: the update's whitening (:func:`probe_whitening`)."""
-    s = settings
-    check_truth_scale(s, kl_beta)
-    M, k = int(s.batches or TOY_DEFAULT_BATCHES), int(group_size)
-    if batch_size % k:
-        raise ValueError(f"batch_size={batch_size} must be a multiple of group_size={k}")
-    n_groups = batch_size // k
+    ``training``: the trainer's batch layout, whitening, policy loss and KL placement it mirrors."""
+    s, t = settings, training
+    check_truth_scale(s, t.kl_beta)
+    M, k = int(s.batches or TOY_DEFAULT_BATCHES), int(t.group_size)
+    if t.batch_size % k:
+        raise ValueError(f"batch_size={t.batch_size} must be a multiple of group_size={k}")
     theta = theta.detach().to(DTYPE)
     theta_ref = task.init_logits() if theta_ref is None else theta_ref.detach().to(DTYPE)
-    L = task.spec.length
-    meta: dict = {"target": s.target, "batches": M, "batch_size": batch_size, "group_size": k,
-                  "samples_per_batch": batch_size + (n_groups if spec.needs_greedy else 0),
-                  "truth": "exact", "normalize_advantages": normalize, "negative_control": bool(s.negative_control),
-                  "gae_lambda": params.gae_lambda, "gamma": params.gamma, "n_steps": params.n_steps,
-                  "std_normalize": params.std_normalize, "critic": "none", "critic_noise": 0.0,
-                  "critic_rmse": float("nan"), "critic_ev": float("nan"), "proposal_shift": float("nan"),
-                  "is_weight_m2": float("nan"), "kl_estimator": None, "label": spec.name,
-                  "kl_beta": 0.0, "kl_placement": "none", "truth_scale": s.truth_scale,
-                  "reward_std_tok": float("nan")}
-    V_exact, Q_exact = task.values(theta)
-    per_batch_extra: dict[str, np.ndarray] = {}
+    p = ToyProbe(task, theta, theta_ref, spec, params, s, t)
+    p.meta = _probe_meta(p)
+    _draw_probe_batches(p)
+    est = _kl_estimates(p) if s.target == "kl" else _gradient_estimates(p)
+    _finish_meta(p)
+    return _summarise(p, est)
 
+
+def _probe_meta(p: ToyProbe) -> dict:
+    """The columns every row of a probe carries, before the target fills its own."""
+    spec, params, s, t, M, k, n_groups = p.spec, p.params, p.settings, p.training, p.M, p.k, p.n_groups
+    return {"target": s.target, "batches": M, "batch_size": t.batch_size, "group_size": k,
+            "samples_per_batch": t.batch_size + (n_groups if spec.needs_greedy else 0),
+            "truth": "exact", "normalize_advantages": t.normalize, "negative_control": bool(s.negative_control),
+            "gae_lambda": params.gae_lambda, "gamma": params.gamma, "n_steps": params.n_steps,
+            "std_normalize": params.std_normalize, "critic": "none", "critic_noise": 0.0,
+            "critic_rmse": float("nan"), "critic_ev": float("nan"), "proposal_shift": float("nan"),
+            "is_weight_m2": float("nan"), "kl_estimator": None, "label": spec.name,
+            "kl_beta": 0.0, "kl_placement": "none", "truth_scale": s.truth_scale,
+            "reward_std_tok": float("nan")}
+
+
+def _draw_probe_batches(p: ToyProbe) -> None:
+    """The probe's batches: from the proposal ``q`` for the importance target (with exact
+    ``E_q[w^2]``), else from the frozen policy."""
+    task, s, t = p.task, p.settings, p.training
     if s.target == "importance":
         xi = torch.randn(task.param_shape, generator=torch.Generator().manual_seed(int(s.proposal_seed)), dtype=DTYPE)
-        theta_q = theta + float(s.proposal_shift) * xi
-        batch = draw_batches(task, theta_q, M, n_groups, k, seed)
-        meta["proposal_shift"] = float(s.proposal_shift)
-        lp, lq = task.leaf_log_probs(theta), task.leaf_log_probs(theta_q)
+        p.theta_q = p.theta + float(s.proposal_shift) * xi
+        p.batch = draw_batches(task, p.theta_q, p.M, p.n_groups, p.k, t.seed)
+        p.meta["proposal_shift"] = float(s.proposal_shift)
+        lp, lq = task.leaf_log_probs(p.theta), task.leaf_log_probs(p.theta_q)
         m2 = torch.zeros(task.n_prompts, dtype=DTYPE).index_add(0, task.leaf_prompt, (2 * lp - lq).exp())
-        meta["is_weight_m2"] = float(m2.mean())
+        p.meta["is_weight_m2"] = float(m2.mean())
     else:
-        batch = draw_batches(task, theta, M, n_groups, k, seed)
-    mask_tm = batch.mask.T
+        p.batch = draw_batches(task, p.theta, p.M, p.n_groups, p.k, t.seed)
 
-    if s.target == "kl":
-        meta.update(label=f"kl_{kl_name}", kl_estimator=kl_name, kl_placement="loss")
-        ref_logp = torch.log_softmax(theta_ref, -1)[batch.states, batch.tokens].view(M, batch_size, L).transpose(1, 2)
+
+def _kl_estimates(p: ToyProbe) -> _Estimates:
+    """The ``kl`` target: per-sequence KL estimates and the gradient of ``kl_penalty`` against the
+    exact sequence KL to the reference and its gradient."""
+    task, theta, batch, M, kl_name = p.task, p.theta, p.batch, p.M, p.training.kl_name
+    L = task.spec.length
+    p.meta.update(label=f"kl_{kl_name}", kl_estimator=kl_name, kl_placement="loss")
+    ref_logp = torch.log_softmax(p.theta_ref, -1)[batch.states, batch.tokens]
+    ref_logp = ref_logp.view(M, p.training.batch_size, L).transpose(1, 2)
+
+    def loss_fn(logp, mask):
+        loss, _ = kl_penalty(logp, ref_logp, mask, kl_name, agg="seq_mean_token_sum_norm")
+        return loss * L  # kl_penalty's constant normaliser is L; undo it: sum over tokens
+
+    grads, losses = batch_gradients(theta, batch, M, loss_fn)
+    th = theta.clone().requires_grad_(True)
+    kl_true = task.sequence_kl(th, p.theta_ref)
+    (true_grad,) = torch.autograd.grad(kl_true, th)
+    return _Estimates(grads, true_grad, losses.numpy(), float(kl_true.detach()), {})
+
+
+def _gradient_estimates(p: ToyProbe) -> _Estimates:
+    """The ``policy_gradient`` and ``importance`` targets: the estimator's advantages (with the
+    trainer's KL placement and the negative control), the loss's per-batch gradients, the truth
+    and the advantage diagnostics."""
+    task, theta, batch, s, M = p.task, p.theta, p.batch, p.settings, p.M
+    mask_tm = batch.mask.T
+    critic = None
+    if p.spec.needs_critic:
+        critic, cinfo = fit_critic(task, theta, s, p.training.seed, p.params.gamma)
+        p.meta.update(cinfo)
+    beta = float(p.training.kl_beta) if s.target == "policy_gradient" else 0.0
+    penalty = k_tm = ref_mb = None
+    if beta > 0:  # the trainer's KL placement; the truth becomes grad (J - beta KL)
+        k_tm, ref_mb = _kl_terms(p, beta)
+        if p.training.kl_in_reward:
+            penalty = beta * k_tm
+    adv = estimator_advantages(p, critic, penalty)
+    if s.negative_control:
+        adv = adv - float(s.control_scale) * (batch.tokens.T == 0).to(DTYPE) * mask_tm
+        p.meta["label"] = f"{p.spec.name}+action_baseline"
+    loss_fn, values = _surrogate(p, _to_mb(adv, M), beta, k_tm, ref_mb)
+    grads, _ = batch_gradients(theta, batch, M, loss_fn)
+    grads = -grads  # loss = -objective
+    true_grad, value_true = _true_gradient(p, beta)
+    extra = _advantage_diagnostics(p, adv)
+    if critic is not None:
+        p.meta["critic_ev"] = _critic_ev(p, critic)
+    return _Estimates(grads, true_grad, values, value_true, extra)
+
+
+def _kl_terms(p: ToyProbe, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token KL estimates ``k_t [L, M*B]`` to the reference and the reference log-probs
+    ``[M, L, B]``; records the placement in the probe's columns."""
+    batch, kl_name = p.batch, p.training.kl_name
+    logp_tm = torch.log_softmax(p.theta, -1)[batch.states, batch.tokens].T
+    ref_tm = torch.log_softmax(p.theta_ref, -1)[batch.states, batch.tokens].T
+    k_tm = kl_estimate(kl_name, logp_tm, ref_tm) * batch.mask.T  # [L, M*B]
+    placement = "reward" if p.training.kl_in_reward else "loss"
+    p.meta.update(kl_beta=beta, kl_placement=placement, kl_estimator=kl_name,
+                  label=f"{p.spec.name}+{kl_name}_{placement}")
+    return k_tm, _to_mb(ref_tm, p.M)
+
+
+def _surrogate(p: ToyProbe, adv_mb: torch.Tensor, beta: float, k_tm: torch.Tensor | None,
+               ref_mb: torch.Tensor | None):
+    """``(loss_fn, per-batch values [M])``: the unclipped importance-weighted surrogate for the
+    importance target, else the registered policy loss at the sampling policy (ratio 1) with the
+    loss-placed KL term; the values are the estimates of the objective."""
+    task, theta, batch, M, B = p.task, p.theta, p.batch, p.M, p.training.batch_size
+    L = task.spec.length
+    if p.settings.target == "importance":
+        old_logp = torch.log_softmax(p.theta_q, -1)[batch.states, batch.tokens].view(M, B, L).transpose(1, 2)
 
         def loss_fn(logp, mask):
-            loss, _ = kl_penalty(logp, ref_logp, mask, kl_name, agg="seq_mean_token_sum_norm")
-            return loss * L  # kl_penalty's constant normaliser is L; undo it: sum over tokens
+            x = PolicyInputs(logp, old_logp, adv_mb, mask, with_metrics=False, **SEQUENCE_SUM)
+            return clipped_surrogate_loss(x, PPOClipSettings(clip_eps=None))[0]
 
-        grads, losses = batch_gradients(theta, batch, M, loss_fn)
-        th = theta.clone().requires_grad_(True)
-        kl_true = task.sequence_kl(th, theta_ref)
-        (true_grad,) = torch.autograd.grad(kl_true, th)
-        values, value_true = losses.numpy(), float(kl_true.detach())
-    else:
-        critic = None
-        if spec.needs_critic:
-            critic, cinfo = fit_critic(task, theta, s, seed, params.gamma)
-            meta.update(cinfo)
-        beta = float(kl_beta) if s.target == "policy_gradient" else 0.0
-        penalty = None
-        if beta > 0:  # the trainer's KL placement; the truth becomes grad (J - beta KL)
-            logp_tm = torch.log_softmax(theta, -1)[batch.states, batch.tokens].T
-            ref_tm = torch.log_softmax(theta_ref, -1)[batch.states, batch.tokens].T
-            k_tm = kl_estimate(kl_name, logp_tm, ref_tm) * mask_tm  # [L, M*B]
-            placement = "reward" if kl_in_reward else "loss"
-            meta.update(kl_beta=beta, kl_placement=placement, kl_estimator=kl_name,
-                        label=f"{spec.name}+{kl_name}_{placement}")
-            if kl_in_reward:
-                penalty = beta * k_tm
-            ref_mb = _to_mb(ref_tm, M)
-        adv = estimator_advantages(task, spec, params, batch, theta, M, k, critic, normalize, penalty,
-                                   minibatches)
-        if s.negative_control:
-            adv = adv - float(s.control_scale) * (batch.tokens.T == 0).to(DTYPE) * mask_tm
-            meta["label"] = f"{spec.name}+action_baseline"
-        adv_mb = _to_mb(adv, M)
-        if s.target == "importance":
-            old_logp = torch.log_softmax(theta_q, -1)[batch.states, batch.tokens].view(M, batch_size, L).transpose(1, 2)
+        lw = (task.leaf_log_probs(theta) - task.leaf_log_probs(p.theta_q))[batch.leaf]
+        return loss_fn, (lw.exp() * batch.reward).view(M, B).mean(1).numpy()
+    policy_loss = get_policy_loss(p.training.update)
+    kl_loss = beta > 0 and not p.training.kl_in_reward
+    loss_knobs, kl_name = p.training.loss_knobs, p.training.kl_name
 
-            def loss_fn(logp, mask):
-                x = PolicyInputs(logp, old_logp, adv_mb, mask, with_metrics=False, **SEQUENCE_SUM)
-                return clipped_surrogate_loss(x, PPOClipSettings(clip_eps=None))[0]
+    def loss_fn(logp, mask):  # the registered loss at the sampling policy (ratio 1)
+        x = PolicyInputs(logp, logp.detach(), adv_mb, mask, with_metrics=False, **SEQUENCE_SUM)
+        loss = policy_loss(x, loss_knobs)[0]
+        if kl_loss:
+            loss = loss + beta * kl_penalty(logp, ref_mb, mask, kl_name, **SEQUENCE_SUM)[0]
+        return loss
 
-            lw = (task.leaf_log_probs(theta) - task.leaf_log_probs(theta_q))[batch.leaf]
-            values = (lw.exp() * batch.reward).view(M, batch_size).mean(1).numpy()
-        else:
-            policy_loss = get_policy_loss(update)
+    values = batch.reward.view(M, B).mean(1).numpy()
+    if beta > 0:  # the regularised return R - beta sum_t k_t
+        values = values - beta * k_tm.sum(0).view(M, B).mean(1).numpy()
+    return loss_fn, values
 
-            kl_loss = beta > 0 and not kl_in_reward
 
-            def loss_fn(logp, mask):  # the registered loss at the sampling policy (ratio 1)
-                x = PolicyInputs(logp, logp.detach(), adv_mb, mask, with_metrics=False, **SEQUENCE_SUM)
-                loss = policy_loss(x, loss_knobs)[0]
-                if kl_loss:
-                    loss = loss + beta * kl_penalty(logp, ref_mb, mask, kl_name, **SEQUENCE_SUM)[0]
-                return loss
+def _true_gradient(p: ToyProbe, beta: float) -> tuple[torch.Tensor, float]:
+    """``(grad of J - beta KL, its value)``, divided by ``sigma_tok`` with ``truth_scale=reward_std``."""
+    task, theta = p.task, p.theta
+    th = theta.clone().requires_grad_(True)
+    objective = task.expected_reward(th)
+    if beta > 0:
+        objective = objective - beta * task.sequence_kl(th, p.theta_ref)
+    (true_grad,) = torch.autograd.grad(objective, th)
+    value_true = float(objective.detach())
+    if p.settings.truth_scale == "reward_std":  # the population limit of batch whitening (C24)
+        sigma = float(task.reward_to_go_moments(theta, p.params.gamma)[1])
+        if not sigma > 0:
+            raise ValueError("probe.truth_scale=reward_std needs a reward-to-go that varies: its token-weighted "
+                             f"std is {sigma} at this policy")
+        p.meta["reward_std_tok"] = sigma
+        true_grad = true_grad / sigma
+    return true_grad, value_true
 
-            values = batch.reward.view(M, batch_size).mean(1).numpy()
-            if beta > 0:  # the regularised return R - beta sum_t k_t
-                values = values - beta * k_tm.sum(0).view(M, batch_size).mean(1).numpy()
-        grads, _ = batch_gradients(theta, batch, M, loss_fn)
-        grads = -grads  # loss = -objective
-        th = theta.clone().requires_grad_(True)
-        objective = task.expected_reward(th)
-        if beta > 0:
-            objective = objective - beta * task.sequence_kl(th, theta_ref)
-        (true_grad,) = torch.autograd.grad(objective, th)
-        value_true = float(objective.detach())
-        if s.truth_scale == "reward_std":  # the population limit of batch whitening (C24)
-            sigma = float(task.reward_to_go_moments(theta, params.gamma)[1])
-            if not sigma > 0:
-                raise ValueError("probe.truth_scale=reward_std needs a reward-to-go that varies: its token-weighted "
-                                 f"std is {sigma} at this policy")
-            meta["reward_std_tok"] = sigma
-            true_grad = true_grad / sigma
-        # advantage diagnostics against the exact advantage Q(s, a) - V(s)
-        true_adv = (Q_exact[batch.states, batch.tokens] - V_exact[batch.states]).T * mask_tm
-        err = ((adv - true_adv) ** 2 * mask_tm).reshape(L, M, -1)
-        per_batch_extra["adv_mse"] = (err.sum(dim=(0, 2)) / mask_tm.reshape(L, M, -1).sum(dim=(0, 2))).numpy()
-        n_tok = mask_tm.sum(0).clamp(min=1.0)
-        col_mean = (adv * mask_tm).sum(0) / n_tok
-        within = ((((adv - col_mean) ** 2) * mask_tm).sum(0) / n_tok).sqrt()
-        per_batch_extra["adv_within_std"] = within.view(M, -1).mean(1).numpy()
-        if critic is not None:
-            ret = discounted_returns(task, batch, params.gamma)
-            vals = critic[batch.states].T
-            m = mask_tm.bool()
-            var_r = ret[m].var(unbiased=False)
-            meta["critic_ev"] = float(1 - (ret[m] - vals[m]).var(unbiased=False) / var_r) if var_r > 0 else float("nan")
 
-    meta["tokens_per_batch"] = float(batch.length.double().sum()) / M
-    meta["value_kind"] = {"kl": "sequence KL to ref", "importance": "IS estimate of J",
-                          "policy_gradient": "mean sampled reward (J)"}[s.target]
-    if meta["kl_beta"] > 0:
-        meta["value_kind"] = "mean regularised return (J - beta KL)"
-    G = grads.numpy()
-    truth = true_grad.reshape(-1).numpy()
+def _advantage_diagnostics(p: ToyProbe, adv: torch.Tensor) -> dict[str, np.ndarray]:
+    """Per batch: the mean squared error against the exact advantage ``Q(s, a) - V(s)`` and the
+    mean within-sequence std of the advantages."""
+    task, batch, M = p.task, p.batch, p.M
+    L = task.spec.length
+    mask_tm = batch.mask.T
+    V_exact, Q_exact = task.values(p.theta)
+    true_adv = (Q_exact[batch.states, batch.tokens] - V_exact[batch.states]).T * mask_tm
+    err = ((adv - true_adv) ** 2 * mask_tm).reshape(L, M, -1)
+    extra = {"adv_mse": (err.sum(dim=(0, 2)) / mask_tm.reshape(L, M, -1).sum(dim=(0, 2))).numpy()}
+    n_tok = mask_tm.sum(0).clamp(min=1.0)
+    col_mean = (adv * mask_tm).sum(0) / n_tok
+    within = ((((adv - col_mean) ** 2) * mask_tm).sum(0) / n_tok).sqrt()
+    extra["adv_within_std"] = within.view(M, -1).mean(1).numpy()
+    return extra
+
+
+def _critic_ev(p: ToyProbe, critic: torch.Tensor) -> float:
+    """Explained variance of the discounted returns by the critic, over the probe's tokens."""
+    ret = discounted_returns(p.task, p.batch, p.params.gamma)
+    vals = critic[p.batch.states].T
+    m = p.batch.mask.T.bool()
+    var_r = ret[m].var(unbiased=False)
+    return float(1 - (ret[m] - vals[m]).var(unbiased=False) / var_r) if var_r > 0 else float("nan")
+
+
+def _finish_meta(p: ToyProbe) -> None:
+    p.meta["tokens_per_batch"] = float(p.batch.length.double().sum()) / p.M
+    p.meta["value_kind"] = {"kl": "sequence KL to ref", "importance": "IS estimate of J",
+                            "policy_gradient": "mean sampled reward (J)"}[p.settings.target]
+    if p.meta["kl_beta"] > 0:
+        p.meta["value_kind"] = "mean regularised return (J - beta KL)"
+
+
+def _summarise(p: ToyProbe, est: _Estimates) -> ProbeResult:
+    """One row per scope (all, prompt<x>) with the bootstrap summaries, and the per-batch table."""
+    task, s, M = p.task, p.settings, p.M
+    G = est.grads.numpy()
+    truth = est.true_grad.reshape(-1).numpy()
     directions = {}
     if s.arcsin:  # C25: the population GRPO direction
-        th = theta.clone().requires_grad_(True)
+        th = p.theta.clone().requires_grad_(True)
         (g_arcsin,) = torch.autograd.grad(task.arcsin_objective(th), th)
         directions["arcsin"] = g_arcsin.reshape(-1).numpy()
-    W = pstats.resample_weights(M, int(s.reps), seed=int(seed) + 7)
+    W = pstats.resample_weights(M, int(s.reps), seed=int(p.training.seed) + 7)
     gbar_reps = W @ G / M
     scopes = [("all", np.arange(G.shape[1]))]
     V = task.spec.vocab
@@ -397,27 +531,31 @@ def probe_toy(task: ToyTask, theta: torch.Tensor, spec: EstimatorSpec, params: E
     for scope, cols in scopes:
         summ = pstats.gradient_summary(G[:, cols], truth[cols], W, gbar_reps[:, cols],
                                        directions={n: u[cols] for n, u in directions.items()})
-        row = {**meta, "scope": scope, **summ}
+        row = {**p.meta, "scope": scope, **summ}
         if s.arcsin:  # the comparison's other side, under the name C25 gives it
             row.update({f"cos_linear{x}": summ[f"cos_exp{x}"] for x in ("", "_low", "_high", "_se")})
-        pb = pstats.per_batch_scalars(G[:, cols], truth[cols])
-        tab = {"scope": scope, "batch": np.arange(M), **pb}
+        tab = {"scope": scope, "batch": np.arange(M), **pstats.per_batch_scalars(G[:, cols], truth[cols])}
         if scope == "all":
-            row.update(pstats.value_summary(np.asarray(values, dtype=float), value_true, W))
-            for name, arr in per_batch_extra.items():
-                row[name] = float(np.mean(arr))
-                row.update(pstats.bootstrap_columns(name, W @ arr / M))
-            tab["value_est"] = np.asarray(values, dtype=float)
-            for name, arr in per_batch_extra.items():
-                tab[name] = arr
+            _add_value_columns(row, tab, est, W, M)
         else:
             x = int(scope[len("prompt"):])
-            pspec = task.spec.prompts[x]
-            row["prompt_kind"] = pspec.kind
-            row["prompt_success"] = float(task.prompt_rewards(theta)[x])
+            row["prompt_kind"] = task.spec.prompts[x].kind
+            row["prompt_success"] = float(task.prompt_rewards(p.theta)[x])
         out_rows.append(row)
         tables.append(pd.DataFrame(tab))
     return ProbeResult(out_rows, pd.concat(tables, ignore_index=True), G, truth)
+
+
+def _add_value_columns(row: dict, tab: dict, est: _Estimates, W: np.ndarray, M: int) -> None:
+    """The value estimate's summary and the per-batch diagnostics, on the ``all`` scope."""
+    values = np.asarray(est.values, dtype=float)
+    row.update(pstats.value_summary(values, est.value_true, W))
+    for name, arr in est.per_batch_extra.items():
+        row[name] = float(np.mean(arr))
+        row.update(pstats.bootstrap_columns(name, W @ arr / M))
+    tab["value_est"] = values
+    for name, arr in est.per_batch_extra.items():
+        tab[name] = arr
 
 
 # ----------------------------------------------------------------------------- run directory
@@ -472,11 +610,7 @@ def probe_run(cfg, run: RunDir) -> None:
     theta, theta_ref, policy = load_policy(task, s)
     spec = get_estimator(cfg.estimator)
     params = EstimatorParams.from_cfg(cfg)
-    res = probe_toy(task, theta, spec, params, settings=s, batch_size=int(cfg.task.episodes_per_iter),
-                    group_size=int(cfg.group_size), seed=int(cfg.seed), normalize=str(cfg.normalize_advantages),
-                    theta_ref=theta_ref, kl_name=str(cfg.kl.estimator), update=str(cfg["update"]),
-                    loss_knobs=loss_settings(cfg), kl_beta=float(cfg.kl.beta), kl_in_reward=bool(cfg.kl.in_reward),
-                    minibatches=int(cfg.minibatches))
+    res = probe_toy(task, theta, spec, params, settings=s, training=ProbeTraining.from_cfg(cfg), theta_ref=theta_ref)
     wall = time.perf_counter() - t0
     ident = {"run_id": run.run_id, "task": str(cfg.task.name), "estimator": str(cfg.estimator),
              "seed": int(cfg.seed), "policy": policy, "wall_time_s": wall}

@@ -538,6 +538,16 @@ class StepCollector:
                        torch.from_numpy(trunc).float(), mask, finished, mask.sum(dim=(0, 2)))
 
 
+@dataclass(frozen=True)
+class EpisodeLayout:
+    """A member's columns of whole episodes: ``episodes`` of them in groups of ``group_size`` that
+    reset with one seed; ``greedy`` adds one greedy column per group (ReMax's baseline)."""
+
+    episodes: int
+    group_size: int = 1
+    greedy: bool = False
+
+
 class EpisodeCollector:
     """Whole episodes from chosen starts (Monte Carlo and group estimators).
 
@@ -547,9 +557,9 @@ class EpisodeCollector:
     Every column runs until its first episode ends; later steps are masked out.
     """
 
-    def __init__(self, env_id: str, population: int, episodes: int, group_size: int, greedy: bool,
-                 max_episode_steps: int | None, info: EnvInfo, gens: list[torch.Generator],
-                 norm: Normalization | None = None):
+    def __init__(self, env_id: str, population: int, layout: EpisodeLayout, max_episode_steps: int | None,
+                 info: EnvInfo, gens: list[torch.Generator], norm: Normalization | None = None):
+        episodes, group_size, greedy = layout.episodes, layout.group_size, layout.greedy
         self.n_groups = episodes // group_size
         self.episodes, self.group_size, self.greedy = episodes, group_size, greedy
         width = episodes + (self.n_groups if greedy else 0)

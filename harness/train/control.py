@@ -34,10 +34,10 @@ from omegaconf import DictConfig
 from ..estimators import AdvantageBatch, get_estimator
 from ..io import RunDir
 from ..io import checkpoint as ckpt
-from ..models.control import ControlAgent, agent_options
+from ..models.control import AgentSpec, ControlAgent
 from ..models.mlp import member_view
-from ..tasks.control import (EpisodeCollector, MemberEnvs, Normalization, StepCollector, advantage_batch, env_info,
-                             evaluate, time_limit)
+from ..tasks.control import (EpisodeCollector, EpisodeLayout, MemberEnvs, Normalization, StepCollector,
+                             advantage_batch, env_info, evaluate, time_limit)
 from .loop import Source
 from .update import UpdateBatch, clip_grad_norms, norms_finite
 from .workers import train_members
@@ -117,9 +117,7 @@ class ControlSource(Source):
         t = cfg.task
         self.info = env_info(t.env_id)
         self.gens = [torch.Generator().manual_seed(s) for s in self.seeds]
-        self.agent = ControlAgent(self.P, self.info.obs_dim, self.info.act_dim, self.info.discrete,
-                                  list(t.hidden), t.activation, spec.needs_critic, self.gens, **agent_options(t),
-                                  low=self.info.low, high=self.info.high)
+        self.agent = ControlAgent(self.P, AgentSpec.from_task(t, self.info), spec.needs_critic, self.gens)
         norm = Normalization.from_cfg(cfg)
         self.learner = ControlLearner(self.agent)
         self.budget = cfg.budget.env_steps
@@ -130,8 +128,8 @@ class ControlSource(Source):
         self.seq_ids = str(cfg.loss_agg) != "token_mean"
         if spec.full_episodes:
             group = cfg.group_size if spec.needs_groups else 1
-            self.collector = EpisodeCollector(t.env_id, self.P, t.episodes_per_iter, group, spec.needs_greedy,
-                                              t.max_episode_steps, self.info, self.gens, norm)
+            layout = EpisodeLayout(t.episodes_per_iter, group, spec.needs_greedy)
+            self.collector = EpisodeCollector(t.env_id, self.P, layout, t.max_episode_steps, self.info, self.gens, norm)
         else:
             envs = MemberEnvs(t.env_id, self.P, t.num_envs, t.max_episode_steps, self.info, native=True, norm=norm)
             self.collector = StepCollector(envs, self.gens, t.rollout_steps)

@@ -54,11 +54,11 @@ from omegaconf import DictConfig
 from ..estimators import AdvantageBatch, get_estimator, kl_estimate, kl_guards
 from ..io import RunDir
 from ..io import checkpoint as ckpt
-from ..models.lm import (NonFiniteError, PolicyWithValue, ValueModel, fast_gelu, generate_groups,
+from ..models.lm import (DecodeSettings, NonFiniteError, PolicyWithValue, ValueModel, fast_gelu, generate_groups,
                          response_forward)
 from ..tasks.lm.data import decode_responses, left_pad
 from ..tasks.lm.metrics import length_by_correctness, mean_pass_at_k, zero_std_fraction
-from ..tasks.lm.pipeline import LMTask, autocast, build_task, evaluate_scores, uses_bf16
+from ..tasks.lm.pipeline import Decoding, LMTask, autocast, build_task, evaluate_scores, uses_bf16
 from .loop import Diverged, Source
 from .workers import train_members
 from .sampling import cat_rows, dynamic_sample, overlong_penalty, take_groups
@@ -85,12 +85,12 @@ def evaluate_policy(model, task: LMTask, lm: DictConfig) -> dict:
     (greedy) and ``pass_at_k`` (from the sampled ones); else null. Raises
     :class:`harness.models.lm.NonFiniteError` where the policy decodes to NaN.
     """
-    args = (model, task.tokenizer, task.held_out, int(lm.eval_prompts), int(lm.max_response_len),
-            float(lm.temperature))
+    args = (model, task.tokenizer, task.held_out, int(lm.eval_prompts))
     seed = int(lm.pipeline_seed) + EVAL_SEED_OFFSET
-    score = task.gold_fn
-    sampled = evaluate_scores(*args, False, seed, task.device, task.dtype, samples=int(lm.eval_samples), score=score)
-    greedy = evaluate_scores(*args, True, seed, task.device, task.dtype, score=score)
+    sampling = Decoding(int(lm.max_response_len), float(lm.temperature), False, task.device, task.dtype,
+                        samples=int(lm.eval_samples))
+    sampled = evaluate_scores(*args, sampling, seed, task.gold_fn)
+    greedy = evaluate_scores(*args, dataclasses.replace(sampling, greedy=True, samples=1), seed, task.gold_fn)
     mean = lambda per_prompt: sum(map(sum, per_prompt)) / max(sum(map(len, per_prompt)), 1)  # noqa: E731
     out = {"eval_return": mean(sampled), "eval_gold_greedy": mean(greedy), "pass_at_1": None, "pass_at_k": None}
     if task.binary:
@@ -443,8 +443,9 @@ class LMSource(Source):
         per_row = torch.arange(len(prompt_idx), device=self.device).repeat_interleave(k)
         p_ids, p_mask = u_ids[per_row], u_mask[per_row]
         with self.ac():
-            g, gg = generate_groups(self.policy.lm, u_ids, u_mask, lm.max_response_len, self.tok.eos_token_id,
-                                    self.tok.pad_token_id, temperature=lm.temperature, samples=k,
+            decoding = DecodeSettings(lm.max_response_len, self.tok.eos_token_id, self.tok.pad_token_id,
+                                      temperature=lm.temperature)
+            g, gg = generate_groups(self.policy.lm, u_ids, u_mask, decoding, samples=k,
                                     with_greedy=self.spec.needs_greedy, generator=self.gen)
         mask = g.mask.float()
         ref = None

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ from ..io import RunDir
 from ..io.trackers import NoLog, make_logger
 from ..losses import adaptive_kl_beta
 from . import checkpointing
-from .update import MemberOptimizer, UpdateBatch, UpdateSettings, update
+from .update import MemberOptimizer, Members, UpdateBatch, UpdateSettings, update
 
 log = logging.getLogger("harness")
 
@@ -176,6 +177,23 @@ def eval_due(iteration: int, steps: int, last_eval: int, done: bool, eval_every:
     return periodic or crossed or last
 
 
+@dataclass
+class IterationRecord:
+    """What one iteration produced for every member, from which each member's metric row is made:
+    the rollout ``ro``, the update's ``stats``, each member's evaluation (``evals[p]``, None where it
+    did not evaluate) and its source's pre-update extras ``pre[p]``, and the learning rates ``lr`` and
+    KL coefficients ``kl_beta`` the update used (``[P]``)."""
+
+    iteration: int
+    wall: float
+    ro: Any
+    stats: dict
+    evals: list[dict | None]
+    pre: list[dict]
+    lr: torch.Tensor
+    kl_beta: torch.Tensor
+
+
 class Loop:
     """Train ``runs`` (one per member of ``source``) to their budgets. Its state is what a checkpoint
     saves and restores (:class:`harness.train.checkpointing.Checkpointed`)."""
@@ -257,8 +275,8 @@ class Loop:
                 ub = src.update_batch(ro, out.advantages, out.returns, batch.values)
                 pre = src.before_update(ro, ub)
                 beta_used = self.kl_beta.clone()
-                stats = update(self.learner, self.opt, ub, self.settings, src.shuffle_generators(), self.active,
-                               lr, self.kl_beta)
+                stats = update(self.learner, self.opt, ub, self.settings,
+                               Members(src.shuffle_generators(), self.active, lr, self.kl_beta))
                 reasons = self._divergence(stats)
                 self._adapt_kl(ro, stats, reasons)
                 done = torch.zeros(self.P, dtype=torch.bool)
@@ -274,12 +292,12 @@ class Loop:
                     except Diverged as exc:
                         reasons = [f"{exc} (evaluation)" if f else r for f, r in zip(flags, reasons)]
                 wall = time.perf_counter() - t0
+                rec = IterationRecord(iteration, wall, ro, stats, evals, pre, lr, beta_used)
                 rows = []
                 for p, r in enumerate(self.runs):
                     if not self.active[p]:
                         continue
-                    row = self._row(p, iteration, wall, ro, stats, evals[p], pre[p],
-                                    float(lr[p]), float(beta_used[p]))
+                    row = self._row(p, rec)
                     rows.append(row)
                     r.log(row)
                     self.logger.write(p, row)
@@ -348,16 +366,19 @@ class Loop:
             if self.active[p] and reasons[p] is None:
                 self.kl_beta[p] = adaptive_kl_beta(float(self.kl_beta[p]), float(measured[p]), target)
 
-    def _row(self, p, iteration, wall, ro, stats, ev, pre, lr, beta) -> dict:
+    def _row(self, p: int, rec: IterationRecord) -> dict:
+        """Member ``p``'s metric row of the iteration ``rec``."""
+        ro, stats, ev, pre = rec.ro, rec.stats, rec.evals[p], rec.pre[p]
+
         def get(k):
             if k not in stats:
                 return None
             v = float(stats[k][p])
             return v if math.isfinite(v) or k in ("loss", "policy_loss", "grad_norm") else None
 
-        row = metric_row(self.runs[p].run_id, self.common, self.source.seeds[p], iteration, int(self.cost[p]),
-                         float(wall), self.source.episode_return(p, ro), None if ev is None else ev.get("eval_return"),
-                         beta, lr)
+        row = metric_row(self.runs[p].run_id, self.common, self.source.seeds[p], rec.iteration, int(self.cost[p]),
+                         float(rec.wall), self.source.episode_return(p, ro),
+                         None if ev is None else ev.get("eval_return"), float(rec.kl_beta[p]), float(rec.lr[p]))
         row.update({
             "policy_loss": get("policy_loss"), "entropy": get("entropy"), "approx_kl": get("approx_kl"),
             "clip_frac": get("clip_frac"), "grad_norm": get("grad_norm"), "adv_mean": get("adv_mean"),

@@ -354,133 +354,203 @@ def clip_grad_groups(groups: list[list[torch.Tensor]], max_norm: float | None, p
                           max_norm, per_network)
 
 
+@dataclass(frozen=True)
+class Members:
+    """Each population member's part in one update, ``[P]`` each: ``gens`` its minibatch shuffle
+    generator, ``active`` whether it still trains (the others' weights are frozen), ``lr`` its
+    learning rate (float64), ``kl_beta`` its KL coefficient."""
+
+    gens: list[torch.Generator]
+    active: torch.Tensor
+    lr: torch.Tensor
+    kl_beta: torch.Tensor
+
+
 def update(learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: UpdateSettings,
-           gens: list[torch.Generator], active: torch.Tensor, lr: torch.Tensor,
-           kl_beta: torch.Tensor) -> dict[str, torch.Tensor]:
+           members: Members) -> dict[str, torch.Tensor]:
     """``s.epochs`` passes over ``batch`` in ``s.minibatches`` column minibatches.
 
-    ``active [P]``: members still training (the others' weights are frozen); ``lr [P]``, ``kl_beta [P]``:
-    each member's own. Returns ``[P]`` diagnostics (last epoch, see the module docstring) plus
+    ``members``: which members still train, and each one's generator, learning rate and KL
+    coefficient. Returns ``[P]`` diagnostics (last epoch, see the module docstring) plus
     ``nonfinite`` (``[P]`` codes: 0 finite, 1 loss, 2 gradient)."""
-    P, _, B = batch.adv.shape
-    device = batch.adv.device
-    mask = batch.mask * active.to(device).view(P, 1, 1).to(batch.mask.dtype)
-    cols = batch.columns or [B] * P
-    n_mb = max(1, min(s.minibatches, B))
-    mb_size = math.ceil(B / n_mb)
-    ragged = len(set(cols)) > 1  # members' own batch sizes differ (whole episodes in a population)
-    if ragged:  # minibatches drawn as each member's lone run draws them, padded with masked entries
-        n_mb_p = [max(1, min(s.minibatches, c)) for c in cols]
-        mb_p = [math.ceil(c / n) for c, n in zip(cols, n_mb_p)]
-        n_mb = max(n_mb_p)
-    whiten_batch, normalize_each = whitening_plan(s.normalize, n_mb)
-    adv = whiten(batch.adv, mask) if whiten_batch else batch.adv
-    agg = {"agg": s.loss_agg, "norm_len": s.norm_len}
-    critic = batch.returns is not None
-    bad = torch.zeros(P, dtype=torch.long)  # first non-finite kind per member
-    any_bad = False
-    opt.prepare(lr, ~active)
-    beta = kl_beta.to(device)
-    stats: dict[str, list[torch.Tensor]] = {}
-    present: list[torch.Tensor] = []  # per recorded minibatch, the members it had entries for
-    stop = False
+    plan = _MinibatchPlan.of(batch, s.minibatches)
+    run = _UpdateRun(learner, opt, batch, s, members, plan)
+    opt.prepare(members.lr, ~members.active)
     for epoch in range(s.epochs):
         last_epoch = epoch == s.epochs - 1
-        empty = None
-        if ragged:
-            perms = [torch.randperm(c, generator=g) if n > 1 else torch.arange(c)
-                     for c, n, g in zip(cols, n_mb_p, gens)]
+        for idx, valid, empty in plan.minibatches(members.gens, run.mask):
+            if not run.minibatch(idx, valid, empty, last_epoch):
+                return run.diagnostics()  # nothing left to learn from this batch
+    return run.diagnostics()
+
+
+@dataclass
+class _MinibatchPlan:
+    """How one update cuts the ``B`` columns into minibatches: ``n_mb`` of ``mb_size`` columns; with
+    ``ragged`` members (their own batch sizes ``cols`` differ: whole episodes in a population), each
+    member's ``n_mb_p[p]`` minibatches of ``mb_p[p]`` columns as its lone run draws them, padded
+    with masked entries."""
+
+    B: int
+    cols: list[int]
+    n_mb: int
+    mb_size: int
+    ragged: bool
+    n_mb_p: list[int] | None = None
+    mb_p: list[int] | None = None
+
+    @classmethod
+    def of(cls, batch: UpdateBatch, minibatches: int) -> _MinibatchPlan:
+        P, _, B = batch.adv.shape
+        cols = batch.columns or [B] * P
+        n_mb = max(1, min(minibatches, B))
+        plan = cls(B, cols, n_mb, math.ceil(B / n_mb), len(set(cols)) > 1)
+        if plan.ragged:
+            plan.n_mb_p = [max(1, min(minibatches, c)) for c in cols]
+            plan.mb_p = [math.ceil(c / n) for c, n in zip(cols, plan.n_mb_p)]
+            plan.n_mb = max(plan.n_mb_p)
+        return plan
+
+    def minibatches(self, gens: list[torch.Generator], mask: torch.Tensor):
+        """One epoch's minibatches ``(idx [P, b] or None: all columns, valid [P, 1, b] or None,
+        empty [P] or None: members without entries)``; every member's permutation is drawn from its
+        own generator when the epoch starts."""
+        if self.ragged:
+            yield from self._ragged(gens, mask)
+            return
+        perm = torch.stack([torch.randperm(self.B, generator=g) for g in gens]).to(mask.device) \
+            if self.n_mb > 1 else None
+        for i in range(self.n_mb):
+            idx = None if perm is None else perm[:, i * self.mb_size:(i + 1) * self.mb_size]
+            if idx is not None and idx.shape[1] == 0:
+                continue
+            yield idx, None, None
+
+    def _ragged(self, gens: list[torch.Generator], mask: torch.Tensor):
+        P, device = mask.shape[0], mask.device
+        perms = [torch.randperm(c, generator=g) if n > 1 else torch.arange(c)
+                 for c, n, g in zip(self.cols, self.n_mb_p, gens)]
+        for i in range(self.n_mb):
+            parts = [q[i * m:(i + 1) * m] for q, m in zip(perms, self.mb_p)]
+            width = max(len(q) for q in parts)
+            if width == 0:
+                continue
+            idx = torch.zeros(P, width, dtype=torch.long)
+            valid = torch.zeros(P, 1, width, dtype=mask.dtype)
+            for p, q in enumerate(parts):
+                idx[p, :len(q)] = q
+                valid[p, 0, :len(q)] = 1.0
+            yield idx.to(device), valid.to(device), torch.tensor([len(q) == 0 for q in parts])
+
+
+class _UpdateRun:
+    """One update's state across its minibatches: the whitened advantages, each member's first
+    non-finite kind (``bad``), and the last epoch's minibatch statistics."""
+
+    def __init__(self, learner: Learner, opt: MemberOptimizer, batch: UpdateBatch, s: UpdateSettings,
+                 members: Members, plan: _MinibatchPlan):
+        self.learner, self.opt, self.batch, self.s, self.plan = learner, opt, batch, s, plan
+        P = batch.adv.shape[0]
+        device = batch.adv.device
+        self.P, self.active, self.lr = P, members.active, members.lr
+        self.mask = batch.mask * members.active.to(device).view(P, 1, 1).to(batch.mask.dtype)
+        whiten_batch, self.normalize_each = whitening_plan(s.normalize, plan.n_mb)
+        self.adv = whiten(batch.adv, self.mask) if whiten_batch else batch.adv
+        self.agg = {"agg": s.loss_agg, "norm_len": s.norm_len}
+        self.critic = batch.returns is not None
+        self.bad = torch.zeros(P, dtype=torch.long)  # first non-finite kind per member
+        self.any_bad = False
+        self.beta = members.kl_beta.to(device)
+        self.stats: dict[str, list[torch.Tensor]] = {}
+        self.present: list[torch.Tensor] = []  # per recorded minibatch, the members it had entries for
+
+    def minibatch(self, idx: torch.Tensor | None, valid: torch.Tensor | None, empty: torch.Tensor | None,
+                  last_epoch: bool) -> bool:
+        """One optimizer step on columns ``idx``; False when no active member is left finite."""
+        loss, metrics = self._loss(idx, valid, last_epoch)
+        bad, active = self.bad, self.active
+        if not _all_finite(loss):  # rare: find the members
+            loss_ok = torch.isfinite(loss.detach()).cpu()
+            self.bad = bad = torch.where((bad == 0) & ~loss_ok & active, torch.ones_like(bad), bad)
+            self.any_bad = True
+            if not bool(((bad == 0) & active).any()):  # nothing left to learn from this batch
+                self.stats.setdefault("loss", []).append(loss.detach().cpu())
+                return False
+        self.opt.zero_grad()
+        loss.sum().backward()
+        norms = self.learner.clip_grads(self.s.max_grad_norm, self.s.clip_per_network)
+        if not _all_finite(norms):
+            grad_ok = torch.isfinite(norms.detach()).all(dim=0).cpu()
+            self.bad = bad = torch.where((bad == 0) & ~grad_ok & active, torch.full_like(bad, 2), bad)
+            self.any_bad = True
+        if self.any_bad or empty is not None:
+            self.opt.step(self.lr, ~active | (bad != 0) | (empty if empty is not None else False))
         else:
-            perm = torch.stack([torch.randperm(B, generator=g) for g in gens]).to(device) if n_mb > 1 else None
-        for i in range(n_mb):
-            valid = None
-            if ragged:
-                parts = [q[i * m:(i + 1) * m] for q, m in zip(perms, mb_p)]
-                width = max(len(q) for q in parts)
-                if width == 0:
-                    continue
-                idx = torch.zeros(P, width, dtype=torch.long)
-                valid = torch.zeros(P, 1, width, dtype=mask.dtype)
-                for p, q in enumerate(parts):
-                    idx[p, :len(q)] = q
-                    valid[p, 0, :len(q)] = 1.0
-                idx, valid = idx.to(device), valid.to(device)
-                empty = torch.tensor([len(q) == 0 for q in parts])
-            else:
-                idx = None if perm is None else perm[:, i * mb_size:(i + 1) * mb_size]
-                if idx is not None and idx.shape[1] == 0:
-                    continue
-            m_mask, m_adv, m_old = _select(mask, idx), _select(adv, idx), _select(batch.old_logp, idx)
-            if valid is not None:
-                m_mask = m_mask * valid
-            seq = _select(batch.seq_id, idx)
-            if normalize_each:
-                m_adv = whiten(m_adv, m_mask)
-            need_entropy = s.ent_coef > 0 or last_epoch
-            logp, entropy, values = learner.forward(batch.inputs, idx, need_entropy)
-            pl, metrics = s.policy_loss(PolicyInputs(logp, m_old, m_adv, m_mask, seq_id=seq, with_metrics=last_epoch,
-                                                     **agg), s.loss_settings)
-            loss = pl
-            if need_entropy:
-                ent_l, ent_m = entropy_bonus(entropy, m_mask, seq_id=seq, **agg)
-                if s.ent_coef > 0:
-                    loss = loss + s.ent_coef * ent_l
-                metrics.update(ent_m)
-            if critic:
-                vl, vm = value_loss(values, _select(batch.returns, idx), m_mask,
-                                    old_values=_select(batch.old_values, idx), clip_eps=s.vf_clip_eps)
-                loss = loss + s.vf_coef * vl
-                metrics.update(vm)
-            if s.kl_loss:
-                kl_l, klm = kl_penalty(logp, _select(batch.kl_target, idx), m_mask, s.kl_estimator,
-                                       seq_id=seq, guards=s.kl_guards, **agg)
-                loss = loss + beta * kl_l
-                metrics["kl_loss"] = klm["kl"]
-            if not _all_finite(loss):  # rare: find the members
-                loss_ok = torch.isfinite(loss.detach()).cpu()
-                bad = torch.where((bad == 0) & ~loss_ok & active, torch.ones_like(bad), bad)
-                any_bad = True
-                if not bool(((bad == 0) & active).any()):  # nothing left to learn from this batch
-                    stats.setdefault("loss", []).append(loss.detach().cpu())
-                    stop = True
-                    break
-            opt.zero_grad()
-            loss.sum().backward()
-            norms = learner.clip_grads(s.max_grad_norm, s.clip_per_network)
-            if not _all_finite(norms):
-                grad_ok = torch.isfinite(norms.detach()).all(dim=0).cpu()
-                bad = torch.where((bad == 0) & ~grad_ok & active, torch.full_like(bad, 2), bad)
-                any_bad = True
-            if any_bad or empty is not None:
-                opt.step(lr, ~active | (bad != 0) | (empty if empty is not None else False))
-            else:
-                opt.step_prepared()
-            if last_epoch:
-                metrics["grad_norm"] = norms[0]
-                if critic and norms.shape[0] > 1:
-                    metrics["value_grad_norm"] = norms[1]
-                metrics["loss"] = loss.detach()
-                for k, v in metrics.items():
-                    stats.setdefault(k, []).append(v)
-                present.append(torch.ones(P) if empty is None else (~empty).double())
-        if stop:
-            break
-    if ragged and present:  # a member's mean over the minibatches it had entries in (as its lone run)
-        w = torch.stack(present)
-        out = {k: (torch.stack([x.reshape(P).cpu().double() for x in v]) * w).sum(0) / w.sum(0).clamp(min=1)
-               for k, v in stats.items() if len(v) == len(present)}
-    else:
-        out = {k: torch.stack([x.reshape(P).cpu() for x in v]).mean(0) for k, v in stats.items()}
-    if any_bad:  # a member whose update went non-finite: its minibatch statistics are empty (a lone run
-        # stops at its first non-finite loss, a population goes on past it: the same row either way)
-        gone = bad != 0
-        out = {k: torch.where(gone, float("nan"), v) for k, v in out.items()}
-    a_mean, a_std = masked_mean_std(batch.adv, mask)
-    out["adv_mean"], out["adv_std"] = a_mean.cpu().double(), a_std.cpu().double()
-    if batch.adv.shape[1] > 1:  # columns are sequences (LM, toy); control columns are single steps
-        out["adv_within_std"] = within_sequence_std(batch.adv, mask).cpu()
-    if critic:
-        out["explained_variance"] = torch.tensor(
-            [explained_variance(batch.old_values[p], batch.returns[p], mask[p]) for p in range(P)], dtype=torch.float64)
-    out["nonfinite"] = bad
-    return out
+            self.opt.step_prepared()
+        if last_epoch:
+            metrics["grad_norm"] = norms[0]
+            if self.critic and norms.shape[0] > 1:
+                metrics["value_grad_norm"] = norms[1]
+            metrics["loss"] = loss.detach()
+            for k, v in metrics.items():
+                self.stats.setdefault(k, []).append(v)
+            self.present.append(torch.ones(self.P) if empty is None else (~empty).double())
+        return True
+
+    def _loss(self, idx: torch.Tensor | None, valid: torch.Tensor | None,
+              last_epoch: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The minibatch's ``[P]`` loss: the policy loss, the entropy bonus, the value loss and the
+        KL penalty; and its metrics."""
+        s, batch, agg = self.s, self.batch, self.agg
+        m_mask, m_adv, m_old = _select(self.mask, idx), _select(self.adv, idx), _select(batch.old_logp, idx)
+        if valid is not None:
+            m_mask = m_mask * valid
+        seq = _select(batch.seq_id, idx)
+        if self.normalize_each:
+            m_adv = whiten(m_adv, m_mask)
+        need_entropy = s.ent_coef > 0 or last_epoch
+        logp, entropy, values = self.learner.forward(batch.inputs, idx, need_entropy)
+        pl, metrics = s.policy_loss(PolicyInputs(logp, m_old, m_adv, m_mask, seq_id=seq, with_metrics=last_epoch,
+                                                 **agg), s.loss_settings)
+        loss = pl
+        if need_entropy:
+            ent_l, ent_m = entropy_bonus(entropy, m_mask, seq_id=seq, **agg)
+            if s.ent_coef > 0:
+                loss = loss + s.ent_coef * ent_l
+            metrics.update(ent_m)
+        if self.critic:
+            vl, vm = value_loss(values, _select(batch.returns, idx), m_mask,
+                                old_values=_select(batch.old_values, idx), clip_eps=s.vf_clip_eps)
+            loss = loss + s.vf_coef * vl
+            metrics.update(vm)
+        if s.kl_loss:
+            kl_l, klm = kl_penalty(logp, _select(batch.kl_target, idx), m_mask, s.kl_estimator,
+                                   seq_id=seq, guards=s.kl_guards, **agg)
+            loss = loss + self.beta * kl_l
+            metrics["kl_loss"] = klm["kl"]
+        return loss, metrics
+
+    def diagnostics(self) -> dict[str, torch.Tensor]:
+        """The last epoch's minibatch statistics averaged per member (NaN for a member whose update
+        went non-finite), the advantages' moments, the critic's explained variance, ``nonfinite``."""
+        P, batch, mask, stats, present = self.P, self.batch, self.mask, self.stats, self.present
+        if self.plan.ragged and present:  # a member's mean over the minibatches it had entries in (as its lone run)
+            w = torch.stack(present)
+            out = {k: (torch.stack([x.reshape(P).cpu().double() for x in v]) * w).sum(0) / w.sum(0).clamp(min=1)
+                   for k, v in stats.items() if len(v) == len(present)}
+        else:
+            out = {k: torch.stack([x.reshape(P).cpu() for x in v]).mean(0) for k, v in stats.items()}
+        if self.any_bad:  # a member whose update went non-finite: its minibatch statistics are empty (a lone
+            # run stops at its first non-finite loss, a population goes on past it: the same row either way)
+            gone = self.bad != 0
+            out = {k: torch.where(gone, float("nan"), v) for k, v in out.items()}
+        a_mean, a_std = masked_mean_std(batch.adv, mask)
+        out["adv_mean"], out["adv_std"] = a_mean.cpu().double(), a_std.cpu().double()
+        if batch.adv.shape[1] > 1:  # columns are sequences (LM, toy); control columns are single steps
+            out["adv_within_std"] = within_sequence_std(batch.adv, mask).cpu()
+        if self.critic:
+            out["explained_variance"] = torch.tensor(
+                [explained_variance(batch.old_values[p], batch.returns[p], mask[p]) for p in range(P)],
+                dtype=torch.float64)
+        out["nonfinite"] = self.bad
+        return out

@@ -42,8 +42,8 @@ from typing import Any, Callable, Iterable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ...models.lm import (PooledRewardModel, disable_dropout, generate, load_pretrained, pretrained_source,
-                          response_forward, tiny_causal_lm)
+from ...models.lm import (DecodeSettings, PooledRewardModel, TinyArch, disable_dropout, generate, load_pretrained,
+                          pretrained_source, response_forward, tiny_causal_lm)
 from .corpus import Example, vocabulary
 from .data import (EncodedSplit, decode_responses, encode_response, encode_split, left_pad, load_examples,
                    right_pad)
@@ -200,23 +200,35 @@ def _build_stage(cache_dir: Path, name: str, key: str, final: Path, material: di
 
 
 # --------------------------------------------------------------------------- reward model
+@dataclass(frozen=True)
+class ScoringSettings:
+    """Where and how a reward model scores: on ``device`` under autocast ``dtype``, prompts cut to
+    their last ``max_prompt_len`` tokens and responses to their first ``max_response_len``; the
+    calibrated score is ``scale * r + shift``."""
+
+    device: torch.device
+    max_prompt_len: int
+    max_response_len: int
+    dtype: str = "auto"
+    scale: float = 1.0
+    shift: float = 0.0
+
+
 class RewardModel:
     """Scores ``(prompt, response)`` texts, mapped by ``scale * r + shift`` (the calibration of a
     trained RM to gold units). Two kinds: a folder with ``reward_head.safetensors`` is a
     :class:`PooledRewardModel` (what the pipeline trains); any other folder or hub id is read
     with ``AutoModelForSequenceClassification`` (``num_labels=1``, its own tokenizer and pooling)."""
 
-    def __init__(self, model, tokenizer, device: torch.device, max_prompt_len: int, max_response_len: int,
-                 scale: float = 1.0, shift: float = 0.0, dtype: str = "auto"):
+    def __init__(self, model, tokenizer, settings: ScoringSettings):
         self.model, self.tokenizer = model, tokenizer
         self.pooled = isinstance(model, PooledRewardModel)
-        self.device, self.dtype = device, dtype
-        self.max_prompt_len, self.max_response_len = max_prompt_len, max_response_len
-        self.scale, self.shift = scale, shift
+        self.device, self.dtype = settings.device, settings.dtype
+        self.max_prompt_len, self.max_response_len = settings.max_prompt_len, settings.max_response_len
+        self.scale, self.shift = settings.scale, settings.shift
 
     @classmethod
-    def load(cls, source: str | Path, device: torch.device, max_prompt_len: int, max_response_len: int,
-             scale: float = 1.0, shift: float = 0.0, dtype: str = "auto", tokenizer=None,
+    def load(cls, source: str | Path, settings: ScoringSettings, tokenizer=None,
              field_name: str = "lm.reward_model") -> "RewardModel":
         from transformers import AutoModelForSequenceClassification
 
@@ -231,10 +243,10 @@ class RewardModel:
         if not isinstance(model, PooledRewardModel) and model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
         disable_dropout(model)
-        model.to(device).eval()
+        model.to(settings.device).eval()
         for p in model.parameters():
             p.requires_grad_(False)
-        return cls(model, tokenizer, device, max_prompt_len, max_response_len, scale, shift, dtype)
+        return cls(model, tokenizer, settings)
 
     def raw(self, prompts: list[str], responses: list[str], finished: list[bool] | None = None,
             share_prompts: bool = False) -> torch.Tensor:
@@ -328,51 +340,68 @@ class LMTask:
 
 
 # --------------------------------------------------------------------------- helpers
-def _sample_texts(model, tokenizer, split: EncodedSplit, indices: list[int], n: int, max_response_len: int,
-                  temperature: float, greedy: bool, gen: torch.Generator, device, dtype,
-                  batch_size: int = 256) -> tuple[list[int], list[str], list[bool]]:
-    """``n`` responses per prompt (grouped), as ``(example indices, texts, ended with EOS)``, decoded
-    ``batch_size // n`` prompts at a time (each prompt run once, its cache shared by its ``n`` rows)."""
+@dataclass(frozen=True)
+class Decoding:
+    """How responses are decoded: up to ``max_response_len`` tokens at ``temperature`` (the argmax
+    with ``greedy``), ``samples`` responses per prompt (one with ``greedy``), on ``device`` under
+    autocast ``dtype``, ``batch_size`` rows per call to :func:`harness.models.lm.generate`."""
+
+    max_response_len: int
+    temperature: float
+    greedy: bool
+    device: Any
+    dtype: str = "auto"
+    samples: int = 1
+    batch_size: int = 256
+
+    @property
+    def per_prompt(self) -> int:
+        return 1 if self.greedy else self.samples
+
+
+def _sample_texts(model, tokenizer, split: EncodedSplit, indices: list[int], decoding: Decoding,
+                  gen: torch.Generator) -> tuple[list[int], list[str], list[bool]]:
+    """``n = decoding.per_prompt`` responses per prompt (grouped), as ``(example indices, texts,
+    ended with EOS)``, decoded ``batch_size // n`` prompts at a time (each prompt run once, its cache
+    shared by its ``n`` rows)."""
+    d, n = decoding, decoding.per_prompt
     rows = [i for i in indices for _ in range(n)]
     texts: list[str] = []
     finished: list[bool] = []
-    per_chunk = max(1, batch_size // n)
+    per_chunk = max(1, d.batch_size // n)
     for s in range(0, len(indices), per_chunk):
         chunk = indices[s:s + per_chunk]
-        ids, mask = left_pad([split.prompt_ids[i] for i in chunk], tokenizer.pad_token_id, device)
-        with autocast(device, dtype):
-            g = generate(model, ids, mask, max_response_len, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                         temperature=temperature, greedy=greedy, generator=gen, samples=n)
+        ids, mask = left_pad([split.prompt_ids[i] for i in chunk], tokenizer.pad_token_id, d.device)
+        with autocast(d.device, d.dtype):
+            g = generate(model, ids, mask, DecodeSettings(d.max_response_len, tokenizer.eos_token_id,
+                                                          tokenizer.pad_token_id, d.temperature),
+                         greedy=d.greedy, generator=gen, samples=n)
         texts += decode_responses(tokenizer, g.tokens, g.mask)
         finished += g.has_eos.tolist()
     return rows, texts, finished
 
 
-def evaluate_scores(model, tokenizer, split: EncodedSplit, n: int, max_response_len: int, temperature: float,
-                    greedy: bool, seed: int, device, dtype="auto", samples: int = 1,
+def evaluate_scores(model, tokenizer, split: EncodedSplit, n: int, decoding: Decoding, seed: int,
                     score: Callable[[str, Any], float] = gold_score) -> list[list[float]]:
     """``score`` of each response to the first ``n`` prompts of ``split``: one list per prompt,
-    ``samples`` sampled responses each (one greedy response with ``greedy``).
+    ``decoding.samples`` sampled responses each (one greedy response with ``decoding.greedy``).
 
     Sampled responses come from a generator seeded with ``seed`` alone, so two policies evaluated
     with one seed share their random numbers (and evaluation never moves the training RNG).
     """
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device=decoding.device).manual_seed(seed)
     idx = list(range(min(n, len(split))))
-    per = 1 if greedy else samples
-    rows, texts, _ = _sample_texts(model, tokenizer, split, idx, per, max_response_len,
-                                   temperature, greedy, gen, device, dtype)
+    per = decoding.per_prompt
+    rows, texts, _ = _sample_texts(model, tokenizer, split, idx, decoding, gen)
     flat = [score(t, split.examples[i]) for i, t in zip(rows, texts)]
     return [flat[j:j + per] for j in range(0, len(flat), per)]
 
 
-def evaluate_gold(model, tokenizer, split: EncodedSplit, n: int, max_response_len: int, temperature: float,
-                  greedy: bool, seed: int, device, dtype="auto", samples: int = 1,
+def evaluate_gold(model, tokenizer, split: EncodedSplit, n: int, decoding: Decoding, seed: int,
                   score: Callable[[str, Any], float] = gold_score) -> float:
-    """Mean ``score`` (the gold score) over the first ``n`` prompts of ``split``, ``samples``
+    """Mean ``score`` (the gold score) over the first ``n`` prompts of ``split``, ``decoding.samples``
     responses each (:func:`evaluate_scores`)."""
-    per_prompt = evaluate_scores(model, tokenizer, split, n, max_response_len, temperature, greedy, seed, device,
-                                 dtype, samples, score)
+    per_prompt = evaluate_scores(model, tokenizer, split, n, decoding, seed, score)
     flat = [x for s in per_prompt for x in s]
     return sum(flat) / max(len(flat), 1)
 
@@ -408,12 +437,38 @@ def supervised_training(model, batches: Iterable[Any], loss_of: Callable[[Any], 
     return sum(tail) / len(tail), len(losses)
 
 
-def train_sft(model, tokenizer, train: EncodedSplit, sft: Any, max_response_len: int, seed: int,
-              device: torch.device, dtype: str = "auto") -> dict:
-    """Response-only token cross-entropy on ``sft.steps`` batches of ``sft.batch_size`` examples
-    drawn with replacement (:func:`supervised_training`)."""
-    responses = [encode_response(tokenizer, e.reference, max_response_len) for e in train.examples]
-    rng = random.Random(seed)
+@dataclass
+class PipelineInputs:
+    """What every stage of the pipeline reads: the ``lm`` settings, the tokenizer and encoded
+    splits, the gold score, and where the stages run (``device``, autocast ``dtype``, seeded by
+    ``seed = lm.pipeline_seed``), and the folder of the cached stages."""
+
+    lm: Any
+    tokenizer: Any
+    train: EncodedSplit
+    held_out: EncodedSplit
+    gold_fn: Callable[[str, Any], float]
+    device: torch.device
+    dtype: str
+    seed: int
+    cache_dir: Path
+
+    def decoding(self, greedy: bool, samples: int = 1) -> Decoding:
+        """Decoding at ``lm.temperature`` up to ``lm.max_response_len`` tokens."""
+        return Decoding(int(self.lm.max_response_len), float(self.lm.temperature), greedy, self.device, self.dtype,
+                        samples=samples)
+
+    def scoring(self, scale: float = 1.0, shift: float = 0.0) -> ScoringSettings:
+        """A reward model's settings at the task's lengths."""
+        return ScoringSettings(self.device, self.lm.max_prompt_len, self.lm.max_response_len, self.dtype, scale, shift)
+
+
+def train_sft(model, p: PipelineInputs) -> dict:
+    """Response-only token cross-entropy on ``lm.sft.steps`` batches of ``lm.sft.batch_size`` training
+    examples drawn with replacement (:func:`supervised_training`)."""
+    tokenizer, train, sft, device = p.tokenizer, p.train, p.lm.sft, p.device
+    responses = [encode_response(tokenizer, e.reference, p.lm.max_response_len) for e in train.examples]
+    rng = random.Random(p.seed)
     disable_dropout(model)
 
     def batches():
@@ -423,7 +478,7 @@ def train_sft(model, tokenizer, train: EncodedSplit, sft: Any, max_response_len:
     def loss_of(idx: list[int]) -> torch.Tensor:
         p_ids, p_mask = left_pad([train.prompt_ids[i] for i in idx], tokenizer.pad_token_id, device)
         r_ids, r_mask = right_pad([responses[i] for i in idx], tokenizer.pad_token_id, device)
-        with autocast(device, dtype):
+        with autocast(device, p.dtype):
             out = response_forward(model, p_ids, p_mask, r_ids, r_mask)
         return -(out.logp * r_mask).sum() / r_mask.sum().clamp(min=1)
 
@@ -431,8 +486,41 @@ def train_sft(model, tokenizer, train: EncodedSplit, sft: Any, max_response_len:
     return {"sft_final_loss": final}
 
 
-def train_reward_model(rm_source: Path, tokenizer, policy, train: EncodedSplit, held_out: EncodedSplit,
-                       rm_cfg: Any, lm: Any, seed: int, device, dtype, out_dir: Path) -> dict:
+@dataclass
+class _Preferences:
+    """Sampled responses to some prompts of a split (``rows``: each response's example), their gold
+    scores and the pairs ``(a, b)`` of one prompt's responses with ``gold[a] > gold[b]``."""
+
+    rows: list[int]
+    texts: list[str]
+    finished: list[bool]
+    gold: list[float]
+    pairs: list[tuple[int, int]]
+
+
+def _preferences(p: PipelineInputs, policy, split: EncodedSplit, n_prompts: int, gen: torch.Generator,
+                 rng: random.Random) -> _Preferences:
+    """``lm.rm.samples_per_prompt`` policy samples for each of ``n_prompts`` prompts drawn by ``rng``
+    (with ``lm.rm.include_reference``, the reference summary joins each prompt's candidates)."""
+    rm_cfg = p.lm.rm
+    idx = rng.sample(range(len(split)), min(n_prompts, len(split)))
+    rows, texts, finished = _sample_texts(policy, p.tokenizer, split, idx,
+                                          p.decoding(False, rm_cfg.samples_per_prompt), gen)
+    golds = [gold_score(t, split.examples[i]) for i, t in zip(rows, texts)]
+    k = rm_cfg.samples_per_prompt
+    groups = [list(range(g, g + k)) for g in range(0, len(rows), k)]
+    if rm_cfg.include_reference:
+        for group, i in zip(groups, idx):
+            group.append(len(rows))
+            rows.append(i)
+            texts.append(split.examples[i].reference)
+            finished.append(True)
+            golds.append(gold_score(split.examples[i].reference, split.examples[i]))
+    pairs = [(a, b) for group in groups for a in group for b in group if golds[a] > golds[b]]
+    return _Preferences(rows, texts, finished, golds, pairs)
+
+
+def train_reward_model(rm_source: Path, policy, p: PipelineInputs, out_dir: Path) -> dict:
     """Bradley-Terry on SFT sample pairs ranked by gold; calibrate to gold units on held-out.
 
     With ``rm.include_reference`` the reference summary joins each prompt's candidates (the
@@ -441,62 +529,53 @@ def train_reward_model(rm_source: Path, tokenizer, policy, train: EncodedSplit, 
     """
     from transformers import AutoModel
 
-    gen = torch.Generator(device=device).manual_seed(seed + 1)
-    rng = random.Random(seed + 2)
-
-    def sample_pairs(split, n_prompts):
-        idx = rng.sample(range(len(split)), min(n_prompts, len(split)))
-        rows, texts, finished = _sample_texts(policy, tokenizer, split, idx, rm_cfg.samples_per_prompt,
-                                              lm.max_response_len, lm.temperature, False, gen, device, dtype)
-        golds = [gold_score(t, split.examples[i]) for i, t in zip(rows, texts)]
-        k = rm_cfg.samples_per_prompt
-        groups = [list(range(g, g + k)) for g in range(0, len(rows), k)]
-        if rm_cfg.include_reference:
-            for group, i in zip(groups, idx):
-                group.append(len(rows))
-                rows.append(i)
-                texts.append(split.examples[i].reference)
-                finished.append(True)
-                golds.append(gold_score(split.examples[i].reference, split.examples[i]))
-        pairs = [(a, b) for group in groups for a in group for b in group if golds[a] > golds[b]]
-        return rows, texts, finished, golds, pairs
-
-    tr_rows, tr_texts, tr_fin, tr_gold, tr_pairs = sample_pairs(train, rm_cfg.prompts)
-    ev_rows, ev_texts, ev_fin, ev_gold, ev_pairs = sample_pairs(held_out, rm_cfg.eval_prompts)
-    if not tr_pairs:
+    rm_cfg, tokenizer = p.lm.rm, p.tokenizer
+    gen = torch.Generator(device=p.device).manual_seed(p.seed + 1)
+    rng = random.Random(p.seed + 2)
+    tr = _preferences(p, policy, p.train, rm_cfg.prompts, gen, rng)
+    ev = _preferences(p, policy, p.held_out, rm_cfg.eval_prompts, gen, rng)
+    if not tr.pairs:
         raise ValueError("lm.rm: the SFT samples never differ in gold score, so there are no preference "
                          "pairs; raise lm.rm.prompts or lm.rm.samples_per_prompt, or set lm.rm.include_reference=true")
     with quiet_transformers():
         model = PooledRewardModel(load_pretrained(AutoModel, rm_source, "lm.model"))
     disable_dropout(model)
-    model.to(device)
-    scorer = RewardModel(model, tokenizer, device, lm.max_prompt_len, lm.max_response_len, dtype=dtype)
-    steps = max(1, rm_cfg.epochs * math.ceil(len(tr_pairs) / rm_cfg.batch_size))
-    tr_prompts = [train.examples[i].prompt for i in tr_rows]
+    model.to(p.device)
+    scorer = RewardModel(model, tokenizer, p.scoring())
+    steps = max(1, rm_cfg.epochs * math.ceil(len(tr.pairs) / rm_cfg.batch_size))
+    tr_prompts = [p.train.examples[i].prompt for i in tr.rows]
 
     def batches():  # every pair once an epoch, shuffled
         for _epoch in range(rm_cfg.epochs):
-            order = list(range(len(tr_pairs)))
+            order = list(range(len(tr.pairs)))
             rng.shuffle(order)
             for s in range(0, len(order), rm_cfg.batch_size):
-                yield [tr_pairs[j] for j in order[s:s + rm_cfg.batch_size]]
+                yield [tr.pairs[j] for j in order[s:s + rm_cfg.batch_size]]
 
     def loss_of(batch: list[tuple[int, int]]) -> torch.Tensor:  # Bradley-Terry: -log sigmoid(r_win - r_lose)
         w = [a for a, _ in batch]
         lo = [b for _, b in batch]
-        r = scorer.raw([tr_prompts[i] for i in w + lo], [tr_texts[i] for i in w + lo], [tr_fin[i] for i in w + lo])
+        r = scorer.raw([tr_prompts[i] for i in w + lo], [tr.texts[i] for i in w + lo], [tr.finished[i] for i in w + lo])
         return -torch.nn.functional.logsigmoid(r[:len(w)] - r[len(w):]).mean()
 
     final_loss, step = supervised_training(model, batches(), loss_of, rm_cfg.lr, steps, max(1, steps // 10))
     with torch.no_grad():
-        ev_prompts = [held_out.examples[i].prompt for i in ev_rows]
-        r = torch.cat([scorer.raw(ev_prompts[i:i + 256], ev_texts[i:i + 256], ev_fin[i:i + 256])
-                       for i in range(0, len(ev_rows), 256)]).float().cpu()  # the calibration below runs on CPU
-    acc = (sum(float(r[a] > r[b]) for a, b in ev_pairs) / len(ev_pairs)) if ev_pairs else float("nan")
-    n_samples = len(ev_rows) - (len(set(ev_rows)) if rm_cfg.include_reference else 0)
-    r, gold = r[:n_samples], torch.tensor(ev_gold[:n_samples])
-    # least squares gold ~ scale * r + shift on held-out SFT samples; when that fit is
-    # degenerate (gold constant, or anti-correlated) fall back to z-scores of r
+        ev_prompts = [p.held_out.examples[i].prompt for i in ev.rows]
+        r = torch.cat([scorer.raw(ev_prompts[i:i + 256], ev.texts[i:i + 256], ev.finished[i:i + 256])
+                       for i in range(0, len(ev.rows), 256)]).float().cpu()  # the calibration below runs on CPU
+    acc = (sum(float(r[a] > r[b]) for a, b in ev.pairs) / len(ev.pairs)) if ev.pairs else float("nan")
+    n_samples = len(ev.rows) - (len(set(ev.rows)) if rm_cfg.include_reference else 0)
+    calibration = _calibrate(r[:n_samples], torch.tensor(ev.gold[:n_samples]))
+    model.save(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return {"rm_train_pairs": len(tr.pairs), "rm_eval_pairs": len(ev.pairs), "rm_steps": step,
+            "rm_final_loss": final_loss, "rm_eval_accuracy": acc, **calibration,
+            "sft_sample_gold": sum(tr.gold) / len(tr.gold)}
+
+
+def _calibrate(r: torch.Tensor, gold: torch.Tensor) -> dict:
+    """Least squares ``gold ~ scale * r + shift`` on held-out SFT samples; when that fit is
+    degenerate (gold constant, or anti-correlated), z-scores of ``r``."""
     rc, gc = r - r.mean(), gold - gold.mean()
     var_r, var_g = float((rc * rc).mean()), float((gc * gc).mean())
     cov = float((rc * gc).mean())
@@ -510,11 +589,7 @@ def train_reward_model(rm_source: Path, tokenizer, policy, train: EncodedSplit, 
         shift = -scale * float(r.mean())
         log.warning("lm: reward model calibration fell back to z-scores (gold variance %.3g, covariance %.3g)",
                     var_g, cov)
-    model.save(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    return {"rm_train_pairs": len(tr_pairs), "rm_eval_pairs": len(ev_pairs), "rm_steps": step,
-            "rm_final_loss": final_loss, "rm_eval_accuracy": acc, "rm_gold_corr": corr,
-            "rm_scale": scale, "rm_shift": shift, "rm_calibration": calibration, "sft_sample_gold": sum(tr_gold) / len(tr_gold)}
+    return {"rm_gold_corr": corr, "rm_scale": scale, "rm_shift": shift, "rm_calibration": calibration}
 
 
 # --------------------------------------------------------------------------- build
@@ -525,14 +600,29 @@ def _plain(node: Any) -> Any:
 def build_task(cfg: DictConfig) -> LMTask:
     """Tokenizer, data, SFT policy and reward model for ``cfg.lm`` (cached stages)."""
     lm = cfg.lm
-    device = resolve_device(cfg.device)
-    dtype = lm.dtype
+    arith = lm.get("corpus", "summarize") == "arith"
+    p, reward_fn, meta = _inputs(lm, resolve_device(cfg.device), arith)
+    data_material = _data_material(lm, p.seed, arith)
+    # on a CPU the trained weights differ in their last bits with the intra-op thread count (the
+    # ``threads`` that harness.train.lm.train sets before this): a stage built on another count is
+    # another stage, so what a run loads is what it would build, whatever ran in this cache before
+    compute = {"threads": torch.get_num_threads()} if p.device.type == "cpu" else {}
+    policy_source, sft_material = _sft_stage(p, data_material, compute, meta)
+    reward_model = None
+    if lm.reward == "rm":
+        reward_model = _rm_stage(p, policy_source, {"sft": sft_material, "rm": _plain(lm.rm),
+                                                    "temperature": lm.temperature, **compute}, meta)
+    return LMTask(tokenizer=p.tokenizer, train=p.train, held_out=p.held_out, policy_source=policy_source,
+                  reward_kind=lm.reward, reward_model=reward_model, max_prompt_len=lm.max_prompt_len,
+                  max_response_len=lm.max_response_len, device=p.device, dtype=p.dtype, meta=meta,
+                  gold_fn=p.gold_fn, reward_fn=reward_fn, binary=arith)
+
+
+def _inputs(lm: Any, device: torch.device, arith: bool) -> tuple[PipelineInputs, Callable | None, dict]:
+    """The tokenizer and the encoded splits (cheap, deterministic: rebuilt every time, saved with
+    the stages), the gold score and ``reward_fn``; and the ``data`` part of the pipeline's meta."""
     seed = int(lm.pipeline_seed)
     cache_dir = cache_path(lm)
-    meta: dict[str, Any] = {}
-    arith = lm.get("corpus", "summarize") == "arith"
-
-    # tokenizer and data (cheap, deterministic: rebuilt every time, saved with the stages)
     if lm.tokenizer is not None:
         tokenizer = load_tokenizer(str(lm.tokenizer))
     elif lm.model is not None:
@@ -543,17 +633,21 @@ def build_task(cfg: DictConfig) -> LMTask:
     if arith:
         spec = ArithSpec.from_cfg(lm.arith)
         train_ex, held_ex = make_problems(seed, spec)
-        gold_fn, binary = check, True
+        gold_fn = check
         reward_fn = functools.partial(arith_reward, format_reward=spec.format_reward) if spec.format_reward else None
     else:
         train_ex, held_ex = load_examples(lm, seed)
-        gold_fn, reward_fn, binary = gold_score, None, False
+        gold_fn, reward_fn = gold_score, None
     train = encode_split(tokenizer, train_ex, lm.max_prompt_len)
     held_out = encode_split(tokenizer, held_ex, lm.max_prompt_len)
-    meta["data"] = {"train": len(train), "held_out": len(held_out),
-                    "train_prompts_truncated": sum(train.truncated),
-                    "held_out_prompts_truncated": sum(held_out.truncated)}
+    meta = {"data": {"train": len(train), "held_out": len(held_out),
+                     "train_prompts_truncated": sum(train.truncated),
+                     "held_out_prompts_truncated": sum(held_out.truncated)}}
+    return PipelineInputs(lm, tokenizer, train, held_out, gold_fn, device, lm.dtype, seed, cache_dir), reward_fn, meta
 
+
+def _data_material(lm: Any, seed: int, arith: bool) -> dict:
+    """What the data, tokenizer and model stages depend on (the key of the cached stages)."""
     if arith:  # the format reward and pass@k's k matter to RL only: the SFT stage does not depend on them
         data_material = {"corpus": "arith", "arith": {k: v for k, v in _plain(lm.arith).items()
                                                       if k not in ("format_reward", "pass_k")}}
@@ -565,77 +659,68 @@ def build_task(cfg: DictConfig) -> LMTask:
         "arch": _plain(lm.arch) if lm.model is None else None, "seed": seed,
         "max_prompt_len": lm.max_prompt_len, "max_response_len": lm.max_response_len,
     })
+    return data_material
 
-    # on a CPU the trained weights differ in their last bits with the intra-op thread count (the
-    # ``threads`` that harness.train.lm.train sets before this): a stage built on another count is
-    # another stage, so what a run loads is what it would build, whatever ran in this cache before
-    compute = {"threads": torch.get_num_threads()} if device.type == "cpu" else {}
 
-    # stage 1: SFT
+def _sft_stage(p: PipelineInputs, data_material: dict, compute: dict, meta: dict) -> tuple[str, dict]:
+    """Stage 1, SFT (cached; skipped for a given ``lm.model`` with ``lm.sft.steps=0``):
+    ``(the policy's source, the stage's material)``; records ``meta["sft"]``."""
+    lm = p.lm
     if lm.model is not None and lm.sft.steps == 0:
-        policy_source = pretrained_source(lm.model)
         meta["sft"] = {"skipped": True}
-        sft_material = data_material
+        return pretrained_source(lm.model), data_material
+    sft_material = {**data_material, "sft": _plain(lm.sft), "dtype": p.dtype if p.device.type == "cuda" else "float32",
+                    **compute}
+    sft_dir, sft_meta, reused = cached_stage(p.cache_dir, "sft", sft_material, functools.partial(_build_sft, p))
+    meta["sft"] = {**{k: v for k, v in sft_meta.items() if k != "material"}, "cached": reused}
+    return str(sft_dir), sft_material
+
+
+def _build_sft(p: PipelineInputs, out: Path) -> dict:
+    """Train the SFT policy into ``out`` and score it (greedy and sampled) on held-out prompts."""
+    from transformers import AutoModelForCausalLM
+
+    lm, tokenizer = p.lm, p.tokenizer
+    torch.manual_seed(p.seed)
+    if lm.model is None:
+        model = tiny_causal_lm(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
+                               lm.max_prompt_len + lm.max_response_len,
+                               TinyArch(lm.arch.n_layer, lm.arch.n_embd, lm.arch.n_head), p.seed)
     else:
-        sft_material = {**data_material, "sft": _plain(lm.sft), "dtype": dtype if device.type == "cuda" else "float32",
-                        **compute}
+        with quiet_transformers():
+            model = load_pretrained(AutoModelForCausalLM, lm.model, "lm.model")
+        if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+            model.resize_token_embeddings(len(tokenizer))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.to(p.device)
+    stats = train_sft(model, p)
+    n_eval = min(len(p.held_out), lm.sft.eval_prompts)
+    stats["sft_gold_greedy"] = evaluate_gold(model, tokenizer, p.held_out, n_eval, p.decoding(True), p.seed, p.gold_fn)
+    stats["sft_gold_sampled"] = evaluate_gold(model, tokenizer, p.held_out, n_eval, p.decoding(False), p.seed,
+                                              p.gold_fn)
+    stats["reference_gold"] = sum(p.gold_fn(e.reference, e) for e in p.held_out.examples[:n_eval]) / max(n_eval, 1)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return stats
 
-        def build_sft(out: Path) -> dict:
-            from transformers import AutoModelForCausalLM
 
-            torch.manual_seed(seed)
-            if lm.model is None:
-                model = tiny_causal_lm(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
-                                       lm.max_prompt_len + lm.max_response_len, lm.arch.n_layer, lm.arch.n_embd,
-                                       lm.arch.n_head, seed)
-            else:
-                with quiet_transformers():
-                    model = load_pretrained(AutoModelForCausalLM, lm.model, "lm.model")
-                if len(tokenizer) > model.get_input_embeddings().num_embeddings:
-                    model.resize_token_embeddings(len(tokenizer))
-            model.config.pad_token_id = tokenizer.pad_token_id
-            model.to(device)
-            stats = train_sft(model, tokenizer, train, lm.sft, lm.max_response_len, seed, device, dtype)
-            n_eval = min(len(held_out), lm.sft.eval_prompts)
-            stats["sft_gold_greedy"] = evaluate_gold(model, tokenizer, held_out, n_eval, lm.max_response_len,
-                                                     lm.temperature, True, seed, device, dtype, score=gold_fn)
-            stats["sft_gold_sampled"] = evaluate_gold(model, tokenizer, held_out, n_eval, lm.max_response_len,
-                                                      lm.temperature, False, seed, device, dtype, score=gold_fn)
-            stats["reference_gold"] = sum(gold_fn(e.reference, e) for e in held_out.examples[:n_eval]) / max(n_eval, 1)
-            model.save_pretrained(out, safe_serialization=True)
-            tokenizer.save_pretrained(out)
-            return stats
+def _rm_stage(p: PipelineInputs, policy_source: str, rm_material: dict, meta: dict) -> RewardModel:
+    """Stage 2, the reward model: ``lm.reward_model`` as given, else trained on the SFT policy's
+    samples (cached); records ``meta["rm"]``."""
+    lm = p.lm
+    if lm.reward_model is not None:
+        meta["rm"] = {"source": str(lm.reward_model)}
+        return RewardModel.load(str(lm.reward_model), p.scoring())
 
-        sft_dir, sft_meta, reused = cached_stage(cache_dir, "sft", sft_material, build_sft)
-        policy_source = str(sft_dir)
-        meta["sft"] = {**{k: v for k, v in sft_meta.items() if k != "material"}, "cached": reused}
+    def build_rm(out: Path) -> dict:
+        from transformers import AutoModelForCausalLM
 
-    # stage 2: reward model
-    reward_model = None
-    if lm.reward == "rm":
-        if lm.reward_model is not None:
-            reward_model = RewardModel.load(str(lm.reward_model), device, lm.max_prompt_len, lm.max_response_len,
-                                            dtype=dtype)
-            meta["rm"] = {"source": str(lm.reward_model)}
-        else:
-            rm_material = {"sft": sft_material, "rm": _plain(lm.rm), "temperature": lm.temperature, **compute}
+        torch.manual_seed(p.seed)
+        with quiet_transformers():
+            policy = load_pretrained(AutoModelForCausalLM, policy_source, "lm.model").to(p.device).eval()
+        return train_reward_model(Path(policy_source), policy, p, out)
 
-            def build_rm(out: Path) -> dict:
-                from transformers import AutoModelForCausalLM
-
-                torch.manual_seed(seed)
-                with quiet_transformers():
-                    policy = load_pretrained(AutoModelForCausalLM, policy_source, "lm.model").to(device).eval()
-                return train_reward_model(Path(policy_source), tokenizer, policy, train, held_out, lm.rm, lm,
-                                          seed, device, dtype, out)
-
-            rm_dir, rm_meta, reused = cached_stage(cache_dir, "rm", rm_material, build_rm)
-            reward_model = RewardModel.load(rm_dir, device, lm.max_prompt_len, lm.max_response_len,
-                                            scale=rm_meta["rm_scale"], shift=rm_meta["rm_shift"], dtype=dtype,
-                                            tokenizer=tokenizer, field_name="lm.cache_dir")
-            meta["rm"] = {**{k: v for k, v in rm_meta.items() if k != "material"}, "cached": reused}
-
-    return LMTask(tokenizer=tokenizer, train=train, held_out=held_out, policy_source=policy_source,
-                  reward_kind=lm.reward, reward_model=reward_model, max_prompt_len=lm.max_prompt_len,
-                  max_response_len=lm.max_response_len, device=device, dtype=dtype, meta=meta,
-                  gold_fn=gold_fn, reward_fn=reward_fn, binary=binary)
+    rm_dir, rm_meta, reused = cached_stage(p.cache_dir, "rm", rm_material, build_rm)
+    meta["rm"] = {**{k: v for k, v in rm_meta.items() if k != "material"}, "cached": reused}
+    return RewardModel.load(rm_dir, p.scoring(rm_meta["rm_scale"], rm_meta["rm_shift"]), tokenizer=p.tokenizer,
+                            field_name="lm.cache_dir")
