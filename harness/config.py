@@ -639,11 +639,23 @@ def is_finite(x: Any) -> bool:
 def check_fields(cfg: DictConfig) -> None:
     """Raise ``ValueError`` naming the first field out of range and what it allows.
 
-    Only checks that need the schema alone; :func:`harness.validation.validate` runs these
-    with the registry, task-family and probe checks."""
-    bad, finite = bad_field, is_finite
+    Only checks that need the schema alone, in named groups; :func:`harness.validation.validate`
+    runs these with the registry, task-family and probe checks."""
     kind = task_kind(cfg.task.family)
     check_choice("mode", cfg.mode, MODES)
+    _check_nodes(cfg, kind)
+    _check_names(cfg)
+    _check_seeds(cfg)
+    _check_update(cfg)
+    _check_run(cfg, kind)
+    _check_budget(cfg, kind)
+    _check_task(cfg, kind)
+    check_bounds(cfg)
+
+
+def _check_nodes(cfg: DictConfig, kind: TaskKind) -> None:
+    """A task kind's own settings node (``lm.*``, ``toy.*``) is unset on the other kinds."""
+    bad = bad_field
     family = kind.name
     for owner in TASK_KINDS.values():  # task-specific nodes on another family
         node = owner.node
@@ -654,6 +666,11 @@ def check_fields(cfg: DictConfig) -> None:
                 cfg[node][keys[0]] if keys else cfg[node])
     # probe.* settings with mode=train are allowed and inert: one sweep may cover both modes
     # (harness/conf/experiment/claim_c20.yaml sweeps mode=probe,train with ++probe.batches)
+
+
+def _check_names(cfg: DictConfig) -> None:
+    """``task.name`` names a folder; ``results_dir`` is a path."""
+    bad = bad_field
     if not str(cfg.task.name) or "/" in str(cfg.task.name):
         bad("task.name", "a non-empty name without '/' (it names the run directory's folder)", cfg.task.name)
     problem = name_problem(str(cfg.task.name))
@@ -665,6 +682,11 @@ def check_fields(cfg: DictConfig) -> None:
         bad("results_dir", "a non-empty path", cfg.results_dir)
     if "\0" in str(cfg.results_dir):
         bad("results_dir", "a path without NUL characters", cfg.results_dir)
+
+
+def _check_seeds(cfg: DictConfig) -> None:
+    """``seed`` and ``population``: every member's seed ``seed + i`` is a 32-bit seed."""
+    bad = bad_field
     if cfg.seed < 0:
         bad("seed", "an integer >= 0", cfg.seed)
     if cfg.seed > SEED_MAX:
@@ -674,6 +696,11 @@ def check_fields(cfg: DictConfig) -> None:
     if cfg.population >= 1 and cfg.seed + cfg.population - 1 > SEED_MAX:
         bad("seed", f"at most {SEED_MAX} - (population - 1) = {SEED_MAX - cfg.population + 1} "
             f"(member i runs with seed + i)", cfg.seed)
+
+
+def _check_update(cfg: DictConfig) -> None:
+    """The estimator's and the update's numbers: discounting, sizes, step size, KL, clipping."""
+    bad, finite = bad_field, is_finite
     if not 0.0 < cfg.gamma <= 1.0:
         bad("gamma", "in (0, 1]", cfg.gamma)
     if not 0.0 <= cfg.gae_lambda <= 1.0:
@@ -713,6 +740,12 @@ def check_fields(cfg: DictConfig) -> None:
     check_choice("grad_clip", cfg.grad_clip, GRAD_CLIPS)
     if cfg.max_grad_norm is not None and not cfg.max_grad_norm > 0:
         bad("max_grad_norm", "> 0 or null", cfg.max_grad_norm)
+
+
+def _check_run(cfg: DictConfig, kind: TaskKind) -> None:
+    """How a run runs: device, threads, checkpoints, determinism, logger, evaluation."""
+    bad = bad_field
+    family = kind.name
     check_choice("device", cfg.device, DEVICES)
     if cfg.threads is not None and cfg.threads < 1:
         bad("threads", ">= 1 or null", cfg.threads)
@@ -734,6 +767,12 @@ def check_fields(cfg: DictConfig) -> None:
         bad("eval_every_steps", ">= 1 or null", cfg.eval_every_steps)
     if cfg.eval_episodes < 1:
         bad("eval_episodes", ">= 1", cfg.eval_episodes)
+
+
+def _check_budget(cfg: DictConfig, kind: TaskKind) -> None:
+    """``budget.*``: positive, and counted in the task kind's own unit."""
+    bad = bad_field
+    family = kind.name
     b = cfg.budget
     if b.iterations is not None and b.iterations < 1:
         bad("budget.iterations", ">= 1 or null", b.iterations)
@@ -746,6 +785,12 @@ def check_fields(cfg: DictConfig) -> None:
             "set budget.env_steps or budget.iterations)", b.tokens)
     if kind.budget == "tokens" and b.env_steps is not None:
         bad("budget.env_steps", f"null for task.family={family} (its budget is budget.tokens)", b.env_steps)
+
+
+def _check_task(cfg: DictConfig, kind: TaskKind) -> None:
+    """``task.*``: episode limit, policy switches, observation clip, control-only keys."""
+    bad, finite = bad_field, is_finite
+    family = kind.name
     if cfg.task.max_episode_steps is not None and cfg.task.max_episode_steps < 1:
         bad("task.max_episode_steps", ">= 1 or null (the environment's own limit)", cfg.task.max_episode_steps)
     t = cfg.task
@@ -761,7 +806,6 @@ def check_fields(cfg: DictConfig) -> None:
             if t[key] != default:
                 bad(f"task.{key}", f"{default!r} (the default) for task.family={family} (a control-task setting)",
                     t[key])
-    check_bounds(cfg)
 
 
 def check_logger(value: Any) -> None:
