@@ -54,6 +54,35 @@ _PROTOCOL_KEYS = ("alpha", "power", "min_seeds", "check_level", "multiplicity", 
 _DEFAULTS_MEMO: dict[str, str] = {}  # the content an experiment composes (_fingerprints) -> defaults hash
 
 
+def commit(checkout: Path | None = None) -> str:
+    """The harness checkout's commit (short hash), read from its ``.git`` (analysis starts no
+    processes); "?" outside a git checkout (an installed package). ``.git`` is a folder in a clone
+    and a ``gitdir: <path>`` file in a linked worktree (``git worktree add``), whose own folder
+    holds its ``HEAD`` and names the shared one (refs, ``packed-refs``) in ``commondir``.
+    ``checkout``: another checkout's root (tests)."""
+    git = (checkout or Path(__file__).resolve().parents[2]) / ".git"
+    try:
+        if git.is_file():
+            text = git.read_text().strip()
+            if not text.startswith("gitdir: "):
+                return "?"
+            git = git.parent / text[len("gitdir: "):]  # a relative path is relative to the checkout
+        common = git / (git / "commondir").read_text().strip() if (git / "commondir").is_file() else git
+        head = (git / "HEAD").read_text().strip()
+        if head.startswith("ref: "):
+            ref = head[5:]
+            path = common / ref
+            if path.is_file():
+                return path.read_text().strip()[:7]
+            for line in (common / "packed-refs").read_text().splitlines():
+                if line.endswith(" " + ref):
+                    return line.split()[0][:7]
+            return "?"
+        return head[:7]
+    except OSError:
+        return "?"
+
+
 def _hash(obj) -> str:
     """12 hex digits of the SHA-256 of ``obj`` as canonical JSON."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -279,7 +308,6 @@ def register(claims_file: Path = CLAIMS_FILE, conf_dir: Path = CONF_DIR, path: P
     if previous is not None and not changed:
         return []
     if sha is None:
-        from .report import commit  # the one reader of the checkout's commit
 
         sha = commit()
     today = today or datetime.date.today().isoformat()

@@ -14,6 +14,7 @@ from harness.io import atomic_write_json, atomic_write_text
 from harness.io.files import read_json
 
 from . import CLAIMS_BY_ID, M_REGISTERED, PROTOCOL, Verdict, evaluate_all, registry
+from .registry import commit
 from .evidence import ExpData, NotRun, sweep_params
 from .figures import claim_figure
 from .plan import looks_of, variant
@@ -45,35 +46,6 @@ def _level(level: float) -> str:
         if abs(float(s) - pct) < 0.5 * 10 ** -digits and float(s) < 100:
             return s + "%"
     return f"{pct:.4f}%"
-
-
-def commit(checkout: Path | None = None) -> str:
-    """The harness checkout's commit (short hash), read from its ``.git`` (analysis starts no
-    processes); "?" outside a git checkout (an installed package). ``.git`` is a folder in a clone
-    and a ``gitdir: <path>`` file in a linked worktree (``git worktree add``), whose own folder
-    holds its ``HEAD`` and names the shared one (refs, ``packed-refs``) in ``commondir``.
-    ``checkout``: another checkout's root (tests)."""
-    git = (checkout or Path(__file__).resolve().parents[2]) / ".git"
-    try:
-        if git.is_file():
-            text = git.read_text().strip()
-            if not text.startswith("gitdir: "):
-                return "?"
-            git = git.parent / text[len("gitdir: "):]  # a relative path is relative to the checkout
-        common = git / (git / "commondir").read_text().strip() if (git / "commondir").is_file() else git
-        head = (git / "HEAD").read_text().strip()
-        if head.startswith("ref: "):
-            ref = head[5:]
-            path = common / ref
-            if path.is_file():
-                return path.read_text().strip()[:7]
-            for line in (common / "packed-refs").read_text().splitlines():
-                if line.endswith(" " + ref):
-                    return line.split()[0][:7]
-            return "?"
-        return head[:7]
-    except OSError:
-        return "?"
 
 
 def report_name(seed_offset: int, quick: bool, suffix: str, only: bool = False) -> str:
