@@ -288,18 +288,19 @@ def _one_update_both_sides(overrides, seed=7):
 
 
 ONE_UPDATE = ["task.num_envs=2", "task.rollout_steps=16", "anneal_lr=false", "lr=0.01", "ent_coef=0.01",
-              "vf_coef=0.6", "clip_eps=0.1"]
+              "vf_coef=0.6"]
 
 
 @pytest.mark.parametrize("overrides", [
     # two epochs of one minibatch: the second with ratios moved by the first; SB3's normalisation
-    ["estimator=ppo_gae", *ONE_UPDATE, "epochs=2", "minibatches=1", "normalize_advantages=minibatch",
+    ["estimator=ppo_gae", *ONE_UPDATE, "clip_eps=0.1", "epochs=2", "minibatches=1", "normalize_advantages=minibatch",
      "max_grad_norm=0.5"],
     # two minibatches in the same order on both sides; gradient clipping acting (a norm of about 1)
     ["estimator=ppo_gae", *ONE_UPDATE, "epochs=1", "minibatches=2", "normalize_advantages=none",
      "max_grad_norm=0.05", "clip_eps=0.2"],
     # the Gaussian policy and its log-std
-    ["estimator=ppo_gae", "task=pendulum", *ONE_UPDATE, "epochs=2", "minibatches=1", "normalize_advantages=none",
+    ["estimator=ppo_gae", "task=pendulum", *ONE_UPDATE, "clip_eps=0.1", "epochs=2", "minibatches=1",
+     "normalize_advantages=none",
      "max_grad_norm=0.5", "task.init_log_std=-0.5"],
     # A2C's one step; clipped to a norm far below Adam's eps x sqrt(#parameters), so that Adam's first step is
     # about lr x gradient / eps, not lr x its sign, and a coefficient's scale shows in it
