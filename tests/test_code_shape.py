@@ -16,8 +16,6 @@ MAX_PARAMS = 8
 # no longer offends fails the test until it is taken out.
 ALLOWED = {
     # called positionally by harness/reference/ (sb3.py, trl.py): their signatures change with it
-    "harness/train/loop.py:metric_row",
-    "harness/tasks/control.py:evaluate",
     "harness/models/lm.py:response_forward",
     # the GPT-2 passes (their keyword names are what tests and benchmarks/lm_decode_step.py patch)
     "harness/models/lm.py:_gpt2_pass",

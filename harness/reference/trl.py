@@ -72,7 +72,7 @@ from ..io.rundir import RunDir
 from ..models.lm import positions, response_forward
 from ..tasks.lm.pipeline import LMTask, build_task
 from ..train.lm import evaluate_policy, initial_fields, kl_to_reference
-from ..train.loop import common_fields, eval_due, flush_due, metric_row
+from ..train.loop import RowHead, common_fields, eval_due, flush_due, metric_row
 from ..train.update import ADAM_EPS
 
 __all__ = ["check", "train", "trl_settings", "trl_config", "trl_prompts", "RewardCounter", "make_trainer"]
@@ -351,8 +351,9 @@ def _train_one(cfg: DictConfig, task: LMTask, run: RunDir) -> None:
                 ev = evaluate()
             wall = time.perf_counter() - t0
             kls = holder["kls"]
-            state["pending"] = metric_row(run.run_id, common, int(cfg.seed), iteration, tokens, wall, b["reward"],
-                                          None if ev is None else ev["eval_return"], float(cfg.kl.beta), float(cfg.lr))
+            head = RowHead(run.run_id, int(cfg.seed), iteration, tokens, wall, b["reward"],
+                           None if ev is None else ev["eval_return"], float(cfg.kl.beta), float(cfg.lr))
+            state["pending"] = metric_row(head, common)
             state["pending"].update({
                 "eval_gold_greedy": None if ev is None else ev["eval_gold_greedy"],
                 "pass_at_1": None if ev is None else ev["pass_at_1"], "pass_at_k": None if ev is None else ev["pass_at_k"],
