@@ -22,7 +22,6 @@ ALLOWED = {
     "harness/models/lm.py:_gpt2_response_pass",
     "harness/models/lm.py:_gpt2_packed_response",
     "harness/models/lm.py:_shared_response_pass",
-    "harness/losses.py:kl_penalty",
 }
 
 
