@@ -15,13 +15,8 @@ MAX_PARAMS = 8
 # Functions that still offend, "path:function". The list only shrinks: an entry whose function
 # no longer offends fails the test until it is taken out.
 ALLOWED = {
-    # called positionally by harness/reference/ (sb3.py, trl.py): their signatures change with it
-    "harness/models/lm.py:response_forward",
     # the GPT-2 passes (their keyword names are what tests and benchmarks/lm_decode_step.py patch)
     "harness/models/lm.py:_gpt2_pass",
-    "harness/models/lm.py:_gpt2_response_pass",
-    "harness/models/lm.py:_gpt2_packed_response",
-    "harness/models/lm.py:_shared_response_pass",
 }
 
 

@@ -193,6 +193,22 @@ class ResponseForward:
     hidden: torch.Tensor | None  # [B, L, H] last hidden state that predicts y_t (for a value head)
 
 
+@dataclass(frozen=True)
+class Responses:
+    """A teacher-forced batch: left-padded prompts ``prompt_ids [B, P]`` (``prompt_mask``, 1 on
+    their tokens) and the responses ``response_ids [B, L]`` that follow them (``response_mask``, 1
+    on their tokens, right-padded)."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+
+    def parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(prompt_ids, prompt_mask, response_ids, response_mask)``."""
+        return self.prompt_ids, self.prompt_mask, self.response_ids, self.response_mask
+
+
 def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(first, inverse)``: the row index of the first occurrence of each distinct (prompt, mask)
     row, in order of first occurrence, and for every row the position of its prompt in ``first``;
@@ -439,14 +455,14 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
     return (h.view(rows, q, -1) if columns is None else h), cache
 
 
-def _gpt2_response_pass(trunk, prompt_ids, prompt_mask, response_ids, response_mask, shared, lm_head=None,
-                        want_hidden=False):
+def _gpt2_response_pass(trunk, batch: Responses, shared, lm_head=None, want_hidden=False):
     """``(logits [B, L, V] or None, hidden [B, L, H] or None)`` at the ``L`` columns that predict the
     response tokens, through :func:`_gpt2_pass`: one pass over ``[prompt | response]``, or with
     ``shared`` (:func:`distinct_prompts`) the distinct prompts run once and their keys and values
     gathered to the rows. The LM head ``lm_head`` (None: no logits) is applied to the same slices
     of the same states as in the model's calls of :func:`_full_response_logits` (``logits_to_keep
     = L + 1``) and :func:`_shared_response_pass` (the prompts' last column, then the responses)."""
+    prompt_ids, prompt_mask, response_ids, response_mask = batch.parts()
     P, L = prompt_ids.shape[1], response_ids.shape[1]
     mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
     if shared is None:
@@ -493,8 +509,7 @@ def _gpt2_prompt_states(trunk, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     return (h[:, -1:] if columns is None else h.index_select(0, ends).unsqueeze(1)), cache
 
 
-def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids, response_mask, shared,
-                          temperature) -> "ResponseForward | None":
+def _gpt2_packed_response(trunk, lm_head, batch: Responses, shared, temperature) -> "ResponseForward | None":
     """:func:`response_forward` of a GPT-2 with shared prompts (``shared`` of :func:`distinct_prompts`),
     the responses packed: the distinct prompts run once (:func:`_gpt2_pass`) and their keys and
     values gathered to the rows (or, where each prompt's rows come together and as many each, as
@@ -508,6 +523,7 @@ def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids,
     Against the padded pass: the same values at every response token (bit for bit on this CPU,
     tested to float rounding), gradients to float rounding (sums over fewer rows; tested); the
     shorter the responses against the longest, the less work it saves over the padded pass."""
+    prompt_ids, prompt_mask, response_ids, response_mask = batch.parts()
     B, L = response_ids.shape
     if L < 2 or not bool((response_mask[:, 1:] <= response_mask[:, :-1]).all()):
         return None
@@ -591,13 +607,13 @@ def _shared_prompt_cache(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask
     return cache, out
 
 
-def _shared_response_pass(model, prompt_ids, prompt_mask, response_ids, response_mask, shared, read,
-                          **forward_kwargs):
+def _shared_response_pass(model, batch: Responses, shared, read, **forward_kwargs):
     """Per-column outputs ``read(out)`` (a tuple of ``[rows, T, ...]`` tensors) at the ``L`` columns
     ``P - 1 .. P + L - 2`` that predict the response tokens, the distinct prompts (``shared =
     (first, rows)`` of :func:`distinct_prompts`) run once and their cache gathered to the rows
     (with its autograd graph): the prompts' last column, then the responses but their last token
     run on the cache. None when the model's cache cannot be gathered."""
+    prompt_ids, prompt_mask, response_ids, response_mask = batch.parts()
     first, rows = shared
     P, L = prompt_ids.shape[1], response_ids.shape[1]
     cache, pre = _shared_prompt_cache(model, prompt_ids[first], prompt_mask[first], rows, **forward_kwargs)
@@ -620,12 +636,11 @@ def trunk_states(backbone: nn.Module, prompt_ids: torch.Tensor, prompt_mask: tor
     :func:`response_forward`; equal to float rounding, tested)."""
     shared = distinct_prompts(prompt_ids, prompt_mask) if share_prompts else None
     trunk = _gpt2_trunk(backbone)
+    batch = Responses(prompt_ids, prompt_mask, response_ids, response_mask)
     if trunk is backbone and trunk is not None:
-        return _gpt2_response_pass(trunk, prompt_ids, prompt_mask, response_ids, response_mask, shared,
-                                   want_hidden=True)[1]
+        return _gpt2_response_pass(trunk, batch, shared, want_hidden=True)[1]
     if shared is not None:
-        out = _shared_response_pass(backbone, prompt_ids, prompt_mask, response_ids, response_mask, shared,
-                                    lambda o: (o.last_hidden_state,))
+        out = _shared_response_pass(backbone, batch, shared, lambda o: (o.last_hidden_state,))
         if out is not None:
             return out[0]
     P, L = prompt_ids.shape[1], response_ids.shape[1]
@@ -635,11 +650,10 @@ def trunk_states(backbone: nn.Module, prompt_ids: torch.Tensor, prompt_mask: tor
     return out.last_hidden_state[:, P - 1:P + L - 1]
 
 
-def response_forward(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                     response_ids: torch.Tensor, response_mask: torch.Tensor,
-                     temperature: float = 1.0, want_hidden: bool = False,
+def response_forward(model: nn.Module, batch: Responses, temperature: float = 1.0, want_hidden: bool = False,
                      share_prompts: bool = False) -> ResponseForward:
-    """Teacher-forced log-probabilities, entropies (and hidden states) of every response token.
+    """Teacher-forced log-probabilities, entropies (and hidden states) of every response token of
+    ``batch``.
 
     One forward over ``[prompt | response]``; only the ``L + 1`` last columns go through the LM
     head (``logits_to_keep``) where the model supports it, so a long prompt costs no vocabulary
@@ -653,24 +667,21 @@ def response_forward(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: to
     passes (:func:`_gpt2_pass`); with shared prompts and no hidden states wanted, packed
     (:func:`_gpt2_packed_response`: the padding after each EOS is not run, its values are 0).
     """
-    shared = distinct_prompts(prompt_ids, prompt_mask) if share_prompts else None
+    shared = distinct_prompts(batch.prompt_ids, batch.prompt_mask) if share_prompts else None
     trunk, out = _gpt2_trunk(model), None
     own = trunk is not None and trunk is not model  # a GPT-2 LM head model: the harness's own passes
     if own and shared is not None and not want_hidden:
-        packed = _gpt2_packed_response(trunk, model.lm_head, prompt_ids, prompt_mask, response_ids, response_mask,
-                                       shared, temperature)
+        packed = _gpt2_packed_response(trunk, model.lm_head, batch, shared, temperature)
         if packed is not None:
             return packed
     if own:
-        out = _gpt2_response_pass(trunk, prompt_ids, prompt_mask, response_ids, response_mask, shared,
-                                  model.lm_head, want_hidden)
+        out = _gpt2_response_pass(trunk, batch, shared, model.lm_head, want_hidden)
     elif shared is not None:
-        out = _shared_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, shared,
-                                      want_hidden)
+        out = _shared_response_logits(model, batch, shared, want_hidden)
     if out is None:
-        out = _full_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, want_hidden)
+        out = _full_response_logits(model, batch, want_hidden)
     logits, hidden = out
-    logp, entropy = _token_logp_entropy(logits, response_ids, temperature)
+    logp, entropy = _token_logp_entropy(logits, batch.response_ids, temperature)
     return ResponseForward(logp=logp, entropy=entropy, hidden=hidden)
 
 
@@ -684,8 +695,9 @@ def _token_logp_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature
     return logp, logz - (probs * logits).sum(-1)
 
 
-def _full_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, want_hidden):
+def _full_response_logits(model, batch: Responses, want_hidden):
     """``(logits [B, L, V], hidden [B, L, H] or None)`` of one pass over ``[prompt | response]``."""
+    prompt_ids, prompt_mask, response_ids, response_mask = batch.parts()
     P, L = prompt_ids.shape[1], response_ids.shape[1]
     ids = torch.cat([prompt_ids, response_ids], dim=1)
     mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
@@ -699,12 +711,11 @@ def _full_response_logits(model, prompt_ids, prompt_mask, response_ids, response
     return logits, hidden
 
 
-def _shared_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, shared, want_hidden):
+def _shared_response_logits(model, batch: Responses, shared, want_hidden):
     """As :func:`_full_response_logits`, the distinct prompts run once (see :func:`response_forward`);
     None when the model's cache cannot be gathered."""
     read = (lambda o: (o.logits, o.hidden_states[-1])) if want_hidden else (lambda o: (o.logits,))  # noqa: E731
-    out = _shared_response_pass(model, prompt_ids, prompt_mask, response_ids, response_mask, shared, read,
-                                output_hidden_states=want_hidden)
+    out = _shared_response_pass(model, batch, shared, read, output_hidden_states=want_hidden)
     if out is None:
         return None
     return out[0], (out[1] if want_hidden else None)
@@ -727,7 +738,7 @@ class PolicyWithValue(nn.Module):
             nn.init.zeros_(self.value_head.bias)
 
     def forward(self, prompt_ids, prompt_mask, response_ids, response_mask, temperature=1.0, share_prompts=False):
-        out = response_forward(self.lm, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
+        out = response_forward(self.lm, Responses(prompt_ids, prompt_mask, response_ids, response_mask), temperature,
                                want_hidden=self.value_head is not None, share_prompts=share_prompts)
         values = None
         if self.value_head is not None:

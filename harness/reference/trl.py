@@ -69,7 +69,7 @@ from omegaconf import DictConfig
 
 from ..config import bad_field
 from ..io.rundir import RunDir
-from ..models.lm import positions, response_forward
+from ..models.lm import Responses, positions, response_forward
 from ..tasks.lm.pipeline import LMTask, build_task
 from ..train.lm import evaluate_policy, initial_fields, kl_to_reference
 from ..train.loop import RowHead, common_fields, eval_due, flush_due, metric_row
@@ -276,11 +276,11 @@ def make_trainer(cfg: DictConfig, task: LMTask, out_dir: Path | str, max_steps: 
                 n = len(kls) + 1
                 if beta > 0 or (every > 0 and (n - 1) % every == 0):
                     with torch.no_grad():
-                        args = (out["prompt_ids"], out["prompt_mask"], out["completion_ids"])
                         mask = _response_mask(out["completion_ids"], eos)
+                        batch = Responses(out["prompt_ids"], out["prompt_mask"], out["completion_ids"], mask.long())
                         model = self.accelerator.unwrap_model(self.model)
-                        logp = response_forward(model, *args, mask.long(), temperature).logp.float()
-                        ref_logp = response_forward(ref, *args, mask.long(), temperature).logp.float()
+                        logp = response_forward(model, batch, temperature).logp.float()
+                        ref_logp = response_forward(ref, batch, temperature).logp.float()
                     kls.append(kl_to_reference(logp, ref_logp, mask))
                 else:
                     kls.append(None)
