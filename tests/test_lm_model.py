@@ -390,7 +390,7 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, order, 
     rounding; bit for bit where this CPU's matrix products do not depend on their row count),
     are 0 at the padding, and the gradient of a loss on them is the padded pass's to float
     rounding. Each prompt's rows together and as many each (``grouped``, a group's samples) attend
-    once per prompt (``groups`` of :func:`harness.models.lm._gpt2_pass`), other orders with the
+    once per prompt (``groups`` of :class:`harness.models.lm._PassLayout`), other orders with the
     prompts' keys and values gathered to the rows. Responses of one token run the padded pass, a
     model with dropout at work transformers'. The packed prompts' last layer runs its attention,
     projection and MLP at each prompt's last column only (``last`` of
@@ -410,11 +410,11 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, order, 
     assert (~m).sum() > 5 and g.tokens.shape[1] > 2  # rows end early: padding to leave out
     own_pass, packed_rows, grouped, last_only = lm_mod._gpt2_pass, [], [], []
 
-    def spy(trunk, ids, *args, columns=None, groups=1, last=None, **kwargs):
-        packed_rows.append(None if columns is None else columns.numel())
-        grouped.append(groups)
-        last_only.append(last is not None)
-        return own_pass(trunk, ids, *args, columns=columns, groups=groups, last=last, **kwargs)
+    def spy(trunk, ids, *args, layout=lm_mod._PassLayout(), **kwargs):
+        packed_rows.append(None if layout.columns is None else layout.columns.numel())
+        grouped.append(layout.groups)
+        last_only.append(layout.last is not None)
+        return own_pass(trunk, ids, *args, layout=layout, **kwargs)
 
     monkeypatch.setattr(lm_mod, "_gpt2_pass", spy)
 
