@@ -46,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -99,11 +100,12 @@ def main() -> None:
     def fused_gelu(self, x):
         return torch.nn.functional.gelu(x, approximate="tanh")
 
-    def gathered_pass(*a, groups=1, past=None, **k):  # the grouped past gathered to every row instead
-        if groups > 1:
-            rows = torch.arange(past[0][0].shape[0], device=past[0][0].device).repeat_interleave(groups)
+    def gathered_pass(*a, layout=lm_mod._PassLayout(), past=None, **k):  # the grouped past gathered to every row
+        if layout.groups > 1:
+            rows = torch.arange(past[0][0].shape[0], device=past[0][0].device).repeat_interleave(layout.groups)
             past = [(key.index_select(0, rows), value.index_select(0, rows)) for key, value in past]
-        return own_pass(*a, past=past, **k)
+            layout = replace(layout, groups=1)
+        return own_pass(*a, past=past, layout=layout, **k)
 
     def switch(on: bool) -> None:
         lm_mod.SigmoidGELU.forward = own_gelu if on or args.off != "gelu" else fused_gelu

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.models.lm import TinyArch, response_forward, tiny_causal_lm  # noqa: E402
+from harness.models.lm import Responses, TinyArch, response_forward, tiny_causal_lm  # noqa: E402
 from harness.tasks.lm.corpus import vocabulary  # noqa: E402
 from harness.tasks.lm.tokenizer import build_word_tokenizer  # noqa: E402
 
@@ -92,7 +92,7 @@ def harness_pass(vocab: int):
     prompts = torch.randint(2, vocab, (2, PROMPT), generator=g).repeat_interleave(GROUP, 0)
     responses = torch.randint(2, vocab, (2 * GROUP, RESPONSE), generator=g)
     ones = lambda x: torch.ones_like(x, dtype=torch.long)  # noqa: E731
-    return lambda: response_forward(model, prompts, ones(prompts), responses, ones(responses),
+    return lambda: response_forward(model, Responses(prompts, ones(prompts), responses, ones(responses)),
                                     share_prompts=True).logp.sum().backward()
 
 

@@ -53,7 +53,7 @@ prompts' left padding, the responses' padding after EOS: :func:`harness.models.l
 values equal, gradients to float rounding) and a group's responses attend to their prompt in one
 block (values and gradients to float rounding), where TRL runs every completion padded to the
 batch's longest, and in those passes the prompts' last layer runs past its keys and values at
-each prompt's last column only (``last`` of :func:`harness.models.lm._gpt2_pass`; float rounding);
+each prompt's last column only (``last`` of :class:`harness.models.lm._PassLayout`; float rounding);
 the harness's decoding stops running the rows that have finished (bit for bit the same samples);
 the harness runs GPT-2's ``gelu_new`` as ``x sigmoid(2u)``
 (``harness.models.lm.fast_gelu``: three elementwise kernels, the same function to float rounding), TRL as

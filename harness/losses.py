@@ -669,20 +669,28 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, agg: str = "token_m
     return loss, {"entropy": -loss.detach()}
 
 
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
-               estimator: str = "k3", agg: str = "token_mean", norm_len: int | None = None,
-               seq_id: torch.Tensor | None = None, guards: dict | None = None,
+@dataclass(frozen=True)
+class KLTerm:
+    """Which KL estimate a KL penalty takes: ``estimator`` (a key of
+    :data:`harness.estimators.kl.KL_ESTIMATORS`: k1, k2, k3, low_var_kl, or a straight-through ``+``
+    variant) and its ``guards``, the clamps of :func:`harness.estimators.kl.kl_estimate`
+    (``kl.log_ratio_clamp``, ``kl.value_clamp``: :func:`harness.estimators.kl.kl_guards`; None: off)."""
+
+    estimator: str = "k3"
+    guards: dict | None = None
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, kl: KLTerm = KLTerm(),
+               agg: str = "token_mean", norm_len: int | None = None, seq_id: torch.Tensor | None = None,
                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""KL penalty as a loss term (GRPO style): :math:`\operatorname{agg}[\hat{k}(x)]` with the
-    per-sample estimator ``estimator`` (a key of :data:`harness.estimators.kl.KL_ESTIMATORS`: k1, k2,
-    k3, low_var_kl, or a straight-through ``+`` variant); the trainer multiplies
-    by ``kl.beta``. ``ref_logp`` is the target policy (pre-update or reference), detached.
+    per-sample estimate of ``kl`` (:class:`KLTerm`: its estimator and clamps); the trainer multiplies
+    by the config's ``kl.beta``. ``ref_logp`` is the target policy (pre-update or reference), detached.
     Aggregated like the policy loss (same ``agg``, ``norm_len``, ``seq_id``): with
     ``seq_mean_token_sum_norm`` the constant ``norm_len``, never the batch's longest sequence,
-    so the effective beta does not depend on the batch. ``guards``: the clamps of
-    :func:`harness.estimators.kl.kl_estimate` (``kl.log_ratio_clamp``, ``kl.value_clamp``)."""
-    kl = kl_estimate(estimator, logp, ref_logp.detach(), **(guards or {}))
-    loss = aggregate(kl, mask, agg, norm_len, seq_id)
+    so the effective beta does not depend on the batch."""
+    estimate = kl_estimate(kl.estimator, logp, ref_logp.detach(), **(kl.guards or {}))
+    loss = aggregate(estimate, mask, agg, norm_len, seq_id)
     return loss, {"kl": loss.detach()}
 
 

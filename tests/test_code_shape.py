@@ -14,18 +14,7 @@ MAX_PARAMS = 8
 
 # Functions that still offend, "path:function". The list only shrinks: an entry whose function
 # no longer offends fails the test until it is taken out.
-ALLOWED = {
-    # called positionally by harness/reference/ (sb3.py, trl.py): their signatures change with it
-    "harness/train/loop.py:metric_row",
-    "harness/tasks/control.py:evaluate",
-    "harness/models/lm.py:response_forward",
-    # the GPT-2 passes (their keyword names are what tests and benchmarks/lm_decode_step.py patch)
-    "harness/models/lm.py:_gpt2_pass",
-    "harness/models/lm.py:_gpt2_response_pass",
-    "harness/models/lm.py:_gpt2_packed_response",
-    "harness/models/lm.py:_shared_response_pass",
-    "harness/losses.py:kl_penalty",
-}
+ALLOWED: set[str] = set()
 
 
 def parameter_count(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:

@@ -20,7 +20,7 @@ from torch.distributions import AffineTransform, Normal, TanhTransform, Transfor
 from harness.app import run
 from harness.models.control import AgentSpec, ControlAgent
 from harness.models.mlp import PopulationMLP
-from harness.tasks.control import MemberEnvs, Normalization, env_info, evaluate, make_vector_env
+from harness.tasks.control import EvalEpisodes, MemberEnvs, Normalization, env_info, evaluate, make_vector_env
 from harness.validation import validate
 from tests.control_helpers import TINY, make_cfg
 
@@ -139,11 +139,12 @@ def test_evaluation_uses_frozen_copies_of_each_members_statistics():
     info = env_info("Pendulum-v1")
     agent = ControlAgent(P, AgentSpec(info.obs_dim, info.act_dim, False, [8], "tanh"), False,
                          [torch.Generator().manual_seed(i) for i in range(P)])
-    first = evaluate(agent, "Pendulum-v1", 2, 20, info, [5, 6], train_envs=envs)
-    second = evaluate(agent, "Pendulum-v1", 2, 20, info, [5, 6], train_envs=envs)
+    spec = EvalEpisodes("Pendulum-v1", 2, 20, info, [5, 6])
+    first = evaluate(agent, spec, train_envs=envs)
+    second = evaluate(agent, spec, train_envs=envs)
     assert first == second
     # one member evaluated alone: its return as evaluated beside the other, None for the other
-    assert evaluate(agent, "Pendulum-v1", 2, 20, info, [5, 6], train_envs=envs, members=[False, True]) == [
+    assert evaluate(agent, spec, train_envs=envs, members=[False, True]) == [
         None, first[1]]
     after = envs.norm_state()
     assert all(torch.equal(before[k], after[k]) for k in before)

@@ -552,7 +552,7 @@ def _vector_env_evaluation(agent, env_id, episodes, max_steps, info, seeds):
 @pytest.mark.parametrize("env_id, max_steps, follow", [("CartPole-v1", 200, None), ("Acrobot-v1", 300, 5),
                                                         ("MountainCarContinuous-v0", 300, 1)])
 def test_evaluation_gives_the_vector_env_returns_stepping_only_running_episodes(env_id, max_steps, follow):
-    from harness.tasks.control import env_info, evaluate
+    from harness.tasks.control import EvalEpisodes, env_info, evaluate
 
     info = env_info(env_id)
     gen = torch.Generator().manual_seed(3)
@@ -563,11 +563,12 @@ def test_evaluation_gives_the_vector_env_returns_stepping_only_running_episodes(
     seeds = [11, 50, 90, 130]
     expected, steps = _vector_env_evaluation(agent, env_id, 5, max_steps, info, seeds)
     assert len(set(steps.flatten().tolist())) > 1  # episodes end at different times: ended ones sit out
-    assert evaluate(agent, env_id, 5, max_steps, info, seeds) == expected  # exactly: the same episodes
+    spec = EvalEpisodes(env_id, 5, max_steps, info, seeds)
+    assert evaluate(agent, spec) == expected  # exactly: the same episodes
     # members left out are not run (None); the others' returns as when all are evaluated
-    assert evaluate(agent, env_id, 5, max_steps, info, seeds, members=[True, False, False, True]) == [
+    assert evaluate(agent, spec, members=[True, False, False, True]) == [
         expected[0], None, None, expected[3]]
-    assert evaluate(agent, env_id, 5, max_steps, info, seeds, members=[False, True, False, False]) == [
+    assert evaluate(agent, spec, members=[False, True, False, False]) == [
         None, expected[1], None, None]
 
 

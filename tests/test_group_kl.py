@@ -410,9 +410,9 @@ def test_plus_variant_value_is_the_estimator_and_gradient_is_k2s(name):
 
 
 def test_kl_penalty_takes_every_registered_estimator():
-    from harness.losses import kl_penalty
+    from harness.losses import KLTerm, kl_penalty
 
     logp, ref, mask = torch.zeros(2, 3), torch.full((2, 3), math.log(2.0)), torch.ones(2, 3)
     for name in KL_ESTIMATORS:
-        loss, _ = kl_penalty(logp, ref, mask, name)
+        loss, _ = kl_penalty(logp, ref, mask, KLTerm(name))
         assert loss.item() == pytest.approx(KL_ESTIMATORS[name](logp, ref).mean().item())

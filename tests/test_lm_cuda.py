@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.app import run
-from harness.models.lm import DecodeSettings, TinyArch, generate, response_forward, tiny_causal_lm
+from harness.models.lm import DecodeSettings, Responses, TinyArch, generate, response_forward, tiny_causal_lm
 from harness.tasks.lm.data import left_pad
 
 from .test_lm_common import assert_own_decode_step_is_the_models, compose
@@ -28,7 +28,7 @@ def test_teacher_forcing_on_cuda_in_bf16():
         g = generate(model, ids, mask, DecodeSettings(12, eos_token_id=2, pad_token_id=0, temperature=0.7),
                      generator=torch.Generator(device="cuda").manual_seed(3))
         with torch.no_grad():
-            tf = response_forward(model, ids, mask, g.tokens, g.mask, temperature=0.7)
+            tf = response_forward(model, Responses(ids, mask, g.tokens, g.mask), temperature=0.7)
     m = g.mask.bool()
     assert m.sum() > 3
     assert torch.allclose(tf.logp[m].float(), g.logp[m].float(), atol=0.05, rtol=0)
@@ -36,7 +36,7 @@ def test_teacher_forcing_on_cuda_in_bf16():
     g32 = generate(model, ids, mask, DecodeSettings(12, eos_token_id=2, pad_token_id=0, temperature=0.7),
                    generator=torch.Generator(device="cuda").manual_seed(3))
     with torch.no_grad():
-        tf32 = response_forward(model, ids, mask, g32.tokens, g32.mask, temperature=0.7)
+        tf32 = response_forward(model, Responses(ids, mask, g32.tokens, g32.mask), temperature=0.7)
     m32 = g32.mask.bool()
     assert torch.allclose(tf32.logp[m32], g32.logp[m32], atol=1e-4, rtol=0)
 

@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 
-from harness.models.lm import DecodeSettings, TinyArch, generate, response_forward, tiny_causal_lm
+from harness.models.lm import DecodeSettings, Responses, TinyArch, generate, response_forward, tiny_causal_lm
 from harness.tasks.lm import build_word_tokenizer, ensure_special_tokens, make_corpus, vocabulary
 from harness.tasks.lm.data import encode_prompt, encode_response, left_pad, right_pad
 
@@ -104,7 +104,7 @@ def test_c12_teacher_forced_logprobs_equal_sequential_decoding(arch):
                  generator=torch.Generator().manual_seed(3))
     assert g.has_eos.any() and (~g.has_eos).any()  # some rows stop early, one runs to the limit
     with torch.no_grad():
-        tf = response_forward(model, ids, mask, g.tokens, g.mask, temperature=T)
+        tf = response_forward(model, Responses(ids, mask, g.tokens, g.mask), temperature=T)
     m = g.mask.bool()
     assert torch.allclose(tf.logp[m], g.logp[m], atol=1e-5, rtol=0)
     with torch.no_grad():
@@ -127,7 +127,7 @@ def test_entropy_and_greedy_decoding():
     ids, mask = left_pad([[5, 6, 7]], 0)
     g = generate(model, ids, mask, DecodeSettings(3, eos_token_id=2, pad_token_id=0), greedy=True)
     with torch.no_grad():
-        tf = response_forward(model, ids, mask, g.tokens, g.mask)
+        tf = response_forward(model, Responses(ids, mask, g.tokens, g.mask))
         logits = model(input_ids=torch.tensor([[5, 6, 7]])).logits[0, -1]
     p = torch.softmax(logits, -1)
     assert int(g.tokens[0, 0]) == int(logits.argmax())
@@ -334,7 +334,7 @@ def test_gpt2_teacher_forced_passes_are_the_models_own_bit_for_bit(prompts, dtyp
     def run(trunk_of, tokens, rmask, share):
         monkeypatch.setattr(lm_mod, "_gpt2_trunk", trunk_of)
         model.zero_grad()
-        out = response_forward(model, ids, mask, tokens, rmask, temperature=0.9, want_hidden=True,
+        out = response_forward(model, Responses(ids, mask, tokens, rmask), temperature=0.9, want_hidden=True,
                                share_prompts=share)
         states = trunk_states(model.transformer, ids, mask, tokens, rmask, share_prompts=share)
         loss = (out.logp * rmask).sum() + (out.entropy * rmask).sum() + out.hidden.float().square().mean() \
@@ -390,7 +390,7 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, order, 
     rounding; bit for bit where this CPU's matrix products do not depend on their row count),
     are 0 at the padding, and the gradient of a loss on them is the padded pass's to float
     rounding. Each prompt's rows together and as many each (``grouped``, a group's samples) attend
-    once per prompt (``groups`` of :func:`harness.models.lm._gpt2_pass`), other orders with the
+    once per prompt (``groups`` of :class:`harness.models.lm._PassLayout`), other orders with the
     prompts' keys and values gathered to the rows. Responses of one token run the padded pass, a
     model with dropout at work transformers'. The packed prompts' last layer runs its attention,
     projection and MLP at each prompt's last column only (``last`` of
@@ -410,11 +410,11 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, order, 
     assert (~m).sum() > 5 and g.tokens.shape[1] > 2  # rows end early: padding to leave out
     own_pass, packed_rows, grouped, last_only = lm_mod._gpt2_pass, [], [], []
 
-    def spy(trunk, ids, *args, columns=None, groups=1, last=None, **kwargs):
-        packed_rows.append(None if columns is None else columns.numel())
-        grouped.append(groups)
-        last_only.append(last is not None)
-        return own_pass(trunk, ids, *args, columns=columns, groups=groups, last=last, **kwargs)
+    def spy(trunk, ids, *args, layout=lm_mod._PassLayout(), **kwargs):
+        packed_rows.append(None if layout.columns is None else layout.columns.numel())
+        grouped.append(layout.groups)
+        last_only.append(layout.last is not None)
+        return own_pass(trunk, ids, *args, layout=layout, **kwargs)
 
     monkeypatch.setattr(lm_mod, "_gpt2_pass", spy)
 
@@ -423,7 +423,7 @@ def test_packed_responses_equal_the_padded_pass_to_float_rounding(dtype, order, 
             monkeypatch.setattr(lm_mod, "_gpt2_packed_response", lambda *a, **k: None)
         packed_rows.clear()
         net.zero_grad()
-        out = response_forward(net, ids, mask, tokens, rmask, temperature=0.9, share_prompts=True)
+        out = response_forward(net, Responses(ids, mask, tokens, rmask), temperature=0.9, share_prompts=True)
         ((out.logp * rmask).sum() + (out.entropy * rmask).sum()).backward()
         monkeypatch.undo()
         monkeypatch.setattr(lm_mod, "_gpt2_pass", spy)
@@ -508,7 +508,7 @@ def test_shared_prompt_teacher_forcing_equals_one_pass_with_its_gradient(arch):
 
     def run(share):
         model.zero_grad()
-        out = response_forward(model, ids, mask, g.tokens, g.mask, temperature=T, want_hidden=True,
+        out = response_forward(model, Responses(ids, mask, g.tokens, g.mask), temperature=T, want_hidden=True,
                                share_prompts=share)
         loss = (out.logp * g.mask).sum() + (out.entropy * g.mask).sum() + out.hidden[m].square().mean()
         loss.backward()

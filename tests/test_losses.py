@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from harness.losses import (
-    adaptive_kl_beta, aggregate, clipped_surrogate_loss, entropy_bonus, explained_variance,
+    KLTerm, adaptive_kl_beta, aggregate, clipped_surrogate_loss, entropy_bonus, explained_variance,
     get_policy_loss, kl_penalty, pg_loss, value_loss, whitening_plan,
 )
 
@@ -120,10 +120,10 @@ def test_value_loss_and_clipping_by_hand():
 def test_entropy_kl_and_adaptive_beta():
     loss, m = entropy_bonus(torch.tensor([[1.0, 3.0]]), torch.ones(1, 2))
     assert loss.item() == -2.0 and float(m["entropy"]) == 2.0
-    loss, m = kl_penalty(torch.zeros(1, 1), torch.tensor([[torch.log(torch.tensor(2.0)).item()]]), torch.ones(1, 1), "k1")
+    loss, m = kl_penalty(torch.zeros(1, 1), torch.tensor([[torch.log(torch.tensor(2.0)).item()]]), torch.ones(1, 1), KLTerm("k1"))
     assert loss.item() == pytest.approx(-0.6931471805599453, rel=1e-6)
     with pytest.raises(ValueError, match="kl.estimator"):
-        kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), "k4")
+        kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), KLTerm("k4"))
     assert adaptive_kl_beta(1.0, 0.001, 0.01) == 0.5
     assert adaptive_kl_beta(1.0, 0.1, 0.01) == 2.0
     assert adaptive_kl_beta(1.0, 0.01, 0.01) == 1.0

@@ -17,7 +17,7 @@ import torch
 
 from harness.app import run
 from harness.estimators import ESTIMATORS
-from harness.losses import aggregate, kl_penalty
+from harness.losses import KLTerm, aggregate, kl_penalty
 from harness.train.control import sequence_ids
 from harness.train.update import ADAM_EPS, MemberOptimizer, Members, UpdateBatch, UpdateSettings, update
 from tests.control_helpers import TINY, make_cfg, population_against_lone_runs, run_frames
@@ -122,7 +122,7 @@ def test_kl_and_entropy_use_the_constant_length_not_the_batch_width():
     k3 = (torch.exp(ref8 - logp8) - (ref8 - logp8) - 1) * mask8
     by_hand = float(k3.sum() / 16 / 3)
     for lp, rf, m in ((logp8, ref8, mask8), (pad(logp8), pad(ref8), pad(mask8))):
-        loss, _ = kl_penalty(lp, rf, m, "k3", agg="seq_mean_token_sum_norm", norm_len=16)
+        loss, _ = kl_penalty(lp, rf, m, KLTerm("k3"), agg="seq_mean_token_sum_norm", norm_len=16)
         assert float(loss) == pytest.approx(by_hand)
     # the update step passes lm.max_response_len to every term
     cfg = make_cfg(["task=lm_summarize", "estimator=dr_grpo", "kl.beta=0.1"])

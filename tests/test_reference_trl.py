@@ -175,7 +175,7 @@ def _one_iteration_both_sides(overrides, tmp_path, monkeypatch, mask_positions=T
     import harness.train.lm as lm_mod
     from harness.config import member_configs
     from harness.io import RunDir
-    from harness.models.lm import Generation, response_forward
+    from harness.models.lm import Generation, Responses, response_forward
     from harness.reference.trl import _response_mask, make_trainer
     from harness.tasks.lm.pipeline import build_task
     from harness.train.workers import train_members
@@ -216,7 +216,7 @@ def _one_iteration_both_sides(overrides, tmp_path, monkeypatch, mask_positions=T
         rows = torch.arange(u_ids.shape[0]).repeat_interleave(samples)
         assert torch.equal(u_ids[rows][u_mask[rows].bool()], out["prompt_ids"][out["prompt_mask"].bool()])
         with torch.no_grad():
-            logp = response_forward(model, u_ids[rows], u_mask[rows], tokens, mask.long(), temperature).logp
+            logp = response_forward(model, Responses(u_ids[rows], u_mask[rows], tokens, mask.long()), temperature).logp
         has_eos = (tokens == eos).any(-1)
         return Generation(tokens.masked_fill(mask == 0, pad), mask.long(), logp * mask, has_eos), None
 

@@ -193,6 +193,22 @@ class ResponseForward:
     hidden: torch.Tensor | None  # [B, L, H] last hidden state that predicts y_t (for a value head)
 
 
+@dataclass(frozen=True)
+class Responses:
+    """A teacher-forced batch: left-padded prompts ``prompt_ids [B, P]`` (``prompt_mask``, 1 on
+    their tokens) and the responses ``response_ids [B, L]`` that follow them (``response_mask``, 1
+    on their tokens, right-padded)."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+
+    def parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(prompt_ids, prompt_mask, response_ids, response_mask)``."""
+        return self.prompt_ids, self.prompt_mask, self.response_ids, self.response_mask
+
+
 def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(first, inverse)``: the row index of the first occurrence of each distinct (prompt, mask)
     row, in order of first occurrence, and for every row the position of its prompt in ``first``;
@@ -338,16 +354,9 @@ def _gpt2_block(w: tuple, h: torch.Tensor, attend, keep: torch.Tensor | None = N
     return h + torch.addmm(out_b, act(torch.addmm(fc_b, layer_norm(h, *ln_2), fc_w)), out_w)
 
 
-def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
-               past: list[tuple[torch.Tensor, torch.Tensor]] | None = None, want_cache: bool = False,
-               columns: torch.Tensor | None = None,
-               groups: int = 1,
-               last: torch.Tensor | None = None) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """A GPT-2 trunk's (:func:`_gpt2_trunk`) last hidden states (after ``ln_f``) ``[R, q, H]`` for
-    the ``q`` columns ``ids [R, q]`` at positions ``pos [R, q]``, attending to the ``past`` keys and
-    values of each layer (``[R, heads, n, head_dim]``, or none) and to themselves, under the
-    padding mask ``mask [R, n + q]``; with ``want_cache`` also each layer's keys and values of all
-    ``n + q`` columns (with their autograd graph).
+@dataclass(frozen=True)
+class _PassLayout:
+    """Which columns of :func:`_gpt2_pass` run, and how its rows attend.
 
     ``columns`` (packed): only the columns at these indices of the flattened ``[R * q]`` grid go
     through the embeddings, projections, MLPs and layer norms, as one ``[N, H]`` batch, and the
@@ -359,16 +368,6 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
     pass's, and their values equal the unpacked pass's where each row of a matrix product is its
     own dot products (bit for bit on this CPU; tested to float rounding); gradients differ by the
     rounding of sums over fewer rows.
-
-    The same modules, kernels and arguments as ``GPT2Model.forward`` with a ``DynamicCache``
-    (transformers 5.x: the 4-D boolean mask of ``create_causal_mask``, causal and padding, or no
-    mask and sdpa's ``is_causal`` where nothing is padded and ``q == 1`` or there is no past; the
-    cache's ``cat`` of past and new keys and values), without the per-call work around them:
-    output classes and their decorators, the attention and mask interfaces, keyword plumbing,
-    and, per block (:func:`_gpt2_block`), the projections' views and the dropout calls (none is at
-    work: :func:`_gpt2_trunk`). The states run as ``[R * q, H]`` (or packed ``[N, H]``) matrices. Equal to the model's
-    own pass bit for bit, values and gradients (tested); about 1 ms less a teacher-forced pass of
-    the tiny GPT-2 on a CPU.
 
     ``groups`` (grouped attention, with ``past``): the rows come in ``R / groups`` runs of
     ``groups`` consecutive rows that share one past, given once per run (``past`` of
@@ -389,22 +388,58 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
     full block's (float rounding; tested), so the decoding's prefill, bit for bit the model's,
     does not use it; the teacher-forced passes do (:func:`_gpt2_packed_response`), where it
     saves time (``benchmarks/lm_vs_trl.py`` measures the update)."""
-    rows, q = ids.shape
-    n = 0 if past is None else past[0][0].shape[-2]
-    padding = mask.bool()
+
+    columns: torch.Tensor | None = None
+    groups: int = 1
+    last: torch.Tensor | None = None
+
+
+def _gpt2_attention_mask(padding: torch.Tensor, q: int, n: int, groups: int) -> tuple[torch.Tensor | None, bool]:
+    """``(attn_mask, is_causal)`` of :func:`_gpt2_pass`'s attention for ``q`` new columns after ``n``
+    past ones under the padding mask ``padding [R, n + q]`` (bool): with ``groups`` > 1
+    ``[R / groups, 1, groups * q, n + groups * q]``, the past's padding then each row's own causal
+    block; else the 4-D causal and padding mask of transformers' ``create_causal_mask``, or none
+    and sdpa's ``is_causal`` where nothing is padded and ``q == 1`` or there is no past."""
+    rows = padding.shape[0]
     attn_mask, causal = None, q > 1
     if groups > 1:  # [R / groups, 1, groups * q, n + groups * q]: the past's padding, then each row's own block
         runs, width = rows // groups, groups * q
-        own = torch.ones(q, q, dtype=torch.bool, device=ids.device).tril()
+        own = torch.ones(q, q, dtype=torch.bool, device=padding.device).tril()
         own = torch.block_diag(*[own] * groups) & padding[:, n:].reshape(runs, 1, 1, width)
         attn_mask = torch.cat([padding[::groups, None, None, :n].expand(runs, 1, width, n), own], dim=-1)
         causal = False
     elif not ((q == 1 or n == 0) and bool(padding.all())):
-        q_at = torch.arange(n, n + q, device=ids.device)
-        kv_at = torch.arange(n + q, device=ids.device)
+        q_at = torch.arange(n, n + q, device=padding.device)
+        kv_at = torch.arange(n + q, device=padding.device)
         attn_mask = ((kv_at.view(1, 1, 1, -1) <= q_at.view(1, 1, -1, 1)) & padding[:, None, None, :]
                      ).expand(rows, -1, q, n + q)
         causal = False
+    return attn_mask, causal
+
+
+def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+               past: list[tuple[torch.Tensor, torch.Tensor]] | None = None, want_cache: bool = False,
+               layout: _PassLayout = _PassLayout()) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A GPT-2 trunk's (:func:`_gpt2_trunk`) last hidden states (after ``ln_f``) ``[R, q, H]`` for
+    the ``q`` columns ``ids [R, q]`` at positions ``pos [R, q]``, attending to the ``past`` keys and
+    values of each layer (``[R, heads, n, head_dim]``, or none) and to themselves, under the
+    padding mask ``mask [R, n + q]``; with ``want_cache`` also each layer's keys and values of all
+    ``n + q`` columns (with their autograd graph). ``layout``: which columns run (packed, only the
+    last) and whether rows share their past (grouped attention): :class:`_PassLayout`.
+
+    The same modules, kernels and arguments as ``GPT2Model.forward`` with a ``DynamicCache``
+    (transformers 5.x: the 4-D boolean mask of ``create_causal_mask``, causal and padding, or no
+    mask and sdpa's ``is_causal`` where nothing is padded and ``q == 1`` or there is no past; the
+    cache's ``cat`` of past and new keys and values), without the per-call work around them:
+    output classes and their decorators, the attention and mask interfaces, keyword plumbing,
+    and, per block (:func:`_gpt2_block`), the projections' views and the dropout calls (none is at
+    work: :func:`_gpt2_trunk`). The states run as ``[R * q, H]`` (or packed ``[N, H]``) matrices. Equal to the model's
+    own pass bit for bit, values and gradients (tested); about 1 ms less a teacher-forced pass of
+    the tiny GPT-2 on a CPU."""
+    columns, groups, last = layout.columns, layout.groups, layout.last
+    rows, q = ids.shape
+    n = 0 if past is None else past[0][0].shape[-2]
+    attn_mask, causal = _gpt2_attention_mask(mask.bool(), q, n, groups)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     flat_ids, flat_pos = ids.reshape(-1), pos.reshape(-1)
     if columns is not None:
@@ -439,14 +474,14 @@ def _gpt2_pass(trunk: nn.Module, ids: torch.Tensor, mask: torch.Tensor, pos: tor
     return (h.view(rows, q, -1) if columns is None else h), cache
 
 
-def _gpt2_response_pass(trunk, prompt_ids, prompt_mask, response_ids, response_mask, shared, lm_head=None,
-                        want_hidden=False):
+def _gpt2_response_pass(trunk, batch: Responses, shared, lm_head=None, want_hidden=False):
     """``(logits [B, L, V] or None, hidden [B, L, H] or None)`` at the ``L`` columns that predict the
     response tokens, through :func:`_gpt2_pass`: one pass over ``[prompt | response]``, or with
     ``shared`` (:func:`distinct_prompts`) the distinct prompts run once and their keys and values
     gathered to the rows. The LM head ``lm_head`` (None: no logits) is applied to the same slices
     of the same states as in the model's calls of :func:`_full_response_logits` (``logits_to_keep
     = L + 1``) and :func:`_shared_response_pass` (the prompts' last column, then the responses)."""
+    prompt_ids, prompt_mask, response_ids, response_mask = batch.parts()
     P, L = prompt_ids.shape[1], response_ids.shape[1]
     mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
     if shared is None:
@@ -476,7 +511,7 @@ def _gpt2_prompt_states(trunk, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     A mask that is not left padding (each row's ones a non-empty suffix) runs unpacked, and so
     does ``pack=False`` (the pass bit-identical to the model's, :func:`_gpt2_response_pass`).
     ``last_only`` (with ``pack``): the last layer past its keys and values runs at the last
-    columns only (``last`` of :func:`_gpt2_pass`; float rounding)."""
+    columns only (``last`` of :class:`_PassLayout`; float rounding)."""
     pos = positions(prompt_mask)
     m = prompt_mask.bool()
     n, P = prompt_ids.shape
@@ -488,19 +523,19 @@ def _gpt2_prompt_states(trunk, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
         ends = prompt_mask.sum(-1).cumsum(0) - 1  # each prompt's last column among the packed ones
     if last_only:
         last = ends if columns is not None else torch.arange(n, device=pos.device) * P + P - 1
-        return _gpt2_pass(trunk, prompt_ids, prompt_mask, pos, want_cache=True, columns=columns, last=last)
-    h, cache = _gpt2_pass(trunk, prompt_ids, prompt_mask, pos, want_cache=True, columns=columns)
+        return _gpt2_pass(trunk, prompt_ids, prompt_mask, pos, want_cache=True,
+                          layout=_PassLayout(columns=columns, last=last))
+    h, cache = _gpt2_pass(trunk, prompt_ids, prompt_mask, pos, want_cache=True, layout=_PassLayout(columns=columns))
     return (h[:, -1:] if columns is None else h.index_select(0, ends).unsqueeze(1)), cache
 
 
-def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids, response_mask, shared,
-                          temperature) -> "ResponseForward | None":
+def _gpt2_packed_response(trunk, lm_head, batch: Responses, shared, temperature) -> "ResponseForward | None":
     """:func:`response_forward` of a GPT-2 with shared prompts (``shared`` of :func:`distinct_prompts`),
     the responses packed: the distinct prompts run once (:func:`_gpt2_pass`) and their keys and
     values gathered to the rows (or, where each prompt's rows come together and as many each, as
-    a group's samples do, attended once per prompt: ``groups`` of :func:`_gpt2_pass`, values to
+    a group's samples do, attended once per prompt: ``groups`` of :class:`_PassLayout`, values to
     float rounding), then only the response columns that predict a response token
-    (``response_mask[:, 1:]``) run (``columns`` of :func:`_gpt2_pass`), not the padding after each
+    (``response_mask[:, 1:]``) run (``columns`` of :class:`_PassLayout`), not the padding after each
     row's EOS, which the one-pass and shared forwards multiply to the longest response of the
     batch. Log-probabilities and entropies are 0 at the padding. None for responses of one token,
     or a response mask that is not each row's ones then zeros (the caller runs the padded pass).
@@ -508,6 +543,7 @@ def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids,
     Against the padded pass: the same values at every response token (bit for bit on this CPU,
     tested to float rounding), gradients to float rounding (sums over fewer rows; tested); the
     shorter the responses against the longest, the less work it saves over the padded pass."""
+    prompt_ids, prompt_mask, response_ids, response_mask = batch.parts()
     B, L = response_ids.shape
     if L < 2 or not bool((response_mask[:, 1:] <= response_mask[:, :-1]).all()):
         return None
@@ -520,8 +556,8 @@ def _gpt2_packed_response(trunk, lm_head, prompt_ids, prompt_mask, response_ids,
         groups, cache = 1, [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in cache]
     mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)[:, :P + L - 1]
     columns = response_mask[:, 1:].reshape(-1).nonzero().squeeze(1)  # column j predicts token j + 1
-    h, _ = _gpt2_pass(trunk, response_ids[:, :-1], mask, positions(mask)[:, P:], past=cache, columns=columns,
-                      groups=groups)
+    h, _ = _gpt2_pass(trunk, response_ids[:, :-1], mask, positions(mask)[:, P:], past=cache,
+                      layout=_PassLayout(columns=columns, groups=groups))
     logits = torch.cat([lm_head(last[:, 0]).index_select(0, rows), lm_head(h)])  # token 0 of each row, then the rest
     targets = torch.cat([response_ids[:, 0], response_ids[:, 1:].reshape(-1)[columns]])
     logp, entropy = _token_logp_entropy(logits, targets, temperature)
@@ -591,13 +627,13 @@ def _shared_prompt_cache(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask
     return cache, out
 
 
-def _shared_response_pass(model, prompt_ids, prompt_mask, response_ids, response_mask, shared, read,
-                          **forward_kwargs):
+def _shared_response_pass(model, batch: Responses, shared, read, **forward_kwargs):
     """Per-column outputs ``read(out)`` (a tuple of ``[rows, T, ...]`` tensors) at the ``L`` columns
     ``P - 1 .. P + L - 2`` that predict the response tokens, the distinct prompts (``shared =
     (first, rows)`` of :func:`distinct_prompts`) run once and their cache gathered to the rows
     (with its autograd graph): the prompts' last column, then the responses but their last token
     run on the cache. None when the model's cache cannot be gathered."""
+    prompt_ids, prompt_mask, response_ids, response_mask = batch.parts()
     first, rows = shared
     P, L = prompt_ids.shape[1], response_ids.shape[1]
     cache, pre = _shared_prompt_cache(model, prompt_ids[first], prompt_mask[first], rows, **forward_kwargs)
@@ -620,12 +656,11 @@ def trunk_states(backbone: nn.Module, prompt_ids: torch.Tensor, prompt_mask: tor
     :func:`response_forward`; equal to float rounding, tested)."""
     shared = distinct_prompts(prompt_ids, prompt_mask) if share_prompts else None
     trunk = _gpt2_trunk(backbone)
+    batch = Responses(prompt_ids, prompt_mask, response_ids, response_mask)
     if trunk is backbone and trunk is not None:
-        return _gpt2_response_pass(trunk, prompt_ids, prompt_mask, response_ids, response_mask, shared,
-                                   want_hidden=True)[1]
+        return _gpt2_response_pass(trunk, batch, shared, want_hidden=True)[1]
     if shared is not None:
-        out = _shared_response_pass(backbone, prompt_ids, prompt_mask, response_ids, response_mask, shared,
-                                    lambda o: (o.last_hidden_state,))
+        out = _shared_response_pass(backbone, batch, shared, lambda o: (o.last_hidden_state,))
         if out is not None:
             return out[0]
     P, L = prompt_ids.shape[1], response_ids.shape[1]
@@ -635,11 +670,10 @@ def trunk_states(backbone: nn.Module, prompt_ids: torch.Tensor, prompt_mask: tor
     return out.last_hidden_state[:, P - 1:P + L - 1]
 
 
-def response_forward(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                     response_ids: torch.Tensor, response_mask: torch.Tensor,
-                     temperature: float = 1.0, want_hidden: bool = False,
+def response_forward(model: nn.Module, batch: Responses, temperature: float = 1.0, want_hidden: bool = False,
                      share_prompts: bool = False) -> ResponseForward:
-    """Teacher-forced log-probabilities, entropies (and hidden states) of every response token.
+    """Teacher-forced log-probabilities, entropies (and hidden states) of every response token of
+    ``batch``.
 
     One forward over ``[prompt | response]``; only the ``L + 1`` last columns go through the LM
     head (``logits_to_keep``) where the model supports it, so a long prompt costs no vocabulary
@@ -653,24 +687,21 @@ def response_forward(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: to
     passes (:func:`_gpt2_pass`); with shared prompts and no hidden states wanted, packed
     (:func:`_gpt2_packed_response`: the padding after each EOS is not run, its values are 0).
     """
-    shared = distinct_prompts(prompt_ids, prompt_mask) if share_prompts else None
+    shared = distinct_prompts(batch.prompt_ids, batch.prompt_mask) if share_prompts else None
     trunk, out = _gpt2_trunk(model), None
     own = trunk is not None and trunk is not model  # a GPT-2 LM head model: the harness's own passes
     if own and shared is not None and not want_hidden:
-        packed = _gpt2_packed_response(trunk, model.lm_head, prompt_ids, prompt_mask, response_ids, response_mask,
-                                       shared, temperature)
+        packed = _gpt2_packed_response(trunk, model.lm_head, batch, shared, temperature)
         if packed is not None:
             return packed
     if own:
-        out = _gpt2_response_pass(trunk, prompt_ids, prompt_mask, response_ids, response_mask, shared,
-                                  model.lm_head, want_hidden)
+        out = _gpt2_response_pass(trunk, batch, shared, model.lm_head, want_hidden)
     elif shared is not None:
-        out = _shared_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, shared,
-                                      want_hidden)
+        out = _shared_response_logits(model, batch, shared, want_hidden)
     if out is None:
-        out = _full_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, want_hidden)
+        out = _full_response_logits(model, batch, want_hidden)
     logits, hidden = out
-    logp, entropy = _token_logp_entropy(logits, response_ids, temperature)
+    logp, entropy = _token_logp_entropy(logits, batch.response_ids, temperature)
     return ResponseForward(logp=logp, entropy=entropy, hidden=hidden)
 
 
@@ -684,8 +715,9 @@ def _token_logp_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature
     return logp, logz - (probs * logits).sum(-1)
 
 
-def _full_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, want_hidden):
+def _full_response_logits(model, batch: Responses, want_hidden):
     """``(logits [B, L, V], hidden [B, L, H] or None)`` of one pass over ``[prompt | response]``."""
+    prompt_ids, prompt_mask, response_ids, response_mask = batch.parts()
     P, L = prompt_ids.shape[1], response_ids.shape[1]
     ids = torch.cat([prompt_ids, response_ids], dim=1)
     mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
@@ -699,12 +731,11 @@ def _full_response_logits(model, prompt_ids, prompt_mask, response_ids, response
     return logits, hidden
 
 
-def _shared_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, shared, want_hidden):
+def _shared_response_logits(model, batch: Responses, shared, want_hidden):
     """As :func:`_full_response_logits`, the distinct prompts run once (see :func:`response_forward`);
     None when the model's cache cannot be gathered."""
     read = (lambda o: (o.logits, o.hidden_states[-1])) if want_hidden else (lambda o: (o.logits,))  # noqa: E731
-    out = _shared_response_pass(model, prompt_ids, prompt_mask, response_ids, response_mask, shared, read,
-                                output_hidden_states=want_hidden)
+    out = _shared_response_pass(model, batch, shared, read, output_hidden_states=want_hidden)
     if out is None:
         return None
     return out[0], (out[1] if want_hidden else None)
@@ -727,7 +758,7 @@ class PolicyWithValue(nn.Module):
             nn.init.zeros_(self.value_head.bias)
 
     def forward(self, prompt_ids, prompt_mask, response_ids, response_mask, temperature=1.0, share_prompts=False):
-        out = response_forward(self.lm, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
+        out = response_forward(self.lm, Responses(prompt_ids, prompt_mask, response_ids, response_mask), temperature,
                                want_hidden=self.value_head is not None, share_prompts=share_prompts)
         values = None
         if self.value_head is not None:

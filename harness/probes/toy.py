@@ -73,8 +73,8 @@ from ..estimators import EstimatorParams, EstimatorSpec, get_estimator, kl_estim
 from ..io import RunDir, atomic_write_bytes
 from ..io.checkpoint import CheckpointError
 from ..io.checkpoint import load as load_checkpoint
-from ..losses import (SEQUENCE_SUM, PolicyInputs, PPOClipSettings, clipped_surrogate_loss, get_policy_loss, kl_penalty,
-                      loss_settings, whiten, whitening_plan)
+from ..losses import (SEQUENCE_SUM, KLTerm, PolicyInputs, PPOClipSettings, clipped_surrogate_loss, get_policy_loss,
+                      kl_penalty, loss_settings, whiten, whitening_plan)
 from ..tasks.toy import DTYPE, ToyBatch, ToyTask, advantage_batch, build_task, time_major, validate_toy
 from . import stats as pstats
 
@@ -371,7 +371,7 @@ def _kl_estimates(p: ToyProbe) -> _Estimates:
     ref_logp = ref_logp.view(M, p.training.batch_size, L).transpose(1, 2)
 
     def loss_fn(logp, mask):
-        loss, _ = kl_penalty(logp, ref_logp, mask, kl_name, agg="seq_mean_token_sum_norm")
+        loss, _ = kl_penalty(logp, ref_logp, mask, KLTerm(kl_name), agg="seq_mean_token_sum_norm")
         return loss * L  # kl_penalty's constant normaliser is L; undo it: sum over tokens
 
     grads, losses = batch_gradients(theta, batch, M, loss_fn)
@@ -448,7 +448,7 @@ def _surrogate(p: ToyProbe, adv_mb: torch.Tensor, beta: float, k_tm: torch.Tenso
         x = PolicyInputs(logp, logp.detach(), adv_mb, mask, with_metrics=False, **SEQUENCE_SUM)
         loss = policy_loss(x, loss_knobs)[0]
         if kl_loss:
-            loss = loss + beta * kl_penalty(logp, ref_mb, mask, kl_name, **SEQUENCE_SUM)[0]
+            loss = loss + beta * kl_penalty(logp, ref_mb, mask, KLTerm(kl_name), **SEQUENCE_SUM)[0]
         return loss
 
     values = batch.reward.view(M, B).mean(1).numpy()

@@ -55,9 +55,9 @@ from omegaconf import DictConfig
 
 from ..config import bad_field
 from ..io.rundir import RunDir
-from ..tasks.control import env_info, evaluate
+from ..tasks.control import EvalEpisodes, env_info, evaluate
 from ..train.control import cores_available, evaluation_seeds
-from ..train.loop import common_fields, eval_due, flush_due, metric_row
+from ..train.loop import RowHead, common_fields, eval_due, flush_due, metric_row
 
 __all__ = ["check", "train"]
 
@@ -201,14 +201,15 @@ def _train_one(run: RunDir) -> None:
             if evaluating and eval_due(self.iteration, steps, self.last_eval, done or steps >= budget,
                                        int(cfg.eval_every), cfg.eval_every_steps):
                 self.last_eval = steps
-                ev = evaluate(_GreedySB3(self.model, norm), cfg.task.env_id, int(cfg.eval_episodes),
-                              cfg.task.max_episode_steps, info, seeds)[0]
+                spec = EvalEpisodes(cfg.task.env_id, int(cfg.eval_episodes), cfg.task.max_episode_steps, info, seeds)
+                ev = evaluate(_GreedySB3(self.model, norm), spec)[0]
             logged = self.model.logger.name_to_value
             stat = lambda k, f=1.0: None if k not in logged else float(logged[k]) * f  # noqa: E731
             ent = stat("train/entropy_loss", -1.0)
-            row = metric_row(run.run_id, common, int(cfg.seed), self.iteration, steps, time.perf_counter() - t0,
-                             float(np.mean(self.episodes)) if self.episodes else None, ev, 0.0,
-                             float(self.model.lr_schedule(self.model._current_progress_remaining)))
+            head = RowHead(run.run_id, int(cfg.seed), self.iteration, steps, time.perf_counter() - t0,
+                           float(np.mean(self.episodes)) if self.episodes else None, ev, 0.0,
+                           float(self.model.lr_schedule(self.model._current_progress_remaining)))
+            row = metric_row(head, common)
             row.update({"policy_loss": stat("train/policy_gradient_loss") if "train/policy_gradient_loss" in logged
                         else stat("train/policy_loss"),
                         "entropy": ent, "approx_kl": stat("train/approx_kl"), "clip_frac": stat("train/clip_fraction"),

@@ -69,10 +69,10 @@ from omegaconf import DictConfig
 
 from ..config import bad_field
 from ..io.rundir import RunDir
-from ..models.lm import positions, response_forward
+from ..models.lm import Responses, positions, response_forward
 from ..tasks.lm.pipeline import LMTask, build_task
 from ..train.lm import evaluate_policy, initial_fields, kl_to_reference
-from ..train.loop import common_fields, eval_due, flush_due, metric_row
+from ..train.loop import RowHead, common_fields, eval_due, flush_due, metric_row
 from ..train.update import ADAM_EPS
 
 __all__ = ["check", "train", "trl_settings", "trl_config", "trl_prompts", "RewardCounter", "make_trainer"]
@@ -276,11 +276,11 @@ def make_trainer(cfg: DictConfig, task: LMTask, out_dir: Path | str, max_steps: 
                 n = len(kls) + 1
                 if beta > 0 or (every > 0 and (n - 1) % every == 0):
                     with torch.no_grad():
-                        args = (out["prompt_ids"], out["prompt_mask"], out["completion_ids"])
                         mask = _response_mask(out["completion_ids"], eos)
+                        batch = Responses(out["prompt_ids"], out["prompt_mask"], out["completion_ids"], mask.long())
                         model = self.accelerator.unwrap_model(self.model)
-                        logp = response_forward(model, *args, mask.long(), temperature).logp.float()
-                        ref_logp = response_forward(ref, *args, mask.long(), temperature).logp.float()
+                        logp = response_forward(model, batch, temperature).logp.float()
+                        ref_logp = response_forward(ref, batch, temperature).logp.float()
                     kls.append(kl_to_reference(logp, ref_logp, mask))
                 else:
                     kls.append(None)
@@ -351,8 +351,9 @@ def _train_one(cfg: DictConfig, task: LMTask, run: RunDir) -> None:
                 ev = evaluate()
             wall = time.perf_counter() - t0
             kls = holder["kls"]
-            state["pending"] = metric_row(run.run_id, common, int(cfg.seed), iteration, tokens, wall, b["reward"],
-                                          None if ev is None else ev["eval_return"], float(cfg.kl.beta), float(cfg.lr))
+            head = RowHead(run.run_id, int(cfg.seed), iteration, tokens, wall, b["reward"],
+                           None if ev is None else ev["eval_return"], float(cfg.kl.beta), float(cfg.lr))
+            state["pending"] = metric_row(head, common)
             state["pending"].update({
                 "eval_gold_greedy": None if ev is None else ev["eval_gold_greedy"],
                 "pass_at_1": None if ev is None else ev["pass_at_1"], "pass_at_k": None if ev is None else ev["pass_at_k"],

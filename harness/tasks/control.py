@@ -671,11 +671,23 @@ class EpisodeEnvs:
                 env.close()
 
 
+@dataclass(frozen=True)
+class EvalEpisodes:
+    """The episodes an evaluation runs: ``episodes`` per member of the env ``env_id`` (time limit
+    ``max_episode_steps``, spaces ``info``), episode ``i`` of member ``p`` reset with seed
+    ``seeds[p] + i``."""
+
+    env_id: str
+    episodes: int
+    max_episode_steps: int | None
+    info: EnvInfo
+    seeds: list[int]
+
+
 @torch.no_grad()
-def evaluate(agent, env_id: str, episodes: int, max_episode_steps: int | None, info: EnvInfo,
-             seeds: list[int], train_envs: MemberEnvs | None = None,
+def evaluate(agent, spec: EvalEpisodes, train_envs: MemberEnvs | None = None,
              members: list[bool] | None = None) -> list[float | None]:
-    """Mean undiscounted return (the env's own rewards) of ``episodes`` greedy episodes per member
+    """Mean undiscounted return (the env's own rewards) of ``spec``'s greedy episodes per member
     (not budgeted), episode ``i`` of member ``p`` reset with seed ``seeds[p] + i``. With normalised
     observations (``train_envs.norm``), each member's are normalised with a frozen copy of its
     training statistics (gymnasium's vector wrappers on a :class:`MemberEnvs`); without, the
@@ -684,6 +696,8 @@ def evaluate(agent, env_id: str, episodes: int, max_episode_steps: int | None, i
     is the same whichever others are evaluated (the policy's forward takes every member's rows
     either way): members that reach an evaluation at different iterations no longer pay for
     every member's episodes each time (tests/test_control.py)."""
+    env_id, episodes, max_episode_steps, info, seeds = (spec.env_id, spec.episodes, spec.max_episode_steps,
+                                                         spec.info, spec.seeds)
     P = agent.population
     members = [True] * P if members is None else [bool(m) for m in members]
     norm = None if train_envs is None or train_envs.norm is None else replace(train_envs.norm, reward=False)

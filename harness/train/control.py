@@ -36,7 +36,7 @@ from ..io import RunDir
 from ..io import checkpoint as ckpt
 from ..models.control import AgentSpec, ControlAgent
 from ..models.mlp import member_view
-from ..tasks.control import (EpisodeCollector, EpisodeLayout, MemberEnvs, Normalization, StepCollector,
+from ..tasks.control import (EpisodeCollector, EpisodeLayout, EvalEpisodes, MemberEnvs, Normalization, StepCollector,
                              advantage_batch, env_info, evaluate, time_limit)
 from .loop import Source
 from .update import UpdateBatch, clip_grad_norms, norms_finite
@@ -170,8 +170,8 @@ class ControlSource(Source):
                            seq_id=seq, columns=None if ro.horizon is None else [h * N for h in ro.horizon])
 
     def evaluate(self, flags):
-        evals = evaluate(self.agent, self.env_id, self.eval_episodes, self.max_steps, self.info, self.eval_seeds,
-                         train_envs=self.collector.envs, members=flags)
+        spec = EvalEpisodes(self.env_id, self.eval_episodes, self.max_steps, self.info, self.eval_seeds)
+        evals = evaluate(self.agent, spec, train_envs=self.collector.envs, members=flags)
         return [{"eval_return": v} if f else None for v, f in zip(evals, flags)]
 
     def episode_return(self, p, ro):

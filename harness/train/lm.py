@@ -54,8 +54,8 @@ from omegaconf import DictConfig
 from ..estimators import AdvantageBatch, get_estimator, kl_estimate, kl_guards
 from ..io import RunDir
 from ..io import checkpoint as ckpt
-from ..models.lm import (DecodeSettings, NonFiniteError, PolicyWithValue, ValueModel, fast_gelu, generate_groups,
-                         response_forward)
+from ..models.lm import (DecodeSettings, NonFiniteError, PolicyWithValue, Responses, ValueModel, fast_gelu,
+                         generate_groups, response_forward)
 from ..tasks.lm.data import decode_responses, left_pad
 from ..tasks.lm.metrics import length_by_correctness, mean_pass_at_k, zero_std_fraction
 from ..tasks.lm.pipeline import Decoding, LMTask, autocast, build_task, evaluate_scores, uses_bf16
@@ -391,7 +391,8 @@ class LMSource(Source):
         return reward, score
 
     def _ref_logp(self, p_ids, p_mask, tokens, mask) -> torch.Tensor:
-        return response_forward(self.ref, p_ids, p_mask, tokens, mask, self.temperature, share_prompts=True).logp
+        return response_forward(self.ref, Responses(p_ids, p_mask, tokens, mask), self.temperature,
+                                share_prompts=True).logp
 
     def needs_ref(self) -> bool:
         """Whether this iteration runs the reference: always where training uses ``log pi_ref``

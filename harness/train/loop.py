@@ -153,16 +153,33 @@ def common_fields(cfg, uses_groups: bool) -> dict:
     }
 
 
-def metric_row(run_id: str, common: dict, seed: int, iteration: int, steps: int, wall: float,
-               episode_return: float | None, eval_return: float | None, kl_beta: float, lr: float) -> dict:
+@dataclass(frozen=True)
+class RowHead:
+    """Where a trainer's metric row stands: which run (``run_id``, ``seed``) and ``iteration``, its
+    budget use ``steps`` and ``wall`` time, its returns (``episode_return``, ``eval_return``; None
+    where there is none), and the KL coefficient ``kl_beta`` and learning rate ``lr`` it used."""
+
+    run_id: str
+    seed: int
+    iteration: int
+    steps: int
+    wall: float
+    episode_return: float | None
+    eval_return: float | None
+    kl_beta: float
+    lr: float
+
+
+def metric_row(head: RowHead, common: dict) -> dict:
     """The columns every trainer's metric row starts with (the harness's loop, ``harness.reference``):
-    which run and iteration, its budget use and wall time, its returns, and its settings
+    ``head``'s run, iteration, budget use, wall time, returns and coefficients, and its settings
     (``common``: :func:`common_fields`), in the order ``metrics.parquet`` has always held them."""
-    c = common
-    return {"run_id": run_id, "task": c["task"], "estimator": c["estimator"], "seed": seed, "iteration": iteration,
-            "env_steps": steps, "wall_time_s": wall, "episode_return": episode_return, "eval_return": eval_return,
-            "gamma": c["gamma"], "gae_lambda": c["gae_lambda"], "clip_eps": c["clip_eps"], "kl_beta": kl_beta,
-            "n_steps": c["n_steps"], "group_size": c["group_size"], "lr": lr, "update": c["update"],
+    c, h = common, head
+    return {"run_id": h.run_id, "task": c["task"], "estimator": c["estimator"], "seed": h.seed,
+            "iteration": h.iteration, "env_steps": h.steps, "wall_time_s": h.wall,
+            "episode_return": h.episode_return, "eval_return": h.eval_return, "gamma": c["gamma"],
+            "gae_lambda": c["gae_lambda"], "clip_eps": c["clip_eps"], "kl_beta": h.kl_beta,
+            "n_steps": c["n_steps"], "group_size": c["group_size"], "lr": h.lr, "update": c["update"],
             "loss_agg": c["loss_agg"]}
 
 
@@ -376,9 +393,10 @@ class Loop:
             v = float(stats[k][p])
             return v if math.isfinite(v) or k in ("loss", "policy_loss", "grad_norm") else None
 
-        row = metric_row(self.runs[p].run_id, self.common, self.source.seeds[p], rec.iteration, int(self.cost[p]),
-                         float(rec.wall), self.source.episode_return(p, ro),
-                         None if ev is None else ev.get("eval_return"), float(rec.kl_beta[p]), float(rec.lr[p]))
+        head = RowHead(self.runs[p].run_id, self.source.seeds[p], rec.iteration, int(self.cost[p]),
+                       float(rec.wall), self.source.episode_return(p, ro),
+                       None if ev is None else ev.get("eval_return"), float(rec.kl_beta[p]), float(rec.lr[p]))
+        row = metric_row(head, self.common)
         row.update({
             "policy_loss": get("policy_loss"), "entropy": get("entropy"), "approx_kl": get("approx_kl"),
             "clip_frac": get("clip_frac"), "grad_norm": get("grad_norm"), "adv_mean": get("adv_mean"),

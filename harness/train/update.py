@@ -29,8 +29,8 @@ from typing import Any, Callable, Protocol
 import torch
 from torch.optim.adam import adam as adam_functional  # Adam.step's own call, without its wrappers
 
-from ..losses import (PolicyInputs, entropy_bonus, explained_variance, get_policy_loss, kl_penalty, loss_settings,
-                      masked_mean_std, value_loss, whiten, whitening_plan, within_sequence_std)
+from ..losses import (KLTerm, PolicyInputs, entropy_bonus, explained_variance, get_policy_loss, kl_penalty,
+                      loss_settings, masked_mean_std, value_loss, whiten, whitening_plan, within_sequence_std)
 from ..estimators.kl import kl_guards
 from ..models.mlp import member_view
 
@@ -524,8 +524,8 @@ class _UpdateRun:
             loss = loss + s.vf_coef * vl
             metrics.update(vm)
         if s.kl_loss:
-            kl_l, klm = kl_penalty(logp, _select(batch.kl_target, idx), m_mask, s.kl_estimator,
-                                   seq_id=seq, guards=s.kl_guards, **agg)
+            kl_l, klm = kl_penalty(logp, _select(batch.kl_target, idx), m_mask,
+                                   KLTerm(s.kl_estimator, s.kl_guards), seq_id=seq, **agg)
             loss = loss + self.beta * kl_l
             metrics["kl_loss"] = klm["kl"]
         return loss, metrics

@@ -42,8 +42,8 @@ from typing import Any, Callable, Iterable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ...models.lm import (DecodeSettings, PooledRewardModel, TinyArch, disable_dropout, generate, load_pretrained,
-                          pretrained_source, response_forward, tiny_causal_lm)
+from ...models.lm import (DecodeSettings, PooledRewardModel, Responses, TinyArch, disable_dropout, generate,
+                          load_pretrained, pretrained_source, response_forward, tiny_causal_lm)
 from .corpus import Example, vocabulary
 from .data import (EncodedSplit, decode_responses, encode_response, encode_split, left_pad, load_examples,
                    right_pad)
@@ -479,7 +479,7 @@ def train_sft(model, p: PipelineInputs) -> dict:
         p_ids, p_mask = left_pad([train.prompt_ids[i] for i in idx], tokenizer.pad_token_id, device)
         r_ids, r_mask = right_pad([responses[i] for i in idx], tokenizer.pad_token_id, device)
         with autocast(device, p.dtype):
-            out = response_forward(model, p_ids, p_mask, r_ids, r_mask)
+            out = response_forward(model, Responses(p_ids, p_mask, r_ids, r_mask))
         return -(out.logp * r_mask).sum() / r_mask.sum().clamp(min=1)
 
     final, _ = supervised_training(model, batches(), loss_of, sft.lr, sft.steps, sft.warmup)
