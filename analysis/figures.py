@@ -344,6 +344,12 @@ def _band_panels(df: pd.DataFrame, metrics: list, axes, look: Look, curves: Curv
             yield i, metric, task, ax, tx, bands
 
 
+def _axis_words(xs: set[str], x: str) -> str:
+    """The x axis a figure's title names: its panels' own (tokens for an LM task, :func:`_task_x`),
+    ``x`` where panels differ or none was drawn."""
+    return x_label(next(iter(xs)) if len(xs) == 1 else x)
+
+
 def plot_learning_curves(df: pd.DataFrame, path: Path, look: Look | Mapping[str, str],
                          curves: Curves = Curves()) -> Path:
     """Rows: eval_return and training episode_return (when logged); columns: tasks.
@@ -357,7 +363,9 @@ def plot_learning_curves(df: pd.DataFrame, path: Path, look: Look | Mapping[str,
     look = Look(look.palette, _styles_for(df["estimator"].unique(), look.styles), look.budgets)
     x, budgets = curves.x, look.budgets
     fig, axes = _figure(len(metrics), len(tasks))
+    xs = set()
     for i, metric, task, ax, tx, bands in _band_panels(df, metrics, axes, look, curves):
+        xs.add(tx)
         ax.set_xlabel(x_label(tx))
         ax.set_ylabel(CURVE_METRICS[metric])
         ax.set_title(_budget_title(task, budgets) if i == 0 else f"{task}: {metric}",
@@ -367,7 +375,7 @@ def plot_learning_curves(df: pd.DataFrame, path: Path, look: Look | Mapping[str,
     n_runs = df.drop_duplicates(["task", "estimator", "run_dir", "seed"]).groupby(
         ["task", "estimator"]).size()
     n_txt = (f"{n_runs.min()}" if n_runs.min() == n_runs.max() else f"{n_runs.min()}–{n_runs.max()}")
-    fig.suptitle(f"{title} vs {x_label(x)}\nmean over runs with 95% bootstrap band "
+    fig.suptitle(f"{title} vs {_axis_words(xs, x)}\nmean over runs with 95% bootstrap band "
                  f"({n_txt} runs per estimator and task)")
     _legend(fig, look.palette, df["estimator"].unique(), styles=look.styles)
     return _save(fig, path)
@@ -386,7 +394,9 @@ def plot_stability(df: pd.DataFrame, path: Path, look: Look | Mapping[str, str],
     look = Look(look.palette, _styles_for(df["estimator"].unique(), look.styles), look.budgets)
     x, budgets = curves.x, look.budgets
     fig, axes = _figure(len(metrics), len(tasks), h=2.6)
+    xs = set()
     for i, metric, task, ax, tx, bands in _band_panels(df, metrics, axes, look, curves):
+        xs.add(tx)
         ax.set_ylabel(STABILITY_METRICS[metric])
         ax.set_xlabel(x_label(tx) if i == len(metrics) - 1 else "")
         if i == 0:
@@ -394,7 +404,7 @@ def plot_stability(df: pd.DataFrame, path: Path, look: Look | Mapping[str, str],
         if bands.empty:
             ax.text(0.5, 0.5, f"{metric} not logged", ha="center", va="center",
                     transform=ax.transAxes, color="0.4")
-    fig.suptitle(f"{title} vs {x_label(x)}\nmean over runs with 95% bootstrap band")
+    fig.suptitle(f"{title} vs {_axis_words(xs, x)}\nmean over runs with 95% bootstrap band")
     _legend(fig, look.palette, df["estimator"].unique(), styles=look.styles)
     return _save(fig, path)
 

@@ -241,3 +241,15 @@ def test_titles_words_and_count_ticks(drawn, tmp_path):
         assert [t.get_text() for t in ax.get_xticklabels()] == ["rloo", "grpo", "a2c"]
         ticks = [v for v in ax.get_yticks() if 0 <= v <= ax.get_ylim()[1]]
         assert ticks and all(float(v).is_integer() for v in ticks), ticks
+
+
+def test_curve_titles_name_the_axis_drawn(drawn, tmp_path):
+    """A task that logs tokens is drawn against tokens: the title says so, not environment steps."""
+    rows = [{"task": "toy", "estimator": "grpo", "run_dir": f"r{s}", "seed": s, "iteration": i,
+             "env_steps": 100 * i, "tokens": 300 * i, "eval_return": 0.1 * i + s, "episode_return": 0.1 * i}
+            for s in (0, 1) for i in range(1, 6)]
+    df = pd.DataFrame(rows)
+    figs.plot_learning_curves(df, tmp_path / "lc.png", figs.estimator_palette(["grpo"]), figs.Curves(reps=20))
+    fig = drawn.pop()
+    assert fig.get_suptitle().startswith("Learning curves vs sampled tokens")
+    assert fig.axes[0].get_xlabel() == "sampled tokens"
