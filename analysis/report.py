@@ -398,14 +398,15 @@ def headline_text(t: Tables, opts: Options) -> list[str]:
         if rest.empty:
             L.append(text + "; no other estimator ran this task.")
             continue
-        apart = rest[rest["iqm_high"] < top["iqm_low"]]["estimator"].tolist()
+        single = top["n_scored"] < 2 or rest["n_scored"] < 2  # a point, not an interval
+        apart = rest[(rest["iqm_high"] < top["iqm_low"]) & ~single]["estimator"].tolist()
         near = [e for e in rest["estimator"] if e not in apart]
         parts = []
         if apart:
             parts.append(f"its interval lies above {'those' if len(apart) > 1 else 'that'} of {_names(apart)}")
         if near:
-            parts.append(f"it overlaps {'those' if len(near) > 1 else 'that'} of {_names(near)}, so that lead "
-                         "is not clear")
+            parts.append(f"its lead over {_names(near)} is not clear (the intervals overlap, or one is a "
+                         "single run's point)")
         L.append(text + "; " + "; ".join(parts) + ".")
     pairs = poi_pairs(t.poi)
     if not pairs.empty:
@@ -425,8 +426,11 @@ def headline_text(t: Tables, opts: Options) -> list[str]:
     rough = (f" With fewer than {ROUGH_BELOW_RUNS} runs these intervals are rough: a bootstrap over few runs "
              "understates the spread, and an interval of width 0 means every resample ordered the runs the same "
              "way, not certainty." if n.min() < ROUGH_BELOW_RUNS else "")
+    if n.min() < 2:
+        rough += " An estimator with a single run on a task has a point, not an interval: no lead over it is clear."
     L.append(f"\nRule: a difference is called clear when the 95% interval of the probability of improvement "
-             f"P(X > Y) excludes 0.5, or, for the highest IQM, when its 95% IQM interval does not overlap the "
+             f"P(X > Y) excludes 0.5, or, for the highest IQM, when its 95% IQM interval (of 2 runs or more) does "
+             f"not overlap the "
              f"other's. Caveats: {n_text} scored run{'s' if n.max() != 1 else ''} per estimator and task; "
              f"intervals are 95% percentile bootstrap intervals ({opts.reps} replicates, seed {opts.seed}) "
              f"resampling runs within each task.{rough}\n")

@@ -224,6 +224,9 @@ def test_report_reads_as_a_user_would(sweep, tmp_path):
     n = direct.groupby(["task", "estimator"]).size()
     assert f"Caveats: {n.min()}–{n.max()} scored runs per estimator and task" in head
     assert "excludes 0.5" in head and "300 replicates" in head and "rough" in head
+    # ppo_gae[gae_lambda=0.9] leads with one run per task: a point, so no lead of it is clear
+    assert "its interval lies above" not in head and head.count("its lead over") == 2
+    assert "a single run on a task has a point, not an interval" in head
 
     by_hand = _pairs_by_hand(direct)
     body = md.split("\n## Probability of improvement\n", 1)[1].split("\n## ", 1)[0]
