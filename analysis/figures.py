@@ -13,7 +13,9 @@ Encodings, the same in every figure and every report:
 * marker, line style and hatch = the setting that splits an estimator's runs (``update``, the
   policy loss, or ``loss_agg``: the ``[...]`` of its label, :func:`analysis.load.label_variants`),
   :func:`variant_styles`, with a legend naming the setting;
-* comparison figures (final scores) list estimators by the score they show, best first.
+* comparison figures (final scores) list estimators by the score they show, best first, and the
+  failure bars follow the report's table (the same order);
+* counts sit on whole-number ticks, and "estimator" names what is compared in every label.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from . import stats
 from .load import split_label
@@ -342,6 +344,12 @@ def _band_panels(df: pd.DataFrame, metrics: list, axes, look: Look, curves: Curv
             yield i, metric, task, ax, tx, bands
 
 
+def _axis_words(xs: set[str], x: str) -> str:
+    """The x axis a figure's title names: its panels' own (tokens for an LM task, :func:`_task_x`),
+    ``x`` where panels differ or none was drawn."""
+    return x_label(next(iter(xs)) if len(xs) == 1 else x)
+
+
 def plot_learning_curves(df: pd.DataFrame, path: Path, look: Look | Mapping[str, str],
                          curves: Curves = Curves()) -> Path:
     """Rows: eval_return and training episode_return (when logged); columns: tasks.
@@ -355,7 +363,9 @@ def plot_learning_curves(df: pd.DataFrame, path: Path, look: Look | Mapping[str,
     look = Look(look.palette, _styles_for(df["estimator"].unique(), look.styles), look.budgets)
     x, budgets = curves.x, look.budgets
     fig, axes = _figure(len(metrics), len(tasks))
+    xs = set()
     for i, metric, task, ax, tx, bands in _band_panels(df, metrics, axes, look, curves):
+        xs.add(tx)
         ax.set_xlabel(x_label(tx))
         ax.set_ylabel(CURVE_METRICS[metric])
         ax.set_title(_budget_title(task, budgets) if i == 0 else f"{task}: {metric}",
@@ -365,7 +375,7 @@ def plot_learning_curves(df: pd.DataFrame, path: Path, look: Look | Mapping[str,
     n_runs = df.drop_duplicates(["task", "estimator", "run_dir", "seed"]).groupby(
         ["task", "estimator"]).size()
     n_txt = (f"{n_runs.min()}" if n_runs.min() == n_runs.max() else f"{n_runs.min()}–{n_runs.max()}")
-    fig.suptitle(f"{title} vs {x_label(x)}\nmean over runs with 95% bootstrap band "
+    fig.suptitle(f"{title} vs {_axis_words(xs, x)}\nmean over runs with 95% bootstrap band "
                  f"({n_txt} runs per estimator and task)")
     _legend(fig, look.palette, df["estimator"].unique(), styles=look.styles)
     return _save(fig, path)
@@ -384,7 +394,9 @@ def plot_stability(df: pd.DataFrame, path: Path, look: Look | Mapping[str, str],
     look = Look(look.palette, _styles_for(df["estimator"].unique(), look.styles), look.budgets)
     x, budgets = curves.x, look.budgets
     fig, axes = _figure(len(metrics), len(tasks), h=2.6)
+    xs = set()
     for i, metric, task, ax, tx, bands in _band_panels(df, metrics, axes, look, curves):
+        xs.add(tx)
         ax.set_ylabel(STABILITY_METRICS[metric])
         ax.set_xlabel(x_label(tx) if i == len(metrics) - 1 else "")
         if i == 0:
@@ -392,7 +404,7 @@ def plot_stability(df: pd.DataFrame, path: Path, look: Look | Mapping[str, str],
         if bands.empty:
             ax.text(0.5, 0.5, f"{metric} not logged", ha="center", va="center",
                     transform=ax.transAxes, color="0.4")
-    fig.suptitle(f"{title} vs {x_label(x)}\nmean over runs with 95% bootstrap band")
+    fig.suptitle(f"{title} vs {_axis_words(xs, x)}\nmean over runs with 95% bootstrap band")
     _legend(fig, look.palette, df["estimator"].unique(), styles=look.styles)
     return _save(fig, path)
 
@@ -410,7 +422,8 @@ def plot_final_scores(table: pd.DataFrame, runs: pd.DataFrame, path: Path,
     panels = [(t, table[table["task"] == t]) for t in tasks]
     if aggregate is not None and not aggregate.empty and len(tasks) > 1:
         panels.append(("All tasks (min–max normalised per task)", aggregate))
-    title = f"Final score: IQM of the last {last_n} evaluations per run, 95% CI"
+    title = (f"Final score: IQM over runs of each run's mean of its last {last_n} evaluations, "
+             "95% CI")
     if not panels:
         return _empty(path, title, "no run has a final score")
     look = _as_look(look)
@@ -464,7 +477,8 @@ def plot_probability_of_improvement(poi: pd.DataFrame, path: Path,
     mat = poi.pivot(index="x", columns="y", values="p").reindex(index=order, columns=order)
     n = len(order)
     with sns.axes_style("white"), sns.plotting_context("paper", font_scale=1.05):
-        fig = Figure(figsize=(0.85 * n + 3.2, 0.7 * n + 1.8), layout="constrained", dpi=_DPI)
+        # at least 6.5 in wide so the three-line title fits above a small matrix
+        fig = Figure(figsize=(max(6.5, 0.85 * n + 3.2), 0.7 * n + 2.0), layout="constrained", dpi=_DPI)
         ax = fig.subplots()
         ax.set_facecolor("0.92")  # the diagonal (X = Y) is left blank
         with warnings.catch_warnings():  # seaborn 0.13 calls a soon-deprecated cmap API
@@ -474,12 +488,12 @@ def plot_probability_of_improvement(poi: pd.DataFrame, path: Path,
                         cbar_kws={"label": "P(X > Y) + ½ P(X = Y)"}, annot_kws={"fontsize": "small"})
     ax.tick_params(axis="y", rotation=0)
     ax.tick_params(axis="x", rotation=30)
-    ax.set_xlabel("algorithm Y")
-    ax.set_ylabel("algorithm X")
+    ax.set_xlabel("estimator Y (column)")
+    ax.set_ylabel("estimator X (row)")
     for lab in list(ax.get_xticklabels()) + list(ax.get_yticklabels()):
         lab.set_color(palette.get(lab.get_text(), "black"))
-    ax.set_title(f"{title} of X over Y on final score,\naveraged over {n_tasks} task(s) "
-                 "(95% CIs in report.md); rows by mean, best first", fontsize="medium")
+    ax.set_title(f"{title}: P(X > Y) on final score,\naveraged over {n_tasks} task(s); "
+                 "rows by mean, best first\n(95% intervals in report.md)", fontsize="medium")
     return _save(fig, path)
 
 
@@ -555,13 +569,13 @@ def plot_sensitivity(sens: pd.DataFrame, path: Path, look: Look | Mapping[str, s
 
 def plot_failure_counts(counts: pd.DataFrame, path: Path, palette: Mapping[str, str], *,
                         styles: Mapping[str, VariantStyle] | None = None) -> Path:
-    """Bars: diverged and collapsed runs per estimator, summed over tasks, labelled k/n; the
+    """Bars: diverged and collapsed runs per estimator, summed over tasks, labelled k/n, in the
+    order of ``counts``' rows (the report's: by score, best first); counts on integer ticks; the
     hatch tells apart the settings an estimator was run with.
     ``counts`` has columns estimator, n_runs, diverged, collapsed."""
     title = "Diverged and collapsed runs"
     if counts.empty:
         return _empty(path, title, "no runs")
-    counts = counts.sort_values("estimator")
     ests = counts["estimator"].tolist()
     styles = _styles_for(ests, styles)
     fig, axes = _figure(1, 2, w=max(3.2, 0.55 * len(ests) + 1.5), h=3.2)
@@ -577,6 +591,7 @@ def plot_failure_counts(counts: pd.DataFrame, path: Path, palette: Mapping[str, 
         for pos, (k, n) in enumerate(zip(counts[col], counts["n_runs"])):
             ax.text(pos, k, f"{int(k)}/{int(n)}", ha="center", va="bottom", fontsize="small")
         ax.set_ylim(0, max(1, counts["n_runs"].max()) * 1.12)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # runs are counted whole
         ax.set_xlabel("estimator")
         ax.set_ylabel("runs (count, all tasks)")
         ax.set_title(what, fontsize="medium")

@@ -21,7 +21,8 @@ from . import groups, stats
 from .load import CLAIMS_FOLDER_PREFIX, KINDS, RUN_KEYS, label_variants, load, run_configs
 from .options import EXPECTED
 
-__all__ = ["NoRunsError", "Options", "Tables", "compute_tables", "build_report", "FIGURES"]
+__all__ = ["NoRunsError", "Options", "Tables", "compute_tables", "build_report", "FIGURES", "MIN_PROFILE_RUNS",
+           "figures_left_out", "headline_text", "poi_pairs"]
 
 #: figure key -> (file name, caption)
 FIGURES = {
@@ -33,6 +34,12 @@ FIGURES = {
     "sensitivity": ("sensitivity.png", "Hyperparameter sensitivity"),
     "failures": ("failures.png", "Diverged and collapsed runs"),
 }
+
+#: Fewest scored runs of every estimator on a task for which performance profiles are drawn: below
+#: it a profile is a staircase of a few steps whose bootstrap band spans most of the axis.
+MIN_PROFILE_RUNS = 5
+#: Fewest runs per estimator and task below which the headline calls its intervals rough.
+ROUGH_BELOW_RUNS = 10
 
 
 
@@ -131,12 +138,30 @@ def compute_tables(df: pd.DataFrame, *, last_n: int = 5, reps: int = stats.DEFAU
     df["within_budget"] = stats.within_budget(df, budget_info)
     boot = {"reps": reps, "seed": seed}
     left_out = list(attrs.get("left_out", []))
-    return Tables(metrics=df, runs=runs, scores=_scores(runs, n_configs, boot), aggregate=_aggregate(runs, boot),
+    scores, aggregate = _by_score(_scores(runs, n_configs, boot)), _by_score(_aggregate(runs, boot))
+    order = figs.score_order(aggregate if not aggregate.empty else scores)
+    return Tables(metrics=df, runs=runs, scores=scores, aggregate=aggregate,
                   poi=_poi(runs, boot), profiles=_profiles(runs, boot), sensitivity=_sensitivity(runs, boot),
-                  failures=_failures(runs, left_out),
+                  failures=_in_order(_failures(runs, left_out), order),
                   budgets={t: (b["x_col"], b["budget"]) for t, b in budget_info.items()},
                   skipped=list(attrs.get("skipped", [])), run_dirs=attrs.get("runs"),
                   left_out=left_out, diverged=diverged, budget_info=budget_info, swept=swept)
+
+
+def _in_order(table: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """``table``'s rows in the estimator order ``order`` (estimators not in it last, by label)."""
+    rank = {e: i for i, e in enumerate(order)}
+    key = table["estimator"].map(lambda e: (rank.get(e, len(rank)), e))
+    return table.iloc[sorted(range(len(table)), key=lambda i: key.iloc[i])].reset_index(drop=True)
+
+
+def _by_score(table: pd.DataFrame) -> pd.DataFrame:
+    """A task x estimator table with each task's rows in the order its final-score panel lists
+    them (:func:`analysis.figures.score_order`: IQM, best first); tasks sorted, as the panels are."""
+    if table.empty:
+        return table
+    return pd.concat([_in_order(g, figs.score_order(g)) for _, g in table.groupby("task", sort=True)],
+                     ignore_index=True)
 
 
 def _scores(runs: pd.DataFrame, n_configs: pd.Series, boot: dict) -> pd.DataFrame:
@@ -333,6 +358,101 @@ def claims_command(results: Path, run_dirs: list[str]) -> str:
     return ", ".join(f"`python -m analysis claims {r}`" for r in dict.fromkeys(roots))
 
 
+def poi_pairs(poi: pd.DataFrame) -> pd.DataFrame:
+    """Each unordered pair of :attr:`Tables.poi` once, the better estimator as ``x`` (P(X > Y) ≥ 0.5;
+    at exactly 0.5 the first by label), highest P first; ``clear``: its 95% interval excludes 0.5."""
+    best: dict[frozenset, tuple] = {}
+    for r in poi.itertuples(index=False):
+        key, rank = frozenset((r.x, r.y)), (r.p, r.y)  # at a tie the larger y: x is the first label
+        if key not in best or rank > best[key][0]:
+            best[key] = (rank, r._asdict())
+    rows = [r for _, r in best.values()]
+    out = pd.DataFrame(rows, columns=list(poi.columns))
+    out["clear"] = out["low"] > 0.5
+    return out.sort_values(["p", "x", "y"], ascending=[False, True, True], kind="mergesort").reset_index(drop=True)
+
+
+def _ci_text(point: float, lo: float, hi: float) -> str:
+    return f"{fmt(point)} {_ci_str(lo, hi)}"
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(f"**{n}**" for n in names)
+
+
+def headline_text(t: Tables, opts: Options) -> list[str]:
+    """report.md's opening paragraph, worked out from the tables: per task the estimator with the
+    highest IQM final score and which others its IQM interval clears; the pairs whose
+    probability-of-improvement interval excludes 0.5; then the rule and the caveats (runs per
+    estimator, the interval method)."""
+    L = ["## Headline\n"]
+    for task, g in t.scores.groupby("task", sort=True):  # rows by IQM, best first (_by_score)
+        g = g[np.isfinite(g["iqm"].to_numpy(dtype=float))]
+        if g.empty:
+            L.append(f"- **{task}**: no estimator has a final score.")
+            continue
+        top = g.iloc[0]
+        text = (f"- **{task}**: **{top.estimator}** has the highest IQM final score, "
+                f"{_ci_text(top.iqm, top.iqm_low, top.iqm_high)}")
+        rest = g.iloc[1:]
+        if rest.empty:
+            L.append(text + "; no other estimator ran this task.")
+            continue
+        single = top["n_scored"] < 2 or rest["n_scored"] < 2  # a point, not an interval
+        apart = rest[(rest["iqm_high"] < top["iqm_low"]) & ~single]["estimator"].tolist()
+        near = [e for e in rest["estimator"] if e not in apart]
+        parts = []
+        if apart:
+            parts.append(f"its interval lies above {'those' if len(apart) > 1 else 'that'} of {_names(apart)}")
+        if near:
+            parts.append(f"its lead over {_names(near)} is not clear (the intervals overlap, or one is a "
+                         "single run's point)")
+        L.append(text + "; " + "; ".join(parts) + ".")
+    pairs = poi_pairs(t.poi)
+    if not pairs.empty:
+        clear = pairs[pairs["clear"]]
+        where = (f"averaged over the {t.runs['task'].nunique()} tasks" if t.runs["task"].nunique() > 1
+                 else "on the final score")
+        if clear.empty:
+            text = f"- Probability of improvement ({where}): no pair is clearly ordered"
+        else:
+            text = (f"- Probability of improvement ({where}): " + "; ".join(
+                f"**{r.x}** > **{r.y}** (P = {_ci_text(r.p, r.low, r.high)})" for r in clear.itertuples()))
+        other = len(pairs) - len(clear)
+        L.append(text + (f"; {other} other pair{'s' if other != 1 else ''} not clearly ordered." if other and len(clear)
+                         else "."))
+    n = t.scores["n_scored"]
+    n_text = f"{n.min()}" if n.min() == n.max() else f"{n.min()}–{n.max()}"
+    rough = (f" With fewer than {ROUGH_BELOW_RUNS} runs these intervals are rough: a bootstrap over few runs "
+             "understates the spread, and an interval of width 0 means every resample ordered the runs the same "
+             "way, not certainty." if n.min() < ROUGH_BELOW_RUNS else "")
+    if n.min() < 2:
+        rough += " An estimator with a single run on a task has a point, not an interval: no lead over it is clear."
+    L.append(f"\nRule: a difference is called clear when the 95% interval of the probability of improvement "
+             f"P(X > Y) excludes 0.5, or, for the highest IQM, when its 95% IQM interval (of 2 runs or more) does "
+             f"not overlap the "
+             f"other's. Caveats: {n_text} scored run{'s' if n.max() != 1 else ''} per estimator and task; "
+             f"intervals are 95% percentile bootstrap intervals ({opts.reps} replicates, seed {opts.seed}) "
+             f"resampling runs within each task.{rough}\n")
+    return L
+
+
+def figures_left_out(t: Tables) -> dict[str, str]:
+    """Figure key (:data:`FIGURES`) -> why it is not drawn for ``t``: a figure with nothing to
+    show is left out, the report saying so in one line instead."""
+    out = {}
+    if t.sensitivity.empty:
+        out["sensitivity"] = ("No hyperparameter among " + ", ".join(stats.HYPERPARAMETERS)
+                              + " varies within an estimator × task, so there is no sensitivity figure.")
+    n = t.scores["n_scored"]
+    if len(n) and n.min() < MIN_PROFILE_RUNS:
+        out["performance_profiles"] = (
+            f"Left out: performance profiles need at least {MIN_PROFILE_RUNS} scored runs of every estimator "
+            f"on a task (here as few as {n.min()}); with fewer, each profile is a staircase of a few steps whose "
+            "band spans most of the axis. The final-score figure shows every run's score instead.")
+    return out
+
+
 def _index_markdown(results: Path, done: list, keys: list, others: dict, left_out: list, opts: Options) -> str:
     """report.md of a folder with several comparison groups: what differs, one line per group."""
     L = [f"# Benchmark report: `{results}`\n",
@@ -378,6 +498,7 @@ def _runs_markdown(t: Tables, results: Path, opts: Options) -> list[str]:
         L.append(f"Comparison group **{t.group}** of the folder (its runs differ in "
                  f"{', '.join(f'`{k}`' for k in t.group_keys)}; runs at different budgets are never compared; "
                  f"[all groups](../report.md)).\n")
+    L += headline_text(t, opts)
     L.append("## Runs\n")
     L.append(f"{n} runs scored over {runs['task'].nunique()} task(s) and {runs['estimator'].nunique()} "
              f"estimator(s): {st['completed']} completed, {st['diverged']} diverged; "
@@ -425,13 +546,16 @@ def _scores_markdown(t: Tables) -> list[str]:
 def _markdown(t: Tables, results: Path, opts: Options, figure_files: dict[str, str]) -> str:
     L = _runs_markdown(t, results, opts)
     last_n = opts.last_n
+    missing = figures_left_out(t)
 
     def section(title: str, *figure_keys: str, text: str | None = None) -> None:
         """A section with figures: its heading (after a blank line, where the text before ends
-        without one), its FIGURES, then the text that explains them."""
+        without one), its FIGURES (or the line saying why one is left out), then the text that
+        explains them."""
         L.append(("" if L[-1].endswith("\n") else "\n") + f"## {title}\n")
-        L.extend(f"![{FIGURES[key][1]}]({figure_files[key]})\n" for key in figure_keys)
-        if text is not None:
+        L.extend(missing[key] + "\n" if key in missing else f"![{FIGURES[key][1]}]({figure_files[key]})\n"
+                 for key in figure_keys)
+        if text is not None and not all(key in missing for key in figure_keys):
             L.append(text)
 
     section("Final scores", "final_scores",
@@ -440,7 +564,7 @@ def _markdown(t: Tables, results: Path, opts: Options, figure_files: dict[str, s
                  "runs; AUC = normalised area under the learning curve (mean return over the "
                  "budget, higher = more sample-efficient). Intervals: 95% stratified bootstrap. "
                  "IQM trims floor(n/4) runs at each end, so with fewer than 4 runs it equals the "
-                 "mean. Diverged runs are kept; runs left out (above) are not scored. "
+                 "mean. Rows are in the figure's order: by IQM, best first. "
                  + diverged_rule_text(t, last_n) + "\n")
     L += _scores_markdown(t)
     section("Learning curves", "learning_curves",
@@ -449,10 +573,20 @@ def _markdown(t: Tables, results: Path, opts: Options, figure_files: dict[str, s
     section("Probability of improvement", "probability_of_improvement",
             text="P(X > Y) + ½ P(X = Y) over pairs of runs on the final score, per task, averaged over "
                  "the tasks both estimators ran; 95% CI from resampling each estimator's runs "
-                 "within each task.\n")
-    rows = [[r.x, r.y, r.n_tasks, f"{r.p:.3f}", f"[{r.low:.3f}, {r.high:.3f}]"]
-            for r in t.poi.itertuples()]
-    L.append(_md_table(["X", "Y", "tasks", "P(X > Y)", "95% CI"], rows) if rows else "_fewer than two estimators_")
+                 "within each task. The matrix holds every ordered pair (row X, column Y); the table "
+                 "lists each pair whose interval excludes 0.5 once, the better estimator as X.\n")
+    pairs = poi_pairs(t.poi)
+    clear = pairs[pairs["clear"]]
+    rows = [[r.x, r.y, r.n_tasks, f"{r.p:.3f}", f"[{r.low:.3f}, {r.high:.3f}]"] for r in clear.itertuples()]
+    if pairs.empty:
+        L.append("_fewer than two estimators_")
+    else:
+        if rows:
+            L.append(_md_table(["X (better)", "Y", "tasks", "P(X > Y)", "95% CI"], rows))
+        other = len(pairs) - len(clear)
+        if other:
+            L.append(f"\n{other} of {len(pairs)} pair{'s' if len(pairs) != 1 else ''}: the interval includes 0.5 "
+                     "(in the matrix and `probability_of_improvement.csv`).")
     section("Performance profiles", "performance_profiles",
             text="Fraction of runs whose final score is above τ (averaged over tasks in the "
                  "normalised panel), with 95% stratified-bootstrap bands.\n")
@@ -465,10 +599,7 @@ def _markdown(t: Tables, results: Path, opts: Options, figure_files: dict[str, s
     rows = [[r.estimator, r.n_runs, r.diverged, r.collapsed, r.left_out] for r in t.failures.itertuples()]
     L.append(_md_table(["estimator", "runs scored", "diverged", "collapsed", "left out"], rows))
     section("Sensitivity", "sensitivity")
-    if t.sensitivity.empty:
-        L.append("No hyperparameter among " + ", ".join(stats.HYPERPARAMETERS)
-                 + " varies within an estimator × task.\n")
-    else:
+    if not t.sensitivity.empty:
         L.append("Hyperparameters detected as swept (more than one value within an "
                  "estimator × task); final-score IQM per value with 95% bootstrap CI.\n")
         rows = [[r.task, r.estimator, r.hyperparameter, f"{r.value:g}", r.n, fmt(r.iqm),
@@ -609,7 +740,11 @@ def _report(df: pd.DataFrame, configs: dict, results: Path, out: Path, opts: Opt
         "sensitivity": lambda p: figs.plot_sensitivity(t.sensitivity, p, look, last_n=opts.last_n),
         "failures": lambda p: figs.plot_failure_counts(t.failures, p, look.palette, styles=look.styles),
     }
+    missing = figures_left_out(t)
     for key, fn in draw.items():
+        if key in missing:
+            (out / files[key]).unlink(missing_ok=True)  # an earlier report's figure would be stale
+            continue
         path = fn(out / files[key])
         progress(f"figure: {path}")
 

@@ -215,3 +215,41 @@ def test_claim_curves_take_the_estimator_colour_and_tell_the_arms_apart(arms):
     lines = {line.get_label().split(":")[0]: line for line in ax.lines}
     assert {t: to_hex(lines[t].get_color()) for t in arms} == {t: _tab10(e) for t, e in arms.items()}
     assert lines["a"].get_linestyle() != lines["b"].get_linestyle()
+
+
+def test_titles_words_and_count_ticks(drawn, tmp_path):
+    """The final-score title says what a final score is; the probability-of-improvement axes say
+    "estimator"; failure bars keep the table's order (by score) on whole-run ticks."""
+    fig = _final_scores(drawn, {("lm", "grpo"): 0.4, ("lm", "rloo"): 0.5}, tmp_path, last_n=5)
+    assert fig.get_suptitle().startswith(
+        "Final score: IQM over runs of each run's mean of its last 5 evaluations, 95% CI")
+
+    poi = pd.DataFrame([{"x": x, "y": y, "n_tasks": 1, "p": p, "low": p, "high": p}
+                        for x, y, p in (("grpo", "rloo", 0.2), ("rloo", "grpo", 0.8))])
+    figs.plot_probability_of_improvement(poi, tmp_path / "poi.png", figs.estimator_palette(["grpo", "rloo"]),
+                                         n_tasks=1)
+    ax = drawn.pop().axes[0]
+    words = " ".join([ax.get_xlabel(), ax.get_ylabel(), ax.get_title()])
+    assert "algorithm" not in words and ax.get_xlabel().startswith("estimator") \
+        and ax.get_ylabel().startswith("estimator")
+
+    counts = pd.DataFrame({"estimator": ["rloo", "grpo", "a2c"], "n_runs": [3, 3, 3],
+                           "diverged": [0, 1, 0], "collapsed": [1, 0, 0]})
+    figs.plot_failure_counts(counts, tmp_path / "c.png", figs.estimator_palette(counts["estimator"]))
+    fig = drawn.pop()
+    for ax in fig.axes[:2]:
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["rloo", "grpo", "a2c"]
+        ticks = [v for v in ax.get_yticks() if 0 <= v <= ax.get_ylim()[1]]
+        assert ticks and all(float(v).is_integer() for v in ticks), ticks
+
+
+def test_curve_titles_name_the_axis_drawn(drawn, tmp_path):
+    """A task that logs tokens is drawn against tokens: the title says so, not environment steps."""
+    rows = [{"task": "toy", "estimator": "grpo", "run_dir": f"r{s}", "seed": s, "iteration": i,
+             "env_steps": 100 * i, "tokens": 300 * i, "eval_return": 0.1 * i + s, "episode_return": 0.1 * i}
+            for s in (0, 1) for i in range(1, 6)]
+    df = pd.DataFrame(rows)
+    figs.plot_learning_curves(df, tmp_path / "lc.png", figs.estimator_palette(["grpo"]), figs.Curves(reps=20))
+    fig = drawn.pop()
+    assert fig.get_suptitle().startswith("Learning curves vs sampled tokens")
+    assert fig.axes[0].get_xlabel() == "sampled tokens"
