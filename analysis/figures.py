@@ -62,6 +62,9 @@ __all__ = [
 ESTIMATOR_COLORS: tuple[str, ...] = tuple(sns.color_palette("tab10").as_hex()
                                           + sns.color_palette("tab20b").as_hex()[0::4]
                                           + sns.color_palette("tab20c").as_hex()[0::4])
+#: The colours of estimators outside the registry (a plugin's), in order: picked apart from every
+#: colour above (black, teal, violet-red, amber), then the ones the registry leaves free.
+PLUGIN_COLORS: tuple[str, ...] = ("#000000", "#008b8b", "#c71585", "#ffb000")
 #: Second encoding, in order: the first for labels without settings, then one per setting.
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
@@ -98,14 +101,21 @@ def estimator_color(name: str) -> str:
     """The colour of the estimator ``name`` (a label ``name[...]`` counts as its ``name``) in every
     figure: the i-th estimator of :func:`harness.estimators.registry.estimator_names` (registration
     order) takes the i-th of :data:`ESTIMATOR_COLORS` (cycling); any other name (a plugin's
-    estimator, one renamed since the results were written) the colour its CRC-32 picks among those
-    the registry leaves free (among all when none is free), so it too is the same in every process."""
+    estimator, one renamed since the results were written) the colour its CRC-32 picks among the
+    free ones (:data:`PLUGIN_COLORS` first), so it too is the same in every process;
+    :func:`estimator_palette` gives several such names distinct colours."""
     name = split_label(name)[0]
     known = _registered()
     if name in known:
         return ESTIMATOR_COLORS[known.index(name) % len(ESTIMATOR_COLORS)]
-    free = ESTIMATOR_COLORS[len(known):] or ESTIMATOR_COLORS
+    free = _free_colors()
     return free[zlib.crc32(name.encode()) % len(free)]
+
+
+def _free_colors() -> tuple[str, ...]:
+    """The colours for names outside the registry: :data:`PLUGIN_COLORS`, then those of
+    :data:`ESTIMATOR_COLORS` the registry leaves free."""
+    return PLUGIN_COLORS + ESTIMATOR_COLORS[len(_registered()):]
 
 
 def estimator_palette(estimators: Iterable[str]) -> dict[str, str]:
@@ -115,9 +125,8 @@ def estimator_palette(estimators: Iterable[str]) -> dict[str, str]:
     colour while free ones remain, and a set of names gets the same colours in every figure and
     process."""
     labels = sorted(set(estimators))
-    known = _registered()
-    free = ESTIMATOR_COLORS[len(known):] or ESTIMATOR_COLORS
-    others = sorted({split_label(n)[0] for n in labels} - set(known))
+    free = _free_colors()
+    others = sorted({split_label(n)[0] for n in labels} - set(_registered()))
     theirs = {name: free[i % len(free)] for i, name in enumerate(others)}
     return {n: theirs.get(split_label(n)[0]) or estimator_color(n) for n in labels}
 
@@ -331,8 +340,10 @@ def _band_panels(df: pd.DataFrame, metrics: list, axes, look: Look, curves: Curv
     ``within_budget`` where the frame has one, :func:`stats.within_budget`)."""
     for j, task in enumerate(sorted(df["task"].unique())):
         tdf = df[df["task"] == task]
-        tx = _task_x(tdf, curves.x)
         col, budget = (look.budgets or {}).get(task, (None, None))
+        # the sample axis is the column the task's budget counts (the toy task's env_steps are
+        # sequences, though it logs tokens too); without a budget, tokens where logged
+        tx = col if col is not None and curves.x == "env_steps" and col in tdf else _task_x(tdf, curves.x)
         if col != tx and "within_budget" in tdf:
             tdf = tdf[tdf["within_budget"].to_numpy(dtype=bool)]
         for i, metric in enumerate(metrics):

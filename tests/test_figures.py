@@ -160,7 +160,7 @@ def test_unknown_estimator_colour_is_stable_and_free():
     name = "my_plugin_median"
     taken = {figs.estimator_color(n) for n in estimator_names()}
     c = figs.estimator_color(name)
-    assert c in figs.ESTIMATOR_COLORS
+    assert c in figs.PLUGIN_COLORS + figs.ESTIMATOR_COLORS
     if len(estimator_names()) < len(figs.ESTIMATOR_COLORS):
         assert c not in taken
     assert figs.estimator_color(f"{name}[update=gspo]") == c
@@ -173,10 +173,12 @@ def test_unknown_estimator_colour_is_stable_and_free():
 
 
 def test_plugins_take_the_free_colours_in_turn():
-    """Names outside the registry take the colours the registry leaves free, in sorted order: as
-    many distinct colours as there are free ones, none a registered estimator's."""
+    """Names outside the registry take the free colours (the plugins' own, then the registry's
+    unused ones) in sorted order: as many distinct colours as there are free ones, none a
+    registered estimator's."""
     registered = estimator_names()
-    free = figs.ESTIMATOR_COLORS[len(registered):]
+    free = figs.PLUGIN_COLORS + figs.ESTIMATOR_COLORS[len(registered):]
+    assert not set(figs.PLUGIN_COLORS) & set(figs.ESTIMATOR_COLORS)  # picked apart from the registry's
     plugins = [f"plugin_{i}" for i in range(len(free))]
     palette = figs.estimator_palette([*plugins, "grpo", f"{plugins[0]}[update=gspo]"])
     assert [palette[p] for p in sorted(plugins)] == list(free)
