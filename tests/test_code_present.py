@@ -13,7 +13,8 @@ PACKAGES = ("harness", "analysis")
 
 NARRATION = {
     # our tracker's numbers; an upstream one cited as ``owner/repo#N`` is a source a reader can reach
-    "issue number": re.compile(r"\bissues?\s*#?\s*\d+|(?<![\w.-])#\d{2,}\b", re.I),
+    # (a hex colour, "#000000", is six digits: not an issue)
+    "issue number": re.compile(r"\bissues?\s*#?\s*\d+|(?<![\w.-])#\d{2,5}\b", re.I),
     "calendar date": re.compile(r"\b(19|20)\d{2}-(0[1-9]|1[0-2])(-\d{2})?\b"),
     # a git object name: 7 to 40 hex digits with at least one letter and one digit
     "commit hash": re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b"),
@@ -40,7 +41,7 @@ def test_each_kind_of_narration_is_found(line, kind):
 
 @pytest.mark.parametrize("line", ["DIGITS = tuple('0123456789')", "size = 1500000", "arXiv:2508.10751",
                                   "lr: 3e-4 over 2048 steps", "RAY_OBJECT_STORE = 78643200",
-                                  "(volcengine/verl#2953)"])
+                                  "(volcengine/verl#2953)", 'COLORS = ("#000000", "#008b8b")'])
 def test_numbers_that_are_not_narration_pass(line):
     assert narration(line) == []
 
