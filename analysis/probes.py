@@ -19,6 +19,7 @@ import pandas as pd
 from harness.io.files import RunFileError, read_table
 from harness.io.finished import check_run
 
+from .groups import text
 from .load import find_run_dirs
 
 __all__ = ["SHOWN", "ProbeData", "load_probes", "probe_groups", "write_probe_report"]
@@ -88,16 +89,12 @@ def setting_columns(rows: pd.DataFrame) -> list[str]:
     return [c for c in rows.columns if c not in _ROW_KEYS and not _is_statistic(c, cols)]
 
 
-def _text(v) -> str:
-    return "none" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
-
-
 def _split_settings(rows: pd.DataFrame) -> tuple[list[str], list[str]]:
     """The settings that differ between rows: ``(probe settings, estimator settings)``. An
     estimator setting takes one value per estimator (its critic, its whitening): shown as a column
     beside the estimator. A probe setting varies within an estimator (a batch size, a policy): its
     values are separate comparisons."""
-    keyed = rows.assign(**{c: rows[c].map(_text) for c in setting_columns(rows)})
+    keyed = rows.assign(**{c: rows[c].map(text) for c in setting_columns(rows)})
     varying = [c for c in setting_columns(rows) if keyed[c].nunique() > 1]
     own = [c for c in varying if keyed.groupby("estimator")[c].nunique().max() == 1]
     return [c for c in varying if c not in own], own
@@ -107,7 +104,7 @@ def probe_groups(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """``(heading, rows)`` per distinct probe setting, the heading naming the task, the target and
     every probe setting the groups differ in (:func:`_split_settings`; the settings all rows share
     are stated once, by :func:`report_markdown`)."""
-    keyed = rows.assign(**{c: rows[c].map(_text) for c in setting_columns(rows)})
+    keyed = rows.assign(**{c: rows[c].map(text) for c in setting_columns(rows)})
     heading_keys = list(dict.fromkeys(["task", "target", *_split_settings(rows)[0]]))
     out = []
     for key, g in keyed.groupby(heading_keys, sort=True, dropna=False):
@@ -140,7 +137,7 @@ def group_table(rows: pd.DataFrame, own: list[str]) -> str:
     order = whole.sort_values(["rel_total_var" if "rel_total_var" in whole else shown[0], "seed"])
     head = "| estimator | seed | " + "".join(f"{c} | " for c in own) + " | ".join(SHOWN[c][0] for c in shown) + " |"
     lines = [head, "|" + " --- |" * (len(shown) + len(own) + 2)]
-    lines += [f"| {_name(r)} | {r['seed']} | " + "".join(f"{_text(r[c])} | " for c in own)
+    lines += [f"| {_name(r)} | {r['seed']} | " + "".join(f"{text(r[c])} | " for c in own)
               + " | ".join(_cell(r, c) for c in shown) + " |" for _, r in order.iterrows()]
     return "\n".join(lines)
 
@@ -153,15 +150,15 @@ def prompt_table(rows: pd.DataFrame) -> str | None:
     lines = ["| estimator | seed | prompt | kind | success | rel. variance | rel. bias² |", "|" + " --- |" * 7]
     for _, r in per.sort_values(["estimator", "seed", "scope"]).iterrows():
         success = r.get("prompt_success")
-        lines.append(f"| {_name(r)} | {r['seed']} | {r['scope']} | {_text(r.get('prompt_kind'))} | "
+        lines.append(f"| {_name(r)} | {r['seed']} | {r['scope']} | {text(r.get('prompt_kind'))} | "
                      f"{'—' if success is None or pd.isna(success) else f'{success:.3g}'} | "
                      f"{_cell(r, 'rel_total_var')} | {_cell(r, 'rel_bias_sq')} |")
     return "\n".join(lines)
 
 
 def _shared_settings(rows: pd.DataFrame) -> str:
-    shared = [c for c in setting_columns(rows) if rows[c].map(_text).nunique() == 1]
-    return ", ".join(f"{c}={_text(rows[c].iloc[0])}" for c in shared)
+    shared = [c for c in setting_columns(rows) if rows[c].map(text).nunique() == 1]
+    return ", ".join(f"{c}={text(rows[c].iloc[0])}" for c in shared)
 
 
 def report_markdown(data: ProbeData, figure: str | None) -> str:
