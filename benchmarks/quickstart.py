@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         from harness.docs import write_block
 
         shutil.copyfile(out / "report" / "learning_curves.png", FIGURE)
-        write_block("README.md", "quickstart", f"The sweep took {train_s / 60:.1f} min and the report "
+        write_block(ROOT / "README.md", "quickstart", f"The sweep took {train_s / 60:.1f} min and the report "
                     f"{report_s:.0f} s; final scores, IQM over 3 seeds [95% interval]: {scores_text(scores)}.")
     return 0
 
