@@ -22,7 +22,7 @@ from harness.io.finished import check_run
 from .groups import text
 from .load import find_run_dirs
 
-__all__ = ["SHOWN", "ProbeData", "load_probes", "probe_groups", "write_probe_report"]
+__all__ = ["SHOWN", "ProbeData", "Settings", "load_probes", "probe_groups", "split_settings", "write_probe_report"]
 
 PROBE_FILE = "probe.parquet"
 
@@ -89,29 +89,47 @@ def setting_columns(rows: pd.DataFrame) -> list[str]:
     return [c for c in rows.columns if c not in _ROW_KEYS and not _is_statistic(c, cols)]
 
 
-def _split_settings(rows: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """The settings that differ between rows: ``(probe settings, estimator settings)``. An
-    estimator setting takes one value per estimator (its critic, its whitening): shown as a column
-    beside the estimator. A probe setting varies within an estimator (a batch size, a policy): its
-    values are separate comparisons."""
-    keyed = rows.assign(**{c: rows[c].map(text) for c in setting_columns(rows)})
-    varying = [c for c in setting_columns(rows) if keyed[c].nunique() > 1]
+@dataclass
+class Settings:
+    """How the rows' settings (:func:`setting_columns`) split. ``shared``: ``{column: value}``
+    every row has. ``probe``: the columns that vary within an estimator (a batch size, a policy):
+    their values are separate comparisons. ``own``: those that take one value per estimator (its
+    critic, its whitening), shown as a column beside it. ``keyed``: the rows with every setting as
+    its label text (:func:`analysis.groups.text`), what the three are read from."""
+
+    shared: dict[str, str]
+    probe: list[str]
+    own: list[str]
+    keyed: pd.DataFrame
+
+
+def split_settings(rows: pd.DataFrame) -> Settings:
+    """The rows' settings, split (:class:`Settings`)."""
+    columns = setting_columns(rows)
+    keyed = rows.assign(**{c: rows[c].map(text) for c in columns})
+    varying = [c for c in columns if keyed[c].nunique() > 1]
     own = [c for c in varying if keyed.groupby("estimator")[c].nunique().max() == 1]
-    return [c for c in varying if c not in own], own
+    shared = {c: keyed[c].iloc[0] for c in columns if c not in varying}
+    return Settings(shared, [c for c in varying if c not in own], own, keyed)
 
 
-def probe_groups(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+def probe_groups(rows: pd.DataFrame, settings: Settings | None = None) -> list[tuple[str, pd.DataFrame]]:
     """``(heading, rows)`` per distinct probe setting, the heading naming the task, the target and
-    every probe setting the groups differ in (:func:`_split_settings`; the settings all rows share
-    are stated once, by :func:`report_markdown`)."""
-    keyed = rows.assign(**{c: rows[c].map(text) for c in setting_columns(rows)})
-    heading_keys = list(dict.fromkeys(["task", "target", *_split_settings(rows)[0]]))
+    every probe setting the groups differ in (:func:`split_settings`, computed when not given;
+    the settings all rows share are stated once, by :func:`report_markdown`)."""
+    settings = settings if settings is not None else split_settings(rows)
+    heading_keys = list(dict.fromkeys(["task", "target", *settings.probe]))
     out = []
-    for key, g in keyed.groupby(heading_keys, sort=True, dropna=False):
+    for key, g in settings.keyed.groupby(heading_keys, sort=True, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         heading = " · ".join(f"{k}={v}" for k, v in zip(heading_keys, key))
         out.append((heading, rows.loc[g.index]))
     return out
+
+
+def _whole(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the whole-batch scope (``scope`` all; every row when there is no scope)."""
+    return rows[rows["scope"].fillna("all") == "all"] if "scope" in rows else rows
 
 
 def _cell(row: pd.Series, col: str) -> str:
@@ -130,9 +148,9 @@ def _name(row: pd.Series) -> str:
 
 def group_table(rows: pd.DataFrame, own: list[str]) -> str:
     """Markdown: one row per estimator and seed (the whole-batch scope), ordered by relative
-    variance, with the estimator settings ``own`` (:func:`_split_settings`) beside its name; each
+    variance, with the estimator settings ``own`` (:class:`Settings`) beside its name; each
     cell ``value [95% bootstrap interval]``."""
-    whole = rows[rows["scope"].fillna("all") == "all"] if "scope" in rows else rows
+    whole = _whole(rows)
     shown = [c for c in SHOWN if c in whole.columns and whole[c].notna().any()]
     order = whole.sort_values(["rel_total_var" if "rel_total_var" in whole else shown[0], "seed"])
     head = "| estimator | seed | " + "".join(f"{c} | " for c in own) + " | ".join(SHOWN[c][0] for c in shown) + " |"
@@ -156,25 +174,20 @@ def prompt_table(rows: pd.DataFrame) -> str | None:
     return "\n".join(lines)
 
 
-def _shared_settings(rows: pd.DataFrame) -> str:
-    shared = [c for c in setting_columns(rows) if rows[c].map(text).nunique() == 1]
-    return ", ".join(f"{c}={text(rows[c].iloc[0])}" for c in shared)
-
-
-def report_markdown(data: ProbeData, figure: str | None) -> str:
-    """``probes.md``: what the statistics are, the settings every row shares, one section per group."""
+def report_markdown(data: ProbeData, settings: Settings, groups: list[tuple[str, pd.DataFrame]],
+                    figure: str) -> str:
+    """``probes.md``: what the statistics are, the settings every row shares, one section per group
+    (:func:`probe_groups`), the figure's file name."""
     rows = data.rows
     parts = ["# Gradient probes", "",
              f"{rows['run_dir'].nunique()} probe runs, {rows['estimator'].nunique()} estimators. Each statistic is "
              "estimated from the run's batches, with a 95% percentile bootstrap interval over batches in brackets "
              "(`harness/probes/stats.py`):", ""]
     parts += [f"- **{head}**: {what}" for head, what in SHOWN.values()]
-    parts += ["", f"Shared by every row: {_shared_settings(rows)}.", ""]
-    if figure:
-        parts += [f"![relative variance and squared bias]({figure})", ""]
-    own = _split_settings(rows)[1]
-    for heading, g in probe_groups(rows):
-        parts += [f"## {heading}", "", group_table(g, own), ""]
+    shared = ", ".join(f"{c}={v}" for c, v in settings.shared.items())
+    parts += ["", f"Shared by every row: {shared}.", "", f"![relative variance and squared bias]({figure})", ""]
+    for heading, g in groups:
+        parts += [f"## {heading}", "", group_table(g, settings.own), ""]
         per_prompt = prompt_table(g)
         if per_prompt:
             parts += ["Per prompt:", "", per_prompt, ""]
@@ -195,7 +208,7 @@ def plot_probes(groups: list[tuple[str, pd.DataFrame]], path: Path) -> Path:
     panels = (("rel_total_var", "relative variance (log)"), ("rel_bias_sq", "relative squared bias"))
     fig, axes = _figure(len(groups), 2, w=5.0, h=2.8)
     for (heading, g), row in zip(groups, axes):
-        whole = g[g["scope"].fillna("all") == "all"] if "scope" in g else g
+        whole = _whole(g)
         names = list(dict.fromkeys(whole.sort_values("rel_total_var").apply(_name, axis=1)))  # the table's order
         for ax, (col, title) in zip(row, panels):
             for i, name in enumerate(names):
@@ -223,7 +236,9 @@ def write_probe_report(path: str | Path, out: str | Path | None = None) -> Path:
     data = load_probes(path)
     out = Path(out) if out is not None else Path(path) / "probes"
     out.mkdir(parents=True, exist_ok=True)
-    figure = plot_probes(probe_groups(data.rows), out / "probes.png")
+    settings = split_settings(data.rows)
+    groups = probe_groups(data.rows, settings)
+    figure = plot_probes(groups, out / "probes.png")
     page = out / "probes.md"
-    page.write_text(report_markdown(data, figure.name if figure else None))
+    page.write_text(report_markdown(data, settings, groups, figure.name))
     return page
