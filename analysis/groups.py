@@ -27,7 +27,7 @@ from .load import HYPERPARAMETERS, RUN_KEYS, VARIANT_KEYS, variant_label
 from .stats import first_values
 
 __all__ = ["GROUP_KEYS", "SAMPLE_BUDGET_KEYS", "Group", "config_frame", "comparison_groups", "config_labels",
-           "sample_axes", "sample_budgets"]
+           "sample_budgets"]
 
 #: Budget settings: runs that differ in one on a task are in different comparison groups.
 GROUP_KEYS = ("budget.env_steps", "budget.tokens", "budget.iterations")
@@ -151,25 +151,18 @@ def config_labels(frame: pd.DataFrame) -> tuple[pd.Series, dict[str, list[str]]]
     return pd.Series(labels, index=index, dtype=object), {k: v for k, v in swept.items() if v}
 
 
-def sample_axes(frame: pd.DataFrame) -> pd.Series:
-    """Each run's sample axis (index :data:`RUN_KEYS`): the metrics column its budget counts,
-    ``tokens`` for a ``budget.tokens`` budget, ``env_steps`` for ``budget.env_steps`` (on the toy
-    task sampled sequences, though it logs tokens too); None for a run with neither."""
-    out = pd.Series(None, index=pd.MultiIndex.from_frame(frame[RUN_KEYS]) if len(frame) else None, dtype=object)
+def sample_budgets(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each run's budget in samples (index :data:`RUN_KEYS`): ``sample_budget``, its config's
+    ``budget.tokens``, else ``budget.env_steps`` (NaN for a run with neither: a budget in
+    iterations only), and ``sample_axis``, the metrics column that budget counts (``tokens`` or
+    ``env_steps``: on the toy task sampled sequences, though it logs tokens too; None with neither)."""
+    index = pd.MultiIndex.from_frame(frame[RUN_KEYS]) if len(frame) else None
+    out = pd.DataFrame({"sample_budget": pd.Series(np.nan, index=index, dtype=float),
+                        "sample_axis": pd.Series(None, index=index, dtype=object)})
     for key in reversed(SAMPLE_BUDGET_KEYS):
         if key in frame and len(frame):
             v = pd.to_numeric(frame[key], errors="coerce").to_numpy(dtype=float)
-            out = out.where(~np.isfinite(v), key.split(".", 1)[1])
-    return out
-
-
-def sample_budgets(frame: pd.DataFrame) -> pd.Series:
-    """Each run's budget in samples (index :data:`RUN_KEYS`): its config's ``budget.tokens``,
-    else ``budget.env_steps``; NaN for a run with neither (a budget in iterations only)."""
-    out = pd.Series(np.nan, index=pd.MultiIndex.from_frame(frame[RUN_KEYS]) if len(frame) else None,
-                    dtype=float)
-    for key in reversed(SAMPLE_BUDGET_KEYS):
-        if key in frame:
-            v = pd.to_numeric(frame[key], errors="coerce").to_numpy(dtype=float)
-            out = out.where(~np.isfinite(v), v) if len(frame) else out
+            set_here = np.isfinite(v)
+            out.loc[set_here, "sample_budget"] = v[set_here]
+            out.loc[set_here, "sample_axis"] = key.split(".", 1)[1]
     return out

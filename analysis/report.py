@@ -102,8 +102,9 @@ def _label_configs(df: pd.DataFrame, configs: dict | None) -> tuple[pd.DataFrame
     labels, swept = groups.config_labels(frame)
     idx = pd.MultiIndex.from_frame(df[RUN_KEYS])
     df["estimator"] = labels.reindex(idx).to_numpy()
-    df["sample_budget"] = groups.sample_budgets(frame).reindex(idx).to_numpy()
-    df["sample_axis"] = groups.sample_axes(frame).reindex(idx).to_numpy()
+    budgets = groups.sample_budgets(frame).reindex(idx)
+    df["sample_budget"] = budgets["sample_budget"].to_numpy()
+    df["sample_axis"] = budgets["sample_axis"].to_numpy()
     settings = [c for c in frame.columns if c not in ("run_dir", "seed", "task", "estimator_name")]
     text = frame[settings].astype(object).apply(lambda r: "|".join(map(groups.text, r)), axis=1) \
         if settings else pd.Series("", index=frame.index)

@@ -482,7 +482,7 @@ BUDGET_LOGGED = "largest logged"
 def task_budgets(df: pd.DataFrame) -> dict[str, dict]:
     """Each task's sample axis and budget: ``{task: {"x_col", "budget", "source", "largest"}}``.
     ``x_col``: the column the runs' configured budget counts (``sample_axis``,
-    :func:`analysis.groups.sample_axes`), else tokens where logged (LM tasks), else env_steps,
+    :func:`analysis.groups.sample_budgets`), else tokens where logged (LM tasks), else env_steps,
     else iteration; ``budget``: the
     runs' configured budget (column ``sample_budget``, :func:`analysis.groups.sample_budgets`;
     the largest where runs of the task differ, which a report's comparison group never holds;
