@@ -14,23 +14,14 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from suite_time import timed  # a sibling script: run from benchmarks/, its folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURE = ROOT / "docs" / "figures" / "quickstart_learning_curves.png"
-
-
-def step(cmd: list[str]) -> tuple[float, str]:
-    """Wall seconds and output of ``cmd`` run in the repository; exits when it fails."""
-    t0 = time.perf_counter()
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"{' '.join(cmd[1:])} failed (exit {out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
-    return time.perf_counter() - t0, out.stdout
 
 
 def score_lines(report_output: str) -> list[str]:
@@ -55,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", action="store_true", help="write README's figure and quickstart block")
     args = parser.parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="quickstart-")) / "quickstart"
-    train_s, _ = step([sys.executable, "-m", "harness", "-m", "experiment=quickstart", f"results_dir={out}"])
-    report_s, report = step([sys.executable, "-m", "analysis", "report", str(out)])
+    train_s, _ = timed([sys.executable, "-m", "harness", "-m", "experiment=quickstart", f"results_dir={out}"])
+    report_s, report = timed([sys.executable, "-m", "analysis", "report", str(out)])
     scores = score_lines(report)
     print(f"train: {train_s:.0f} s, report: {report_s:.0f} s")
     print("\n".join(scores))

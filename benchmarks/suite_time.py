@@ -34,12 +34,13 @@ DURATION = re.compile(r"^\s*([\d.]+)s (?:call|setup|teardown)\s+(\S+)")
 
 
 def timed(cmd: list[str]) -> tuple[float, str]:
-    """Wall seconds of ``cmd`` run in the repository, and its output; exits when it fails."""
+    """Wall seconds of ``cmd`` run in the repository, and its output; exits when it fails, with
+    the ends of its output and error output."""
     t0 = time.perf_counter()
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if out.returncode != 0:
-        sys.exit(f"{' '.join(cmd[1:])} failed (exit {out.returncode}):\n{out.stdout[-3000:]}")
+        sys.exit(f"{' '.join(cmd[1:])} failed (exit {out.returncode}):\n{out.stdout[-3000:]}{out.stderr[-2000:]}")
     return seconds, out.stdout
 
 
