@@ -360,24 +360,26 @@ class Decoding:
 
 
 def _sample_texts(model, tokenizer, split: EncodedSplit, indices: list[int], decoding: Decoding,
-                  gen: torch.Generator) -> tuple[list[int], list[str], list[bool]]:
+                  gen: torch.Generator, bar: str | None = None) -> tuple[list[int], list[str], list[bool]]:
     """``n = decoding.per_prompt`` responses per prompt (grouped), as ``(example indices, texts,
     ended with EOS)``, decoded ``batch_size // n`` prompts at a time (each prompt run once, its cache
-    shared by its ``n`` rows)."""
+    shared by its ``n`` rows). ``bar``: the title of a progress bar over the prompts; None: none."""
     d, n = decoding, decoding.per_prompt
     rows = [i for i in indices for _ in range(n)]
     texts: list[str] = []
     finished: list[bool] = []
     per_chunk = max(1, d.batch_size // n)
-    for s in range(0, len(indices), per_chunk):
-        chunk = indices[s:s + per_chunk]
-        ids, mask = left_pad([split.prompt_ids[i] for i in chunk], tokenizer.pad_token_id, d.device)
-        with autocast(d.device, d.dtype):
-            g = generate(model, ids, mask, DecodeSettings(d.max_response_len, tokenizer.eos_token_id,
-                                                          tokenizer.pad_token_id, d.temperature),
-                         greedy=d.greedy, generator=gen, samples=n)
-        texts += decode_responses(tokenizer, g.tokens, g.mask)
-        finished += g.has_eos.tolist()
+    with stage_bar(len(indices), bar, "prompt") as shown:
+        for s in range(0, len(indices), per_chunk):
+            chunk = indices[s:s + per_chunk]
+            ids, mask = left_pad([split.prompt_ids[i] for i in chunk], tokenizer.pad_token_id, d.device)
+            with autocast(d.device, d.dtype):
+                g = generate(model, ids, mask, DecodeSettings(d.max_response_len, tokenizer.eos_token_id,
+                                                              tokenizer.pad_token_id, d.temperature),
+                             greedy=d.greedy, generator=gen, samples=n)
+            texts += decode_responses(tokenizer, g.tokens, g.mask)
+            finished += g.has_eos.tolist()
+            shown.update(len(chunk))
     return rows, texts, finished
 
 
@@ -412,26 +414,38 @@ def _lr_at(step: int, steps: int, warmup: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
 
 
+def stage_bar(total: int, desc: str | None, unit: str):
+    """A progress bar with an ETA over one pipeline stage's ``total`` steps (tqdm, on stderr);
+    ``desc=None``: disabled (no output)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=desc is None, dynamic_ncols=True)
+
+
 def supervised_training(model, batches: Iterable[Any], loss_of: Callable[[Any], torch.Tensor], lr: float,
-                        steps: int, warmup: int) -> tuple[float, int]:
+                        steps: int, warmup: int, bar: str | None = None) -> tuple[float, int]:
     """The one supervised-training loop of the pipeline's stages (SFT, reward model): one step per
     item of ``batches`` (drawn lazily, so a stage's RNG is read in its own order), minimising
     ``loss_of(batch)`` with AdamW (no weight decay) at ``lr`` times :func:`_lr_at` (linear warmup
     over ``warmup`` steps, then cosine decay over ``steps``) and the gradient norm clipped to 1
     (``torch.nn.utils.clip_grad_norm_``), the model in train mode and back in eval mode after.
+    ``bar``: the title of a progress bar over the ``steps`` (:func:`stage_bar`), showing the loss; None: none.
     Returns ``(mean loss of the last 20 steps (nan without steps), steps taken)``."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, steps, warmup))
     model.train()
     losses = []
-    for batch in batches:
-        loss = loss_of(batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+    with stage_bar(steps, bar, "step") as shown:
+        for batch in batches:
+            loss = loss_of(batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(float(loss.detach()))
+            shown.set_postfix_str(f"loss={losses[-1]:.4g}", refresh=False)
+            shown.update()
     model.eval()
     tail = losses[-20:] or [float("nan")]
     return sum(tail) / len(tail), len(losses)
@@ -441,7 +455,8 @@ def supervised_training(model, batches: Iterable[Any], loss_of: Callable[[Any], 
 class PipelineInputs:
     """What every stage of the pipeline reads: the ``lm`` settings, the tokenizer and encoded
     splits, the gold score, and where the stages run (``device``, autocast ``dtype``, seeded by
-    ``seed = lm.pipeline_seed``), and the folder of the cached stages."""
+    ``seed = lm.pipeline_seed``), the folder of the cached stages, and whether the stages show
+    progress bars (the run's ``progress``)."""
 
     lm: Any
     tokenizer: Any
@@ -452,6 +467,11 @@ class PipelineInputs:
     dtype: str
     seed: int
     cache_dir: Path
+    progress: bool = False
+
+    def bar(self, desc: str) -> str | None:
+        """A stage's progress-bar title (:func:`stage_bar`): ``desc``, or None with ``progress`` off."""
+        return f"lm: {desc}" if self.progress else None
 
     def decoding(self, greedy: bool, samples: int = 1) -> Decoding:
         """Decoding at ``lm.temperature`` up to ``lm.max_response_len`` tokens."""
@@ -482,7 +502,7 @@ def train_sft(model, p: PipelineInputs) -> dict:
             out = response_forward(model, Responses(p_ids, p_mask, r_ids, r_mask))
         return -(out.logp * r_mask).sum() / r_mask.sum().clamp(min=1)
 
-    final, _ = supervised_training(model, batches(), loss_of, sft.lr, sft.steps, sft.warmup)
+    final, _ = supervised_training(model, batches(), loss_of, sft.lr, sft.steps, sft.warmup, p.bar("SFT"))
     return {"sft_final_loss": final}
 
 
@@ -499,13 +519,15 @@ class _Preferences:
 
 
 def _preferences(p: PipelineInputs, policy, split: EncodedSplit, n_prompts: int, gen: torch.Generator,
-                 rng: random.Random) -> _Preferences:
+                 rng: random.Random, which: str) -> _Preferences:
     """``lm.rm.samples_per_prompt`` policy samples for each of ``n_prompts`` prompts drawn by ``rng``
-    (with ``lm.rm.include_reference``, the reference summary joins each prompt's candidates)."""
+    (with ``lm.rm.include_reference``, the reference summary joins each prompt's candidates);
+    ``which``: the split's name in the progress bar."""
     rm_cfg = p.lm.rm
     idx = rng.sample(range(len(split)), min(n_prompts, len(split)))
     rows, texts, finished = _sample_texts(policy, p.tokenizer, split, idx,
-                                          p.decoding(False, rm_cfg.samples_per_prompt), gen)
+                                          p.decoding(False, rm_cfg.samples_per_prompt), gen,
+                                          p.bar(f"reward-model samples, {which}"))
     golds = [gold_score(t, split.examples[i]) for i, t in zip(rows, texts)]
     k = rm_cfg.samples_per_prompt
     groups = [list(range(g, g + k)) for g in range(0, len(rows), k)]
@@ -532,8 +554,8 @@ def train_reward_model(rm_source: Path, policy, p: PipelineInputs, out_dir: Path
     rm_cfg, tokenizer = p.lm.rm, p.tokenizer
     gen = torch.Generator(device=p.device).manual_seed(p.seed + 1)
     rng = random.Random(p.seed + 2)
-    tr = _preferences(p, policy, p.train, rm_cfg.prompts, gen, rng)
-    ev = _preferences(p, policy, p.held_out, rm_cfg.eval_prompts, gen, rng)
+    tr = _preferences(p, policy, p.train, rm_cfg.prompts, gen, rng, "train")
+    ev = _preferences(p, policy, p.held_out, rm_cfg.eval_prompts, gen, rng, "held-out")
     if not tr.pairs:
         raise ValueError("lm.rm: the SFT samples never differ in gold score, so there are no preference "
                          "pairs; raise lm.rm.prompts or lm.rm.samples_per_prompt, or set lm.rm.include_reference=true")
@@ -558,7 +580,8 @@ def train_reward_model(rm_source: Path, policy, p: PipelineInputs, out_dir: Path
         r = scorer.raw([tr_prompts[i] for i in w + lo], [tr.texts[i] for i in w + lo], [tr.finished[i] for i in w + lo])
         return -torch.nn.functional.logsigmoid(r[:len(w)] - r[len(w):]).mean()
 
-    final_loss, step = supervised_training(model, batches(), loss_of, rm_cfg.lr, steps, max(1, steps // 10))
+    final_loss, step = supervised_training(model, batches(), loss_of, rm_cfg.lr, steps, max(1, steps // 10),
+                                           p.bar("reward model"))
     with torch.no_grad():
         ev_prompts = [p.held_out.examples[i].prompt for i in ev.rows]
         r = torch.cat([scorer.raw(ev_prompts[i:i + 256], ev.texts[i:i + 256], ev.finished[i:i + 256])
@@ -601,7 +624,7 @@ def build_task(cfg: DictConfig) -> LMTask:
     """Tokenizer, data, SFT policy and reward model for ``cfg.lm`` (cached stages)."""
     lm = cfg.lm
     arith = lm.get("corpus", "summarize") == "arith"
-    p, reward_fn, meta = _inputs(lm, resolve_device(cfg.device), arith)
+    p, reward_fn, meta = _inputs(lm, resolve_device(cfg.device), arith, bool(cfg.get("progress", False)))
     data_material = _data_material(lm, p.seed, arith)
     # on a CPU the trained weights differ in their last bits with the intra-op thread count (the
     # ``threads`` that harness.train.lm.train sets before this): a stage built on another count is
@@ -618,7 +641,7 @@ def build_task(cfg: DictConfig) -> LMTask:
                   gold_fn=p.gold_fn, reward_fn=reward_fn, binary=arith)
 
 
-def _inputs(lm: Any, device: torch.device, arith: bool) -> tuple[PipelineInputs, Callable | None, dict]:
+def _inputs(lm: Any, device: torch.device, arith: bool, progress: bool) -> tuple[PipelineInputs, Callable | None, dict]:
     """The tokenizer and the encoded splits (cheap, deterministic: rebuilt every time, saved with
     the stages), the gold score and ``reward_fn``; and the ``data`` part of the pipeline's meta."""
     seed = int(lm.pipeline_seed)
@@ -643,7 +666,8 @@ def _inputs(lm: Any, device: torch.device, arith: bool) -> tuple[PipelineInputs,
     meta = {"data": {"train": len(train), "held_out": len(held_out),
                      "train_prompts_truncated": sum(train.truncated),
                      "held_out_prompts_truncated": sum(held_out.truncated)}}
-    return PipelineInputs(lm, tokenizer, train, held_out, gold_fn, device, lm.dtype, seed, cache_dir), reward_fn, meta
+    p = PipelineInputs(lm, tokenizer, train, held_out, gold_fn, device, lm.dtype, seed, cache_dir, progress)
+    return p, reward_fn, meta
 
 
 def _data_material(lm: Any, seed: int, arith: bool) -> dict:
@@ -699,7 +723,8 @@ def _build_sft(p: PipelineInputs, out: Path) -> dict:
     stats["sft_gold_sampled"] = evaluate_gold(model, tokenizer, p.held_out, n_eval, p.decoding(False), p.seed,
                                               p.gold_fn)
     stats["reference_gold"] = sum(p.gold_fn(e.reference, e) for e in p.held_out.examples[:n_eval]) / max(n_eval, 1)
-    model.save_pretrained(out, safe_serialization=True)
+    with quiet_transformers():  # its own shard-writing bar, between the stage's bars
+        model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return stats
 
