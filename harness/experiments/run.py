@@ -130,9 +130,12 @@ def prepare_pipelines(points: list[Point]) -> multiprocessing.process.BaseProces
 def run_points(points: list[Point], progress: Callable[[str], None] = print,
                isolate: bool = False) -> dict[str, int]:
     """Run what is missing (finished run directories are skipped by the harness itself);
-    ``isolate``: each point in a fresh process of its own (:func:`run_isolated`)."""
+    ``isolate``: each point in a fresh process of its own (:func:`run_isolated`). Each point's
+    line ends with the time left for the experiment's points still to run (:func:`time_left`)."""
     totals: dict[str, int] = {}
     runner = (lambda cfg: run_isolated(cfg)) if isolate else run  # looked up at call time (tests)
+    to_run = sum(not p.error and not point_done(p) for p in points)
+    took: list[float] = []
     for i, p in enumerate(points, 1):
         head = f"[claims] {p.experiment} ({i}/{len(points)}) {p.tag}"
         if p.error:
@@ -154,8 +157,19 @@ def run_points(points: list[Point], progress: Callable[[str], None] = print,
             desc = f"error: {p.error}"
             totals["error"] = totals.get("error", 0) + 1
             traceback.print_exc(file=sys.stderr)
-        progress(f"{head}: {desc} ({time.perf_counter() - t0:.1f} s)")
+        took.append(time.perf_counter() - t0)
+        progress(f"{head}: {desc} ({took[-1]:.1f} s{time_left(took, to_run - len(took), p.experiment)})")
     return totals
+
+
+def time_left(took: list[float], left: int, experiment: str) -> str:
+    """``; about H:MM:SS left in <experiment>``: the ``left`` points still to run at the mean time of
+    the points run so far (``took``, seconds; tqdm's interval format); empty when none is left."""
+    if left <= 0 or not took:
+        return ""
+    from tqdm import tqdm
+
+    return f"; about {tqdm.format_interval(sum(took) / len(took) * left)} left in {experiment}"
 
 
 def run_exact_tests(claims: Iterable[str], out: Path, progress: Callable[[str], None] = print,
