@@ -149,11 +149,64 @@ def watch_parent(parent: int, poll_s: float = 0.2) -> bool:
     return True
 
 
+def sweep_size(config: DictConfig) -> int | None:
+    """The jobs of a sweep by Hydra's basic sweeper (whatever the launcher): its
+    ``hydra.sweeper.params`` and the command line's overrides (which win), expanded as the sweeper
+    expands them (``BasicSweeper.split_arguments``). None for another sweeper (a count it decides
+    as it goes) or a sweep it cannot expand (Hydra refuses it later, with its own message)."""
+    if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith(".BasicSweeper"):
+        return None
+    try:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        params = [f"{k}={v}" for k, v in (OmegaConf.select(config, "hydra.sweeper.params") or {}).items()]
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+        overrides = parser.parse_overrides(params + list(config.hydra.overrides.task))
+        return sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None))
+    except Exception:
+        return None
+
+
+#: ``<jobs>,<start time>`` of the sweep in progress: set at its start (:func:`sweep_size`,
+#: ``time.time()``), read by its jobs' ends in whatever process the launcher runs them
+SWEEP_PROGRESS_ENV = "HARNESS_SWEEP_PROGRESS"
+
+
+def sweep_progress(sweep_dir: str, now: float | None = None) -> str | None:
+    """One line after a job of a sweep (:data:`SWEEP_PROGRESS_ENV` set): jobs done (each done
+    job leaves ``outcome.json`` in its folder under ``sweep_dir``, from :func:`harness.app.write_outcome`,
+    whichever process ran it), the time so far, and the time left at the mean pace so far (parallel
+    jobs included; tqdm's interval format). None outside such a sweep."""
+    try:
+        total_s, start_s = os.environ[SWEEP_PROGRESS_ENV].split(",")
+        total, start = int(total_s), float(start_s)
+    except (KeyError, ValueError):
+        return None
+    from tqdm import tqdm
+
+    done = sum(1 for f in Path(sweep_dir).glob("*/outcome.json") if f.stat().st_mtime >= start)
+    spent = max((time.time() if now is None else now) - start, 0.0)
+    line = f"[harness] sweep: {done} of {total} jobs done in {tqdm.format_interval(spent)}"
+    if 0 < done < total:
+        line += f", about {tqdm.format_interval(spent / done * (total - done))} left"
+    return line
+
+
 class SweepSummary(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_unusable_results_dir(config, "hydra.run.dir")
 
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        line = sweep_progress(str(OmegaConf.select(config, "hydra.sweep.dir", default="")))
+        if line:
+            print(line)
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        total = sweep_size(config)
+        if total and total > 1:  # its jobs' processes inherit it (the launchers' workers start after this)
+            os.environ[SWEEP_PROGRESS_ENV] = f"{total},{time.time()}"
         refuse_bad_launcher(config)
         refuse_unusable_results_dir(config, "hydra.sweep.dir")
         if "joblib" in str(OmegaConf.select(config, "hydra.launcher._target_", default="")).lower():
@@ -168,6 +221,7 @@ class SweepSummary(Callback):
             watch_parent(int(parent))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        os.environ.pop(SWEEP_PROGRESS_ENV, None)
         totals: dict[str, int] = {}
         places: dict[str, int] = {}
         for f in Path(config.hydra.sweep.dir).glob("*/outcome.json"):
