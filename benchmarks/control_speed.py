@@ -49,6 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
+from harness.plan import RunPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -364,7 +365,7 @@ def harness_collection(steps: int, rounds: int = 3) -> tuple[float, float]:
     prob = collection_problem(steps)
 
     def ours() -> None:
-        src = ControlSource(cfg, [SimpleNamespace(cfg=cfg)])  # a run's source reads only its config
+        src = ControlSource(RunPlan.of(cfg), [SimpleNamespace(cfg=cfg)])  # a run's source reads only its config
         for _ in range(prob.iterations):
             src.advantage_batch(src.collect())
         src.close()

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from .config import bad_field, error_line, member_configs, task_kind
 from .io import RunDir
+from .plan import RunPlan
 from .plugins import load_plugins
 from .probes import run_probe
 from .reference import reference_trainer
@@ -30,8 +31,8 @@ __all__ = ["run", "main_entry", "describe", "imports_dynamo", "TRAINERS"]
 log = logging.getLogger("harness")
 
 
-# each task kind's trainer, ``(cfg, runs) -> None``: builds the task and hands its rollout source to
-# the loop (harness.train.loop); one entry per harness.config.TASK_KINDS name
+# each task kind's trainer, ``(plan, runs) -> None`` (plan: harness.plan.RunPlan): builds the task and
+# hands its rollout source to the loop (harness.train.loop); one entry per harness.config.TASK_KINDS name
 TRAINERS: dict[str, Callable] = {
     "control": control_training.train,
     "lm": lm_training.train,
@@ -44,14 +45,14 @@ def get_trainer(family: str):
     return TRAINERS[task_kind(family).name]
 
 
-def get_worker(cfg: DictConfig):
-    """What runs on the members: the task family's trainer, a reference library's (``reference``,
-    :mod:`harness.reference`), or the gradient probes (mode=probe)."""
-    if cfg.mode == "probe":
+def get_worker(plan: RunPlan):
+    """What runs on the members, ``(plan, runs) -> None``: the task kind's trainer, a reference
+    library's (``reference``, :mod:`harness.reference`), or the gradient probes (mode=probe)."""
+    if plan.cfg.mode == "probe":
         return run_probe
-    if cfg.get("reference"):
-        return reference_trainer(cfg)
-    return get_trainer(cfg.task.family)
+    if plan.cfg.get("reference"):
+        return reference_trainer(plan.cfg)
+    return TRAINERS[plan.kind.name]
 
 
 def imports_dynamo(cfg: DictConfig) -> bool:
@@ -157,7 +158,7 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
     making or locking it) counts as ``failed`` with one log line naming the path; the others run.
     """
     load_plugins(cfg.get("plugins") or [])  # the user's registrations first: validation checks names against them
-    validate(cfg)
+    plan = validate(cfg)
     runs = [RunDir(m) for m in member_configs(cfg)]
     counts = {"skipped": 0}
     todo = claim_runs(runs, counts)
@@ -165,8 +166,7 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
         return counts
     previous = set_determinism(bool(cfg.get("deterministic", False)))
     try:
-        worker = get_worker(cfg)
-        resumable = cfg.mode == "train" and task_kind(cfg.task.family).resumes
+        worker = get_worker(plan)
         # before any run folder starts: what on_start does (the CLI may import torch._dynamo, ~1 s)
         # is then not inside a run's first seconds, where a Ctrl-C meets it mid-import
         if on_start is not None:
@@ -174,7 +174,7 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
         started = []
         for r in todo:
             try:
-                r.start(keep_checkpoint=resumable)
+                r.start(keep_checkpoint=plan.resumes)
                 started.append(r)
             except OSError as exc:  # e.g. a crafted entry in the folder: named, the run not done
                 refuse_run(r, os_problem(exc), counts)
@@ -184,7 +184,7 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
             return counts
         t0 = time.perf_counter()
         try:
-            worker(cfg, todo)
+            worker(plan, todo)
         except Exception as exc:  # record, never drop
             reason = f"{type(exc).__name__}: {exc}"
             log.error("run failed: %s\n%s", reason, traceback.format_exc())

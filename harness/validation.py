@@ -5,12 +5,15 @@ together: the schema's per-field checks (:func:`harness.config.check_fields`), t
 registries know (estimators, policy losses, loss aggregations, KL estimators), the task kind's
 own checks (:data:`TASK_CHECKS`: :func:`check_control`, :func:`check_lm`, :func:`check_toy`
 here) and, with ``mode=probe``, the probes' (:func:`harness.probes.validate_probe`).
-``harness.app.run`` calls it first; it raises ``ValueError`` naming the first invalid field and what it allows.
+``harness.app.run`` calls it first; it raises ``ValueError`` naming the first invalid field and what
+it allows, or returns the run's plan (:class:`harness.plan.RunPlan`: the config with the task kind,
+estimator and policy loss it names, looked up here once).
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
@@ -19,7 +22,8 @@ from .config import (PARAM_BYTES, ProbeSettings, bad_field, check_choice, check_
                      check_known_keys, length_problem, path_problem, refuse_unknown_keys, results_path, task_kind)
 from .estimators import KL_ESTIMATORS, EstimatorSpec, get_estimator
 from .io.rundir import CHECKPOINT_NAME, run_dir_for
-from .losses import AGG_MODES, POLICY_LOSSES, get_policy_loss, knob_defaults, loss_settings
+from .losses import AGG_MODES, POLICY_LOSSES, PolicyLoss, get_policy_loss, knob_defaults, loss_settings
+from .plan import RunPlan
 from .probes import validate_probe
 from .reference import check_reference
 from .tasks.control import env_info, time_limit, validate_control
@@ -32,44 +36,48 @@ __all__ = ["validate", "check_registered", "check_results_dir", "check_control",
 ENVS_MAX = 65536  # gymnasium envs one control process holds at once (population x width)
 
 
-def check_registered(cfg: DictConfig) -> EstimatorSpec:
-    """Names the registries must know, and the estimator's own needs; returns its spec."""
+def check_registered(cfg: DictConfig) -> tuple[EstimatorSpec, PolicyLoss, Any]:
+    """Names the registries must know, and the estimator's own needs; returns the estimator's spec,
+    the policy loss and its settings (:func:`check_loss_knobs`)."""
     spec = get_estimator(cfg.estimator)  # an unknown name: the registered ones, and plugins=
     if spec.needs_groups and cfg.group_size < 2 and not spec.needs_greedy:
         bad_field("group_size", f">= 2 for estimator {cfg.estimator}", cfg.group_size)
-    get_policy_loss(cfg["update"])
-    check_loss_knobs(cfg)
+    loss = get_policy_loss(cfg["update"])
+    settings = check_loss_knobs(cfg, loss)
     check_choice("loss_agg", cfg.loss_agg, AGG_MODES)
     if cfg.kl.estimator not in KL_ESTIMATORS:
         bad_field("kl.estimator", f"one of {sorted(KL_ESTIMATORS)}", cfg.kl.estimator)
-    return spec
+    return spec, loss, settings
 
 
-def check_loss_knobs(cfg: DictConfig) -> None:
+def check_loss_knobs(cfg: DictConfig, chosen: PolicyLoss) -> Any:
     """A policy loss's knob (:func:`harness.losses.knob_defaults`: ``clip_eps`` as much as
     ``clip_ratio_c``) set away from its default for a loss that does not read it would be silently
     ignored (and would change the run's hash): refused, naming the losses that read it. Then the
-    chosen loss's settings are built, whose checks name the field out of range: one rule per knob."""
-    chosen = POLICY_LOSSES[cfg["update"]]
+    ``chosen`` loss's settings are built and returned; their checks name the field out of range:
+    one rule per knob."""
     for knob, default in knob_defaults().items():
         if knob in cfg and cfg[knob] != default and knob not in chosen.knobs:
             owners = "|".join(name for name, spec in POLICY_LOSSES.items() if knob in spec.knobs)
             bad_field(knob, f"{'null' if default is None else default} with update={cfg['update']} (it applies to "
                       f"update={owners})", cfg[knob])
-    loss_settings(cfg)
+    return loss_settings(cfg, chosen.name)
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise ``ValueError`` naming the first invalid field and what it allows."""
+def validate(cfg: DictConfig) -> RunPlan:
+    """Raise ``ValueError`` naming the first invalid field and what it allows; else return the
+    run's plan: ``cfg`` with what it names (:class:`harness.plan.RunPlan`)."""
     check_known_keys(cfg)
-    spec = check_registered(cfg)
+    spec, loss, settings = check_registered(cfg)
     check_fields(cfg)
+    kind = task_kind(cfg.task.family)
     check_reference(cfg)  # before the task's checks: a reference for another task family is named as such
-    TASK_CHECKS[task_kind(cfg.task.family).name](cfg, spec)
+    TASK_CHECKS[kind.name](cfg, spec)
     if cfg.mode == "probe":
         refuse_unknown_keys(cfg, "probe", ProbeSettings)  # names the key (probe.<key>) before the probe's checks
         validate_probe(cfg)
     check_results_dir(cfg)
+    return RunPlan(cfg, kind, spec, loss, settings)
 
 
 # ----------------------------------------------------------------------------- each task kind's checks

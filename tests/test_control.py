@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 import tests.scripted_env  # noqa: F401  (registers ChainTest-v0 & co.)
+from harness.plan import RunPlan
 from harness.app import run
 from harness.config import TaskConfig
 from harness.estimators import EstimatorParams, estimator_names, gae, get_estimator
@@ -241,8 +242,8 @@ def one_update(cfg):
     from harness.io import RunDir
 
     runs = [RunDir(m) for m in member_configs(cfg)]
-    source = ControlSource(cfg, runs)
-    loop = Loop(cfg, source, runs, "control")
+    source = ControlSource(RunPlan.of(cfg), runs)
+    loop = Loop(RunPlan.of(cfg), source, runs)
     ro = source.collect()
     batch = source.advantage_batch(ro)
     out = loop.spec(batch, loop.est_params)

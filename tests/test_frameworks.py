@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.plan import RunPlan
 from harness.train.update import MemberOptimizer, Members, UpdateBatch, UpdateSettings, update
 from tests import framework_refs as F
 from tests.control_helpers import make_cfg
@@ -49,7 +50,7 @@ def _harness(overrides: str, logp, old, ref, adv, mask):
     """One update step composed from ``overrides`` with the advantage ``adv [B]`` of each response."""
     cfg = make_cfg(["task=lm_summarize", *overrides.split(), "epochs=1", "minibatches=1", "max_grad_norm=null",
                     "ent_coef=0", f"group_size={G}", "normalize_advantages=none"])
-    s = UpdateSettings.from_cfg(cfg, norm_len=T)  # the LM source passes lm.max_response_len; T plays its part
+    s = UpdateSettings.from_plan(RunPlan.of(cfg), norm_len=T)  # the LM source passes lm.max_response_len; T plays its part
     learner = TokenLearner(logp.T.unsqueeze(0), None)
     opt = MemberOptimizer(learner.params, 1, lr=0.0)
     batch = UpdateBatch(adv=(adv.view(-1, 1) * mask).T.unsqueeze(0), mask=mask.T.unsqueeze(0),

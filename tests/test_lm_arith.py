@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+from harness.plan import RunPlan
 from harness.app import run
 from harness.estimators import ESTIMATORS
 from harness.tasks.lm.arith import (ArithSpec, Problem, arith_reward, check, make_problems, parse_answer, spell,
@@ -228,7 +229,7 @@ def test_the_gold_column_is_the_gold_score_whether_or_not_it_is_the_reward(tmp_p
 
     cfg = compose("estimator=grpo", f"lm.arith.format_reward={format_reward}", results_dir=tmp_path)
     task = build_task(cfg)
-    src = LMSource(cfg, task)
+    src = LMSource(RunPlan.of(cfg), task)
     src.kl_beta_now = torch.full((1,), 0.05)  # what the loop sets before collecting
     calls = []
     gold_fn = task.gold_fn

@@ -8,6 +8,7 @@ from harness.app import run
 from harness.io.rundir import METRIC_COLUMNS
 
 from .test_lm_common import compose, one_thread  # noqa: F401  (autouse fixture)
+from harness.plan import RunPlan
 
 LM_COLUMNS = ["reward", "gold_reward", "kl_ref", "response_len", "tokens", "entropy", "approx_kl", "clip_frac",
               "tokens_per_s", "peak_mem_mb", "peak_mem_base_mb", "prompts_truncated"]
@@ -218,7 +219,7 @@ def test_dynamic_sampling_keeps_informative_groups_from_several_draws_and_charge
 
     cfg = compose("estimator=grpo", "kl.beta=0", "lm.prompts_per_iter=3", "dynamic_sampling=true",
                   "dynamic_sampling_max_draws=5", results_dir=tmp_path)
-    src = LMSource(cfg, build_task(cfg))
+    src = LMSource(RunPlan.of(cfg), build_task(cfg))
     src.kl_beta_now = torch.zeros(1)
     scripted = iter([[0, 0, 1, 1, .5, .5], [0, 0, 0, 1, 1, 1], [1, 0, .2, .3, 0, 0]])
     draws = []
@@ -279,7 +280,7 @@ def test_each_prompt_is_sampled_once_and_the_samples_are_those_of_per_row_decodi
 
     cfg = compose(f"estimator={estimator}", "lm.prompts_per_iter=3", "group_size=3", results_dir=tmp_path)
     task = build_task(cfg)
-    src = LMSource(cfg, task)
+    src = LMSource(RunPlan.of(cfg), task)
     src.kl_beta_now = torch.full((1,), 0.05)
     # policy and reference run GPT-2's GELU as SigmoidGELU (harness.models.lm.fast_gelu)
     assert not any(type(m).__name__ == "NewGELUActivation" for net in (src.policy, src.ref) for m in net.modules())

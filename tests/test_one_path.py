@@ -21,6 +21,7 @@ from harness.losses import KLTerm, aggregate, kl_penalty
 from harness.train.control import sequence_ids
 from harness.train.update import ADAM_EPS, MemberOptimizer, Members, UpdateBatch, UpdateSettings, update
 from tests.control_helpers import TINY, make_cfg, population_against_lone_runs, run_frames
+from harness.plan import RunPlan
 
 
 # ----------------------------------------------------------------- 1. loss_agg on control
@@ -126,7 +127,7 @@ def test_kl_and_entropy_use_the_constant_length_not_the_batch_width():
         assert float(loss) == pytest.approx(by_hand)
     # the update step passes lm.max_response_len to every term
     cfg = make_cfg(["task=lm_summarize", "estimator=dr_grpo", "kl.beta=0.1"])
-    s = UpdateSettings.from_cfg(cfg, int(cfg.lm.max_response_len))
+    s = UpdateSettings.from_plan(RunPlan.of(cfg), int(cfg.lm.max_response_len))
     assert s.loss_agg == "seq_mean_token_sum_norm" and s.norm_len == int(cfg.lm.max_response_len) and s.kl_loss
 
 
@@ -154,7 +155,7 @@ class ShiftLearner:
 def _settings(**kw):
     cfg = make_cfg(["task=cartpole", "estimator=reinforce", "update=pg", "epochs=2", "minibatches=1",
                     "normalize_advantages=none", "max_grad_norm=null"])
-    s = UpdateSettings.from_cfg(cfg, None)
+    s = UpdateSettings.from_plan(RunPlan.of(cfg), None)
     for k, v in kw.items():
         setattr(s, k, v)
     return s
@@ -286,8 +287,8 @@ def test_every_family_uses_the_one_optimizer_and_logs_the_same_columns(family, t
     built = []
     original = Loop.__init__
 
-    def spy(self, cfg, source, runs, fam):
-        original(self, cfg, source, runs, fam)
+    def spy(self, plan, source, runs):
+        original(self, plan, source, runs)
         built.append(self)
 
     cfg = _family_cfg(family, tmp_path / "r")

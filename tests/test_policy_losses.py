@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from harness.plan import RunPlan
 from harness.losses import (POLICY_LOSSES, ClipSettings, DualClipSettings, PPOClipSettings, SapoSettings, clipped_surrogate_loss, cispo_loss, dual_clip_loss,
                             get_policy_loss, gmpo_loss, gspo_loss, sapo_loss, sequence_mean)
 
@@ -451,7 +452,7 @@ def test_the_knobs_reach_the_update_settings_with_the_frameworks_defaults():
                                 ("sapo", ["sapo_tau_pos=2", "sapo_tau_neg=3"], SapoSettings(2.0, 3.0))]:
         cfg = make_cfg(["task=toy", "estimator=grpo", f"update={update}", *knobs])
         validate(cfg)
-        s = UpdateSettings.from_cfg(cfg, 3)
+        s = UpdateSettings.from_plan(RunPlan.of(cfg), 3)
         assert s.loss_settings == want and s.policy_loss.fn is POLICY_LOSSES[update].fn
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from harness.plan import RunPlan
 from harness.config import member_configs
 from harness.io import RunDir
 from harness.train.control import RECENT_EPISODES, ControlSource
@@ -16,7 +17,7 @@ def rollout(*member_returns: list[float]) -> SimpleNamespace:
 
 def test_control_bar_keeps_the_last_episodes_mean_through_iterations_that_end_none(tmp_path):
     cfg = make_cfg(["task=cartpole", "estimator=ppo_gae", *TINY, "population=2", f"results_dir={tmp_path}"])
-    source = ControlSource(cfg, [RunDir(m) for m in member_configs(cfg)])
+    source = ControlSource(RunPlan.of(cfg), [RunDir(m) for m in member_configs(cfg)])
     assert source.postfix(rollout([], []), []) == {"ret": "no episode ended yet"}
     assert source.postfix(rollout([10.0], [20.0, 30.0]), []) == {"ret": "20.0"}  # (10 + 20 + 30) / 3
     assert source.postfix(rollout([], []), []) == {"ret": "20.0"}  # none ended: still the last mean

@@ -33,6 +33,7 @@ from harness.train.lm import LMSource, Rollout, greedy_baseline
 from harness.train.update import MemberOptimizer, Members, UpdateSettings, update
 from tests import framework_refs as F
 from tests.control_helpers import make_cfg
+from harness.plan import RunPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p.stem for p in (ROOT / "harness" / "conf" / "recipe").glob("*.yaml"))
@@ -189,7 +190,7 @@ def harness_step(cfg, e: Episode):
     ab = LMSource.advantage_batch(src, ro)
     out = spec(ab, EstimatorParams.from_cfg(cfg))
     ub = LMSource.update_batch(src, ro, out.advantages, out.returns, ab.values)
-    s = UpdateSettings.from_cfg(cfg, norm_len=T)  # the LM passes lm.max_response_len: these tensors' T plays it
+    s = UpdateSettings.from_plan(RunPlan.of(cfg), norm_len=T)  # the LM passes lm.max_response_len: these tensors' T plays it
     s.epochs, s.minibatches, s.vf_coef = 1, 1, 0.0
     learner = TokenLearner(e.logp.T.unsqueeze(0), None if ub.returns is None else ub.old_values)
     opt = MemberOptimizer(learner.params, 1, lr=0.0)

@@ -23,6 +23,7 @@ from harness.app import run
 from harness.io.rundir import config_hash, run_dir_for
 from harness.validation import validate
 from tests.control_helpers import TINY, make_cfg
+from harness.plan import RunPlan
 
 pytest.importorskip("stable_baselines3")
 
@@ -219,9 +220,9 @@ def _one_update_both_sides(overrides, seed=7):
     model, env, _ = _model(cfg)
     env.close()
     runs = [SimpleNamespace(cfg=cfg)]  # what ControlSource and Loop read of a RunDir
-    source = ControlSource(cfg, runs)
+    source = ControlSource(RunPlan.of(cfg), runs)
     source.close()
-    loop = Loop(cfg, source, runs, "control")
+    loop = Loop(RunPlan.of(cfg), source, runs)
     agent, info = source.agent, source.info
     with torch.no_grad():
         for name, prm in agent.named_parameters():

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness.plan import RunPlan
 
 pytest.importorskip("trl")
 
@@ -229,7 +230,7 @@ def _one_iteration_both_sides(overrides, tmp_path, monkeypatch, mask_positions=T
         return src
 
     monkeypatch.setattr(lm_mod, "generate_groups", replay)
-    train_members(cfg, [RunDir(m) for m in member_configs(cfg)], make_source, "lm")
+    train_members(RunPlan.of(cfg), [RunDir(m) for m in member_configs(cfg)], make_source)
     after_harness = {k: v.detach().clone() for k, v in sources[0].policy.lm.state_dict().items()}
     return cfg, start, after_trl, after_harness
 

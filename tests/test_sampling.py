@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.plan import RunPlan
 from harness.app import run
 from harness.tasks.toy import build_task
 from harness.train.sampling import dynamic_sample, overlong_penalty, zero_std_groups
@@ -67,7 +68,7 @@ def test_overlong_penalty_by_hand():
 
 def _source(*overrides):
     cfg = make_cfg(["task=toy", "estimator=grpo", "seed=3", *overrides])
-    return ToySource(cfg, build_task(cfg))
+    return ToySource(RunPlan.of(cfg), build_task(cfg))
 
 
 def test_toy_dynamic_sampling_trains_on_informative_groups_and_charges_every_draw():

@@ -16,6 +16,7 @@ from harness.probes import PROBES, Probe
 from harness.train import workers as train_workers
 from harness.validation import TASK_CHECKS, validate
 from tests.control_helpers import make_cfg
+from types import SimpleNamespace
 
 # where each registry's functions are defined: a layer its caller may import (.importlinter: app > train,
 # probes > tasks)
@@ -57,10 +58,10 @@ def test_the_loop_trains_each_kind_the_way_its_entry_says(name, how, monkeypatch
     calls = []
     monkeypatch.setattr(train_workers, "train_population", lambda *a, **k: calls.append("population"))
     monkeypatch.setattr(train_workers, "train_one_by_one", lambda *a, **k: calls.append("one_by_one"))
-    train_workers.train_members(None, [], None, name)
+    train_workers.train_members(SimpleNamespace(kind=TASK_KINDS[name]), [], None)
     assert calls == [how]
     monkeypatch.setitem(TASK_KINDS, name, dataclasses.replace(TASK_KINDS[name], population=how != "population"))
-    train_workers.train_members(None, [], None, name)
+    train_workers.train_members(SimpleNamespace(kind=TASK_KINDS[name]), [], None)
     assert calls == [how, "one_by_one" if how == "population" else "population"]
 
 
@@ -76,7 +77,7 @@ def check_test_kind(cfg, spec) -> None:
         raise ValueError("group_size must be 2 for task.family=test_kind, got 3")
 
 
-def train_test_kind(cfg, runs) -> None:
+def train_test_kind(plan, runs) -> None:
     """The test kind's trainer: records which checkpoint files it found, finishes every run."""
     for r in runs:
         SEEN.append(f"train seed{r.cfg.seed} checkpoint={(r.path / ckpt.CHECKPOINT_FILE).is_file()}")
@@ -133,7 +134,7 @@ def test_a_kind_without_a_probe_is_refused_in_probe_mode(test_kind, tmp_path):
         validate(make_cfg(["task=lm_arith", "estimator=rloo", "mode=probe", f"results_dir={tmp_path}"]))
 
 
-def probe_test_kind(cfg, run) -> None:
+def probe_test_kind(plan, run) -> None:
     SEEN.append(f"probe seed{run.cfg.seed}")
     run.finish("completed", None, 0.0, extra={"mode": "probe"})
 
@@ -145,5 +146,5 @@ def validate_test_kind_probe(cfg, settings) -> None:
 def test_a_kind_with_a_probe_is_probed_through_its_entry(test_kind, tmp_path, monkeypatch):
     monkeypatch.setitem(probes.PROBES, test_kind.name, Probe(probe_test_kind, validate_test_kind_probe))
     assert app.run(_cfg(tmp_path, "mode=probe", "++probe.batches=6")) == {"skipped": 0, "completed": 1}
-    # validate() checks the probe's settings, run_probe again before it probes
-    assert SEEN == ["validate rloo", "validate probe batches=6", "validate probe batches=6", "probe seed0"]
+    # validate() checks the probe's settings, once: run_probe probes the plan it returned
+    assert SEEN == ["validate rloo", "validate probe batches=6", "probe seed0"]

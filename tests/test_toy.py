@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
+from harness.plan import RunPlan
 from harness.app import run
 from harness.estimators import ESTIMATORS
 from harness.tasks.toy import DTYPE, PRESETS, PromptSpec, ToySpec, ToyTask, time_major
@@ -199,7 +200,7 @@ def _source(overrides):
     from harness.tasks.toy import build_task
 
     cfg = make_cfg(["task=toy", "estimator=rloo", "task.episodes_per_iter=64", "group_size=8"] + overrides)
-    return ToySource(cfg, build_task(cfg))
+    return ToySource(RunPlan.of(cfg), build_task(cfg))
 
 
 def test_random_rewards_are_the_same_stream_whatever_the_policy():

@@ -19,6 +19,7 @@ from harness.losses import PolicyInputs, PPOClipSettings, clipped_surrogate_loss
 from harness.tasks.toy import DTYPE, PRESETS, ToyTask
 from harness.train.update import _all_finite
 from tests.control_helpers import make_cfg
+from harness.plan import RunPlan
 
 
 def _reference_values(task: ToyTask, theta: torch.Tensor, gamma: float = 1.0):
@@ -127,7 +128,7 @@ def test_toy_source_exact_equals_the_task_functions():
     from harness.train.toy import ToySource
 
     cfg = make_cfg(["task=toy", "estimator=rloo", "++toy.init_scale=0.8"])
-    src = ToySource(cfg, build_task(cfg))
+    src = ToySource(RunPlan.of(cfg), build_task(cfg))
     for step in range(2):
         with torch.no_grad():
             src.theta.add_(torch.randn(src.theta.shape, generator=torch.Generator().manual_seed(step), dtype=DTYPE))

@@ -1,6 +1,6 @@
 """Gradient bias/variance probes at a frozen policy (``mode=probe``).
 
-``run_probe(cfg, runs)`` has a trainer's signature: the app hands it the run directories of a
+``run_probe(plan, runs)`` has a trainer's signature: the app hands it the run directories of a
 config (one per population member, seeds ``seed + i``) and it writes ``probe.parquet`` (one row
 per scope: ``all`` and ``prompt<x>`` on the toy task) and ``probe_batches.parquet`` (per-batch
 scalars, for paired comparisons between estimators probed on the same batches) into each, then
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from ..config import ProbeSettings, settings_from_config
+from ..plan import RunPlan
 from . import control, toy
 from .toy import ProbeTraining, probe_toy
 
@@ -35,8 +36,8 @@ __all__ = ["PROBES", "Probe", "ProbeSettings", "ProbeTraining", "probe_toy", "ru
 
 @dataclass(frozen=True)
 class Probe:
-    """A task kind's gradient probe: ``run(cfg, run)`` probes one started run directory and
-    finishes it; ``validate(cfg, settings: ProbeSettings)`` refuses what it cannot probe."""
+    """A task kind's gradient probe: ``run(plan, run)`` probes one started run directory (``plan``:
+    its member's :class:`harness.plan.RunPlan`) and finishes it; ``validate(cfg, settings: ProbeSettings)`` refuses what it cannot probe."""
 
     run: Callable
     validate: Callable
@@ -57,14 +58,14 @@ def validate_probe(cfg: DictConfig) -> None:
     probe.validate(cfg, settings_from_config(cfg))
 
 
-def run_probe(cfg: DictConfig, runs) -> None:
-    """Probe every run directory of ``runs`` (already started by the caller)."""
-    validate_probe(cfg)
-    probe_run = PROBES[cfg.task.family].run
+def run_probe(plan: RunPlan, runs) -> None:
+    """Probe every run directory of ``runs`` (already started by the caller; the plan's config
+    checked by :func:`harness.validation.validate`, :func:`validate_probe` among its checks)."""
+    probe_run = PROBES[plan.kind.name].run
     for r in runs:
         t0 = time.perf_counter()
         try:
-            probe_run(r.cfg, r)
+            probe_run(plan.member(r.cfg), r)
         except Exception as exc:  # record, never drop
             log.error("probe %s failed: %s", r.run_id, traceback.format_exc())
             if r.status() is None:

@@ -36,7 +36,8 @@ import torch
 
 from ..estimators import EstimatorParams, get_estimator, reward_to_go
 from ..io import RunDir, atomic_write_bytes
-from ..losses import (SEQUENCE_SUM, PolicyInputs, explained_variance, get_policy_loss, loss_settings, whiten,
+from ..plan import RunPlan
+from ..losses import (SEQUENCE_SUM, PolicyInputs, explained_variance, get_policy_loss, whiten,
                       within_sequence_std)
 from ..models.control import AgentSpec, ControlAgent
 from ..models.mlp import member_view
@@ -168,15 +169,15 @@ def _fit_critic(cfg, info, agent1: ControlAgent, s: ProbeSettings, gamma: float)
     return {"critic": "fitted", "critic_ev": float(ev), "critic_samples": int(x.shape[0])}
 
 
-def probe_run(cfg, run: RunDir) -> None:
+def probe_run(plan: RunPlan, run: RunDir) -> None:
     """``mode=probe`` for ``task.family=control``: probe.parquet (+ probe_batches.parquet)."""
     t0 = time.perf_counter()
+    cfg = plan.cfg
     s = settings_from_config(cfg)
-    validate_control_probe(cfg, s)
     torch.set_num_threads(int(cfg.threads or 1))
     info = env_info(cfg.task.env_id)
-    spec = get_estimator(cfg.estimator)
-    ref_spec = get_estimator("reinforce")
+    spec = plan.estimator
+    ref_spec = get_estimator("reinforce")  # the truth: plain REINFORCE's gradient, whatever is probed
     M = int(s.batches) if s.batches else 200
     R = int(s.reference_batches) if s.reference_batches else 2 * M
     chunk = max(2, int(s.chunk))
@@ -211,7 +212,7 @@ def probe_run(cfg, run: RunDir) -> None:
         return torch.cat(gs).numpy(), np.concatenate(spreads), np.concatenate(rets), steps
 
     G, spread, rets, steps = run_batches(spec, params, M, stream=1, greedy=spec.needs_greedy,
-                                         loss=(cfg["update"], loss_settings(cfg)),
+                                         loss=(cfg["update"], plan.loss_settings),
                                          whitened=probe_whitening(normalize, int(cfg.minibatches)))
     Gref, _, ref_rets, _ = run_batches(ref_spec, ref_params, R, stream=2, greedy=False)
     truth = Gref.mean(0)

@@ -69,12 +69,13 @@ import pandas as pd
 import torch
 
 from ..config import ProbeSettings, bad_field, settings_from_config
-from ..estimators import EstimatorParams, EstimatorSpec, get_estimator, kl_estimate, reward_to_go
+from ..estimators import EstimatorParams, EstimatorSpec, kl_estimate, reward_to_go
 from ..io import RunDir, atomic_write_bytes
+from ..plan import RunPlan
 from ..io.checkpoint import CheckpointError
 from ..io.checkpoint import load as load_checkpoint
 from ..losses import (SEQUENCE_SUM, KLTerm, PolicyInputs, PPOClipSettings, clipped_surrogate_loss, get_policy_loss,
-                      kl_penalty, loss_settings, whiten, whitening_plan)
+                      kl_penalty, whiten, whitening_plan)
 from ..tasks.toy import DTYPE, ToyBatch, ToyTask, advantage_batch, build_task, time_major, validate_toy
 from . import stats as pstats
 
@@ -263,10 +264,12 @@ class ProbeTraining:
     kl_in_reward: bool = False
 
     @classmethod
-    def from_cfg(cls, cfg) -> ProbeTraining:
+    def from_plan(cls, plan: RunPlan) -> ProbeTraining:
+        """The training settings of ``plan.cfg``, with the plan's policy-loss settings."""
+        cfg = plan.cfg
         return cls(batch_size=int(cfg.task.episodes_per_iter), group_size=int(cfg.group_size), seed=int(cfg.seed),
                    normalize=str(cfg.normalize_advantages), minibatches=int(cfg.minibatches),
-                   update=str(cfg["update"]), loss_knobs=loss_settings(cfg), kl_name=str(cfg.kl.estimator),
+                   update=str(cfg["update"]), loss_knobs=plan.loss_settings, kl_name=str(cfg.kl.estimator),
                    kl_beta=float(cfg.kl.beta), kl_in_reward=bool(cfg.kl.in_reward))
 
 
@@ -601,16 +604,16 @@ def _parquet_bytes(df: pd.DataFrame) -> bytes:
     return buf.getvalue()
 
 
-def probe_run(cfg, run: RunDir) -> None:
+def probe_run(plan: RunPlan, run: RunDir) -> None:
     """``mode=probe`` for ``task.family=toy``: probe.parquet (+ probe_batches.parquet) in the run dir."""
     t0 = time.perf_counter()
-    validate_toy(cfg)
+    cfg = plan.cfg
     s = settings_from_config(cfg)
     task = build_task(cfg)
     theta, theta_ref, policy = load_policy(task, s)
-    spec = get_estimator(cfg.estimator)
     params = EstimatorParams.from_cfg(cfg)
-    res = probe_toy(task, theta, spec, params, settings=s, training=ProbeTraining.from_cfg(cfg), theta_ref=theta_ref)
+    res = probe_toy(task, theta, plan.estimator, params, settings=s, training=ProbeTraining.from_plan(plan),
+                    theta_ref=theta_ref)
     wall = time.perf_counter() - t0
     ident = {"run_id": run.run_id, "task": str(cfg.task.name), "estimator": str(cfg.estimator),
              "seed": int(cfg.seed), "policy": policy, "wall_time_s": wall}

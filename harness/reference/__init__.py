@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from ..config import bad_field
+from ..plan import RunPlan
 from . import sb3, trl
 
 
@@ -31,7 +32,7 @@ class Reference:
     """A library's trainer: what it needs installed, where it runs, what it trains."""
 
     module: str  # the library's import name (checked installed at validation, imported when training)
-    trainer: Callable[[DictConfig, list], None]  # (cfg, runs): trains and writes each RunDir
+    trainer: Callable[[RunPlan, list], None]  # (plan, runs): trains and writes each RunDir
     check: Callable[[DictConfig], None]  # (cfg): refuses (bad_field) a setting it cannot translate
     families: tuple[str, ...]  # task.family values it trains
     estimators: tuple[str, ...]  # the harness estimators it has a counterpart of

@@ -55,6 +55,7 @@ from omegaconf import DictConfig
 
 from ..config import bad_field
 from ..io.rundir import RunDir
+from ..plan import RunPlan
 from ..tasks.control import EvalEpisodes, env_info, evaluate
 from ..train.control import cores_available, evaluation_seeds
 from ..train.loop import RowHead, common_fields, eval_due, flush_due, metric_row
@@ -237,10 +238,11 @@ def _train_member(cfg: DictConfig) -> None:
         run.finish("failed", f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
 
 
-def train(cfg: DictConfig, runs: list[RunDir]) -> None:
+def train(plan: RunPlan, runs: list[RunDir]) -> None:
     """Train each member (its own seed) with SB3 on one thread, ``population_workers`` processes at
     a time (default: one per core, as the harness's control trainer); a member that raises is
     recorded as failed and the others go on."""
+    cfg = plan.cfg
     workers = min(len(runs), int(cfg.get("population_workers") or cores_available()))
     if workers <= 1:
         for run in runs:

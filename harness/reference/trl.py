@@ -69,6 +69,7 @@ from omegaconf import DictConfig
 
 from ..config import bad_field
 from ..io.rundir import RunDir
+from ..plan import RunPlan
 from ..models.lm import Responses, positions, response_forward
 from ..tasks.lm.pipeline import LMTask, build_task
 from ..train.lm import evaluate_policy, initial_fields, kl_to_reference
@@ -392,11 +393,12 @@ def _train_one(cfg: DictConfig, task: LMTask, run: RunDir) -> None:
     run.finish("completed", None, time.perf_counter() - t0, extra=extra)
 
 
-def train(cfg: DictConfig, runs: list[RunDir]) -> None:
+def train(plan: RunPlan, runs: list[RunDir]) -> None:
     """Build (or load) the cached LM pipeline once, then train each member (its own seed) with
     TRL, one after another; a member that raises is recorded as failed and the others go on."""
     import shutil
 
+    cfg = plan.cfg
     torch.set_num_threads(int(cfg.threads or 1))
     task = build_task(cfg)
     for run in runs:

@@ -31,11 +31,12 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from ..estimators import AdvantageBatch, get_estimator
+from ..estimators import AdvantageBatch
 from ..io import RunDir
 from ..io import checkpoint as ckpt
 from ..models.control import AgentSpec, ControlAgent
 from ..models.mlp import member_view
+from ..plan import RunPlan
 from ..tasks.control import (EpisodeCollector, EpisodeLayout, EvalEpisodes, MemberEnvs, Normalization, StepCollector,
                              advantage_batch, env_info, evaluate, time_limit)
 from .loop import Source
@@ -110,10 +111,11 @@ class ControlSource(Source):
     cost_unit = "step"
     fused_adam = True  # fused Adam: one kernel for all parameters (elementwise, so still per-member state)
 
-    def __init__(self, cfg: DictConfig, runs: list[RunDir]):
+    def __init__(self, plan: RunPlan, runs: list[RunDir]):
+        cfg = plan.cfg
         self.cfg, self.P = cfg, len(runs)
         self.seeds = [int(r.cfg.seed) for r in runs]
-        self.spec = spec = get_estimator(cfg.estimator)
+        self.spec = spec = plan.estimator
         t = cfg.task
         self.info = env_info(t.env_id)
         self.gens = [torch.Generator().manual_seed(s) for s in self.seeds]
@@ -293,9 +295,9 @@ def layout(cfg: DictConfig, population: int) -> tuple[int, int]:
     return workers, threads
 
 
-def train(cfg: DictConfig, runs: list[RunDir]) -> None:
+def train(plan: RunPlan, runs: list[RunDir]) -> None:
     """Train ``runs`` (claimed and started by :func:`harness.app.run`) as one population,
     resuming from the newest valid checkpoint if there is one, else from zero."""
-    workers, threads = layout(cfg, int(cfg.population))
+    workers, threads = layout(plan.cfg, int(plan.cfg.population))
     torch.set_num_threads(threads)
-    train_members(cfg, runs, ControlSource, "control", workers=workers)
+    train_members(plan, runs, ControlSource, workers=workers)

@@ -51,11 +51,12 @@ from typing import Callable
 import torch
 from omegaconf import DictConfig
 
-from ..estimators import AdvantageBatch, get_estimator, kl_estimate, kl_guards
+from ..estimators import AdvantageBatch, kl_estimate, kl_guards
 from ..io import RunDir
 from ..io import checkpoint as ckpt
 from ..models.lm import (DecodeSettings, NonFiniteError, PolicyWithValue, Responses, ValueModel, fast_gelu,
                          generate_groups, response_forward)
+from ..plan import RunPlan
 from ..tasks.lm.data import decode_responses, left_pad
 from ..tasks.lm.metrics import length_by_correctness, mean_pass_at_k, zero_std_fraction
 from ..tasks.lm.pipeline import Decoding, LMTask, autocast, build_task, evaluate_scores, uses_bf16
@@ -314,12 +315,13 @@ class LMSource(Source):
     fused_adam = True  # one Adam kernel for all parameters (as the control source), not one loop per tensor
     EVAL_SEED_OFFSET = EVAL_SEED_OFFSET
 
-    def __init__(self, cfg: DictConfig, task: LMTask):
+    def __init__(self, plan: RunPlan, task: LMTask):
+        cfg = plan.cfg
         self.cfg, self.task = cfg, task
         self.P, self.lm = 1, cfg.lm
         self.seed = int(cfg.seed)
         self.seeds = [self.seed]
-        self.spec = get_estimator(cfg.estimator)
+        self.spec = plan.estimator
         self.device = task.device
         self.memory = PeakMemory(self.device)
         self.memory.start()  # the baseline: before this member's policy, reference and critic exist
@@ -606,11 +608,12 @@ class LMSource(Source):
         self.memory.peak = max(self.memory.peak, self.memory.base + float(peak))
 
 
-def train(cfg: DictConfig, runs: list[RunDir]) -> None:
+def train(plan: RunPlan, runs: list[RunDir]) -> None:
     """Build (or load) the cached pipeline once, then train the members one after another,
     each resuming from its own checkpoint if it has one (``population_workers``: split over that
     many forked processes, which share the pipeline; default one)."""
+    cfg = plan.cfg
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     task = build_task(cfg)
-    train_members(cfg, runs, lambda c, rs: LMSource(c, task), "lm", workers=int(cfg.population_workers or 1))
+    train_members(plan, runs, lambda member, rs: LMSource(member, task), workers=int(cfg.population_workers or 1))

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from ..estimators import AdvantageBatch, EstimatorParams, get_estimator
+from ..estimators import AdvantageBatch, EstimatorParams
 from ..io import RunDir
 from ..io.trackers import NoLog, make_logger
 from ..losses import adaptive_kl_beta
+from ..plan import RunPlan
 from . import checkpointing
 from .update import MemberOptimizer, Members, UpdateBatch, UpdateSettings, update
 
@@ -215,12 +215,13 @@ class Loop:
     """Train ``runs`` (one per member of ``source``) to their budgets. Its state is what a checkpoint
     saves and restores (:class:`harness.train.checkpointing.Checkpointed`)."""
 
-    def __init__(self, cfg: DictConfig, source: Source, runs: list[RunDir], family: str):
-        self.cfg, self.source, self.runs, self.family = cfg, source, runs, family
+    def __init__(self, plan: RunPlan, source: Source, runs: list[RunDir]):
+        cfg = plan.cfg
+        self.cfg, self.source, self.runs, self.family = cfg, source, runs, plan.kind.name
         self.P = source.P
-        self.spec = get_estimator(cfg.estimator)
+        self.spec = plan.estimator
         self.est_params = EstimatorParams.from_cfg(cfg)
-        self.settings = UpdateSettings.from_cfg(cfg, source.norm_len)
+        self.settings = UpdateSettings.from_plan(plan, source.norm_len)
         self.learner = source.learner
         self.opt = MemberOptimizer(self.learner.params, self.P, float(cfg.lr), fused=source.fused_adam)
         self.kl_beta = torch.full((self.P,), float(cfg.kl.beta), dtype=torch.float64)

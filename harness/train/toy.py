@@ -42,15 +42,15 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from omegaconf import DictConfig
 
-from ..estimators import AdvantageBatch, get_estimator, kl_estimate, kl_guards
+from ..estimators import AdvantageBatch, kl_estimate, kl_guards
 from ..config import toy_settings_from_config
 from ..io import RunDir
 from ..io.schema import prompt_column
 from ..io import checkpoint as ckpt
-from ..losses import PolicyInputs, get_policy_loss, loss_settings
-from ..tasks.toy import DTYPE, ToyBatch, ToyTask, advantage_batch, build_task, random_rewards, validate_toy
+from ..losses import PolicyInputs
+from ..plan import RunPlan
+from ..tasks.toy import DTYPE, ToyBatch, ToyTask, advantage_batch, build_task, random_rewards
 from .loop import Source
 from .workers import train_members, train_one_by_one
 from .sampling import cat_rows, dynamic_sample, overlong_penalty, take_groups
@@ -151,13 +151,14 @@ class ToySource(Source):
     cost_unit = "seq"
     uses_groups = True
 
-    def __init__(self, cfg: DictConfig, task: ToyTask, runs: list[RunDir] | None = None):
+    def __init__(self, plan: RunPlan, task: ToyTask, runs: list[RunDir] | None = None):
         """``runs``: the members (a :class:`~harness.train.workers.ShadowRun` for one that only rides
-        along); None: the lone run of ``cfg.seed``."""
+        along); None: the lone run of ``plan.cfg.seed``."""
+        cfg = plan.cfg
         self.cfg, self.task = cfg, task
         self.seeds = [int(cfg.seed)] if runs is None else [int(r.cfg.seed) for r in runs]
         self.P = len(self.seeds)
-        self.spec = get_estimator(cfg.estimator)
+        self.spec = plan.estimator
         self.gens = [torch.Generator().manual_seed(s) for s in self.seeds]
         ts = toy_settings(cfg)
         init = task.init_logits(ts["init_scale"], ts["init_seed"])  # the same start for every member
@@ -172,7 +173,7 @@ class ToySource(Source):
         self.n_groups = int(cfg.task.episodes_per_iter) // self.k
         self.budget = cfg.budget.env_steps
         self.norm_len = int(task.spec.length)
-        self.policy_loss, self.loss_settings = get_policy_loss(cfg["update"]), loss_settings(cfg)
+        self.policy_loss, self.loss_settings = plan.loss, plan.loss_settings
         self.loss_agg = str(cfg.loss_agg)
         self.kl_estimator, self.kl_in_reward = str(cfg.kl.estimator), bool(cfg.kl.in_reward)
         self.kl_guards = kl_guards(cfg.kl)
@@ -365,14 +366,16 @@ class ToySource(Source):
         self.sequences, self.tokens = list(seqs), list(toks)
 
 
-def train(cfg: DictConfig, runs: list[RunDir]) -> None:
-    validate_toy(cfg)
+def train(plan: RunPlan, runs: list[RunDir]) -> None:
+    """Train ``runs`` (claimed and started by :func:`harness.app.run`) as one population (one by one
+    with ``dynamic_sampling``), each resuming from its checkpoint if it has one."""
+    cfg = plan.cfg
     # tiny tensors: intra-op threads only add synchronisation (as for control)
     torch.set_num_threads(int(cfg.threads or 1))
     task = build_task(cfg)
-    make = lambda c, rs: ToySource(c, task, rs)  # noqa: E731
+    make = lambda member, rs: ToySource(member, task, rs)  # noqa: E731
     workers = int(cfg.population_workers or 1)  # default one: a whole toy population is a few small tensors
     if cfg.dynamic_sampling:  # a member's batch can end short of the others' (ToySource)
-        train_one_by_one(cfg, runs, make, "toy", workers=workers)
+        train_one_by_one(plan, runs, make, workers=workers)
     else:
-        train_members(cfg, runs, make, "toy", workers=workers)
+        train_members(plan, runs, make, workers=workers)

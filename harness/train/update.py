@@ -29,10 +29,11 @@ from typing import Any, Callable, Protocol
 import torch
 from torch.optim.adam import adam as adam_functional  # Adam.step's own call, without its wrappers
 
-from ..losses import (KLTerm, PolicyInputs, entropy_bonus, explained_variance, get_policy_loss, kl_penalty,
-                      loss_settings, masked_mean_std, value_loss, whiten, whitening_plan, within_sequence_std)
+from ..losses import (KLTerm, PolicyInputs, entropy_bonus, explained_variance, kl_penalty, masked_mean_std,
+                      value_loss, whiten, whitening_plan, within_sequence_std)
 from ..estimators.kl import kl_guards
 from ..models.mlp import member_view
+from ..plan import RunPlan
 
 ADAM_EPS = 1e-5  # every trainer's Adam (SB3's and CleanRL's PPO default)
 
@@ -58,10 +59,12 @@ class UpdateSettings:
     kl_guards: dict | None = None  # kl.log_ratio_clamp, kl.value_clamp (harness.estimators.kl.kl_guards)
 
     @classmethod
-    def from_cfg(cls, cfg, norm_len: int | None) -> "UpdateSettings":
-        """``norm_len``: the constant length of ``loss_agg=seq_mean_token_sum_norm`` (Dr. GRPO's L)."""
+    def from_plan(cls, plan: RunPlan, norm_len: int | None) -> "UpdateSettings":
+        """The update knobs of ``plan.cfg``, with the plan's policy loss and its settings.
+        ``norm_len``: the constant length of ``loss_agg=seq_mean_token_sum_norm`` (Dr. GRPO's L)."""
+        cfg = plan.cfg
         return cls(
-            policy_loss=get_policy_loss(cfg["update"]), loss_settings=loss_settings(cfg), epochs=int(cfg.epochs),
+            policy_loss=plan.loss, loss_settings=plan.loss_settings, epochs=int(cfg.epochs),
             minibatches=int(cfg.minibatches), normalize=str(cfg.normalize_advantages),
             vf_clip_eps=cfg.vf_clip_eps, loss_agg=str(cfg.loss_agg), norm_len=norm_len,
             ent_coef=float(cfg.ent_coef), vf_coef=float(cfg.vf_coef),

@@ -14,8 +14,9 @@ import time
 import torch
 from omegaconf import DictConfig
 
-from ..config import member_configs, member_seeds, task_kind
+from ..config import member_configs, member_seeds
 from ..io import RunDir
+from ..plan import RunPlan
 from .checkpointing import start
 from .loop import Loop
 
@@ -59,17 +60,17 @@ def population_runs(cfg: DictConfig, runs: list[RunDir]) -> list[RunDir]:
     return [mine.get(int(m.seed)) or ShadowRun(m) for m in member_configs(cfg)]
 
 
-def train_members(cfg: DictConfig, runs: list[RunDir], make_source, family: str, workers: int = 1) -> None:
-    """Train ``runs`` the way task kind ``family`` trains (its :class:`harness.config.TaskKind`
+def train_members(plan: RunPlan, runs: list[RunDir], make_source, workers: int = 1) -> None:
+    """Train ``runs`` the way the plan's task kind trains (its :class:`harness.config.TaskKind`
     entry): as one batched population (:func:`train_population`, over ``workers`` processes) or one
-    after another (:func:`train_one_by_one`). ``make_source(cfg, runs)``: the kind's rollout source."""
-    if task_kind(family).population:
-        train_population(cfg, runs, make_source, family, workers=workers)
+    after another (:func:`train_one_by_one`). ``make_source(plan, runs)``: the kind's rollout source."""
+    if plan.kind.population:
+        train_population(plan, runs, make_source, workers=workers)
     else:
-        train_one_by_one(cfg, runs, make_source, family, workers=workers)
+        train_one_by_one(plan, runs, make_source, workers=workers)
 
 
-def train_population(cfg: DictConfig, runs: list[RunDir], make_source, family: str, workers: int = 1) -> None:
+def train_population(plan: RunPlan, runs: list[RunDir], make_source, workers: int = 1) -> None:
     """Train every member of ``cfg.population`` as one batched population (members that are
     already finished or held elsewhere as write-nothing shadows: the batch shapes, which couple
     members, stay those of an uninterrupted run).
@@ -81,18 +82,18 @@ def train_population(cfg: DictConfig, runs: list[RunDir], make_source, family: s
     to float rounding (as it is its lone run's). Each slice checkpoints and resumes on its own:
     a resumed run with the same split continues, one with another split restarts the slices
     whose checkpoint does not fit (named in a log line)."""
-    in_workers(cfg, population_runs(cfg, runs), train_slice, make_source, family, workers)
+    in_workers(plan, population_runs(plan.cfg, runs), train_slice, make_source, workers)
 
 
-def in_workers(cfg: DictConfig, runs: list[RunDir], target, make_source, family: str, workers: int) -> None:
-    """``target(cfg, part, make_source, family)`` on each of ``min(workers, len(runs))`` contiguous
+def in_workers(plan: RunPlan, runs: list[RunDir], target, make_source, workers: int) -> None:
+    """``target(plan, part, make_source)`` on each of ``min(workers, len(runs))`` contiguous
     slices of ``runs`` (:func:`worker_slices`), each in a forked process (:func:`_slice_worker`,
     with this process's torch thread count; a slice with nothing to write is skipped), this
     process waiting for them; a single slice runs in this process. A worker that exits non-zero is raised here,
     naming its seeds."""
     slices = worker_slices(len(runs), workers)
     if len(slices) == 1:
-        target(cfg, runs, make_source, family)
+        target(plan, runs, make_source)
         return
     import multiprocessing
 
@@ -106,9 +107,8 @@ def in_workers(cfg: DictConfig, runs: list[RunDir], target, make_source, family:
             part = [runs[i] for i in idx]
             if not any(getattr(r, "writable", True) for r in part):
                 continue  # every member finished or held elsewhere
-            show = cfg.progress and not procs  # one progress bar: the first slice's
-            procs.append((ctx.Process(target=_slice_worker, args=(cfg, part, target, make_source, family, show,
-                                                                  threads),
+            show = plan.cfg.progress and not procs  # one progress bar: the first slice's
+            procs.append((ctx.Process(target=_slice_worker, args=(plan, part, target, make_source, show, threads),
                                       name=f"population-worker-{part[0].cfg.seed}", daemon=True), part))
             procs[-1][0].start()
         for proc, _ in procs:
@@ -138,55 +138,57 @@ def worker_slices(n: int, workers: int) -> list[range]:
     return out
 
 
-def train_slice(cfg: DictConfig, runs: list[RunDir], make_source, family: str) -> None:
+def train_slice(plan: RunPlan, runs: list[RunDir], make_source) -> None:
     """Train ``runs`` as one batched population, resuming from their newest valid checkpoint."""
-    loop, resume = start(cfg, lambda: Loop(cfg, make_source(cfg, runs), runs, family), runs)
+    loop, resume = start(plan.cfg, lambda: Loop(plan, make_source(plan, runs), runs), runs)
     loop.run(resume)
 
 
-def _slice_worker(cfg: DictConfig, runs: list[RunDir], target, make_source, family: str, progress: bool,
-                  threads: int) -> None:
+def _slice_worker(plan: RunPlan, runs: list[RunDir], target, make_source, progress: bool, threads: int) -> None:
     """A worker process's ``target`` (:func:`train_slice` or :func:`train_one_by_one`), on
     ``threads`` torch threads, with or without its progress bar. If it raises, its unfinished
     members are recorded as failed with the exception (the parent sees only an exit code), then
     the worker exits non-zero."""
     torch.set_num_threads(threads)
-    if progress != cfg.progress:
-        cfg = cfg.copy()
+    if progress != plan.cfg.progress:
+        cfg = plan.cfg.copy()
         cfg.progress = progress
+        plan = plan.member(cfg)
     t0 = time.perf_counter()
     try:
-        target(cfg, runs, make_source, family)
+        target(plan, runs, make_source)
     except Exception as exc:
-        log.exception("%s population worker (seeds %s-%s) failed", family, runs[0].cfg.seed, runs[-1].cfg.seed)
+        log.exception("%s population worker (seeds %s-%s) failed", plan.kind.name, runs[0].cfg.seed,
+                      runs[-1].cfg.seed)
         for r in runs:  # a shadow's finish writes nothing
             if r.status() is None:
                 r.finish("failed", f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
         raise
 
 
-def train_one_by_one(cfg: DictConfig, runs: list[RunDir], make_source, family: str, workers: int = 1) -> None:
+def train_one_by_one(plan: RunPlan, runs: list[RunDir], make_source, workers: int = 1) -> None:
     """Train the members one after another, each a lone run of its own seed (``P = 1``); a
     member that raises is recorded as failed and the next one goes on. ``workers > 1``: the
     members are split over that many forked processes (:func:`in_workers`), each training its
     slice one after another; a member's run is its lone run whichever process trains it."""
     if workers > 1:  # in_workers runs a single slice here, as workers=1
-        in_workers(cfg, runs, train_one_by_one, make_source, family, workers)
+        in_workers(plan, runs, train_one_by_one, make_source, workers)
         return
     for r in runs:
         t0 = time.perf_counter()
         mcfg = r.cfg
-        if mcfg.progress and not cfg.progress:  # a worker without the progress bar (_slice_worker)
+        if mcfg.progress and not plan.cfg.progress:  # a worker without the progress bar (_slice_worker)
             mcfg = mcfg.copy()
             mcfg.progress = False
+        member = plan.member(mcfg)
         loop = None  # the previous member's trainer is freed before this one is built (and measured)
         try:
-            loop, resume = start(mcfg, lambda: Loop(mcfg, make_source(mcfg, [r]), [r], family), [r])
+            loop, resume = start(mcfg, lambda: Loop(member, make_source(member, [r]), [r]), [r])
             loop.run(resume)
             loop = None
         except Exception as exc:  # record this member as failed, go on with the next
             loop = None
-            log.exception("%s run %s failed", family, r.run_id)
+            log.exception("%s run %s failed", plan.kind.name, r.run_id)
             if r.status() is None:
                 r.finish("failed", f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
             if len(runs) == 1:
