@@ -166,10 +166,12 @@ class _LazyBroken(types.ModuleType):
 
 
 @pytest.mark.parametrize("error, shown", [
-    (RuntimeError("Failed to import trl.trainer.grpo_trainer"), "RuntimeError: Failed to import "
-                                                                "trl.trainer.grpo_trainer"),
+    # TRL's lazy import error, several lines: joined into the one line
+    (RuntimeError("Failed to import trl.trainer.grpo_trainer because of the following error:\n\nNo module named 'x'"),
+     "RuntimeError: Failed to import trl.trainer.grpo_trainer because of the following error: No module named 'x'"),
+    (RuntimeError("y" * 1000), "RuntimeError: " + "y" * (300 - len("RuntimeError: ") - 3) + "..."),  # 300 at most
     (SystemExit(3), "SystemExit: 3"),  # a package that exits on import is named, not obeyed
-])
+], ids=["lines", "long", "exit"])
 def test_a_trainer_that_fails_to_import_lazily_is_named(error, shown, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "trl", _LazyBroken("trl", error))
     res = tmp_path / "res"

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from ..config import bad_field
+from ..tasks.lm.validate import one_line
 from . import sb3, trl
 
 
@@ -95,8 +96,8 @@ def check_library(name: str, ref: Reference, cfg: DictConfig) -> None:
     try:
         ref.library(cfg)
     except (Exception, SystemExit) as exc:  # SystemExit: a package that exits on import
-        error = " ".join(f"{type(exc).__name__}: {exc}".split())
-        bad_field("reference", f"null here: {ref.module} is installed but importing it fails ({error[:300]}); "
+        error = one_line(f"{type(exc).__name__}: {exc}", 300)
+        bad_field("reference", f"null here: {ref.module} is installed but importing it fails ({error}); "
                   f"reinstall it ({install})", name)
 
 

@@ -98,7 +98,8 @@ def check(cfg: DictConfig) -> None:
     if cfg.max_grad_norm is None:
         bad_field("max_grad_norm", "a number with reference=sb3 (SB3 always clips)", None)
     if est == "ppo_gae" and cfg.clip_eps is None:
-        bad_field("clip_eps", "a number with reference=sb3 estimator=ppo_gae (SB3's PPO always clips: clip_range)", None)
+        bad_field("clip_eps", "a number with reference=sb3 estimator=ppo_gae (SB3's PPO always clips: clip_range)",
+                  None)
     if est == "a2c":
         if int(cfg.epochs) != 1 or int(cfg.minibatches) != 1:
             bad_field("epochs", "1 (and minibatches 1) with reference=sb3 estimator=a2c",
