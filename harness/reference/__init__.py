@@ -11,8 +11,14 @@ harness/conf/claims.yaml) sweep ``reference: null,sb3``; C57-C58 (GRPO and RLOO 
 harness/conf/experiment/claim_c57.yaml, claim_c58.yaml) ``reference: null,trl``.
 
 The reference is part of the run's identity (hashed into its folder when set); the library is the
-``bench`` extra (``pip install 'pg-advantage-harness[bench]'``), imported only when a reference
-run trains.
+``bench`` extra (``pip install 'pg-advantage-harness[bench]'``), imported at validation (what its
+trainer uses: a package installed but broken on import is refused there, in one line naming it,
+before any run folder exists) and used when a reference run trains.
+
+Every setting a reference trainer cannot honour is refused by name at validation
+(:func:`check_reference`): the run settings neither trainer has (:data:`RUN_SETTINGS`), and each
+library's own (its module's ``check``). A setting the estimator does not read on the harness's
+side either (``group_size`` with ``estimator=ppo_gae``) is ignored on both sides alike.
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from omegaconf import DictConfig
 
 from ..config import bad_field
 from ..plan import RunPlan
+from ..tasks.lm.validate import one_line
 from . import sb3, trl
 
 
@@ -31,22 +38,30 @@ from . import sb3, trl
 class Reference:
     """A library's trainer: what it needs installed, where it runs, what it trains."""
 
-    module: str  # the library's import name (checked installed at validation, imported when training)
+    module: str  # the library's import name (its absence named as such at validation)
     trainer: Callable[[RunPlan, list], None]  # (plan, runs): trains and writes each RunDir
     check: Callable[[DictConfig], None]  # (cfg): refuses (bad_field) a setting it cannot translate
+    library: Callable[[DictConfig], None]  # (cfg): imports what the trainer uses of the library (raises if broken)
     families: tuple[str, ...]  # task.family values it trains
     estimators: tuple[str, ...]  # the harness estimators it has a counterpart of
 
 
 REFERENCES: dict[str, Reference] = {
-    "sb3": Reference("stable_baselines3", sb3.train, sb3.check, ("control",), ("ppo_gae", "a2c")),
-    "trl": Reference("trl", trl.train, trl.check, ("lm",), ("grpo", "rloo")),
+    "sb3": Reference("stable_baselines3", sb3.train, sb3.check, sb3.library, ("control",), ("ppo_gae", "a2c")),
+    "trl": Reference("trl", trl.train, trl.check, trl.library, ("lm",), ("grpo", "rloo")),
+}
+
+# run settings no reference trainer honours: their value off (the schema's default) and why
+RUN_SETTINGS: dict[str, tuple[object, str]] = {
+    "checkpoint_every": (0, "a reference trainer writes no checkpoints and resumes none"),
+    "logger": ("none", "a reference trainer's metric rows go to the run folder alone, to no tracker"),
 }
 
 
 def check_reference(cfg: DictConfig) -> None:
     """``reference``: null or a name of :data:`REFERENCES`, for a task family and estimator it
-    trains, its library installed, and every setting translatable (its own ``check``)."""
+    trains, the run settings of :data:`RUN_SETTINGS` off, every setting translatable (its own
+    ``check``), and its library installed and importing (:func:`check_library`)."""
     name = cfg.get("reference")
     if name is None:
         return
@@ -61,10 +76,30 @@ def check_reference(cfg: DictConfig) -> None:
                   f"estimator={cfg.estimator}")
     if cfg.mode != "train":
         bad_field("reference", "mode=train (a reference library has no gradient probes)", f"mode={cfg.mode}")
-    if importlib.util.find_spec(ref.module) is None:
-        bad_field("reference", f"{name} installed (pip install 'pg-advantage-harness[bench]')",
-                  f"{ref.module} not importable")
+    for key, (off, why) in RUN_SETTINGS.items():
+        if cfg.get(key, off) != off:
+            bad_field(key, f"{off!r} with reference={name} ({why})", cfg[key])
     ref.check(cfg)
+    check_library(name, ref, cfg)
+
+
+def check_library(name: str, ref: Reference, cfg: DictConfig) -> None:
+    """The library of ``reference=name`` is installed and what its trainer uses imports
+    (``ref.library``), or one line: not installed, or the package and the error its import
+    raised (a broken install would otherwise fail every run after its folder was made)."""
+    install = "pip install 'pg-advantage-harness[bench]'"
+    try:
+        missing = importlib.util.find_spec(ref.module) is None
+    except (ImportError, ValueError):  # a parent package that fails, or a sys.modules entry without a spec
+        missing = False
+    if missing:
+        bad_field("reference", f"{name} installed ({install})", f"{ref.module} not importable")
+    try:
+        ref.library(cfg)
+    except (Exception, SystemExit) as exc:  # SystemExit: a package that exits on import
+        error = one_line(f"{type(exc).__name__}: {exc}", 300)
+        bad_field("reference", f"null here: {ref.module} is installed but importing it fails ({error}); "
+                  f"reinstall it ({install})", name)
 
 
 def reference_trainer(cfg: DictConfig):

@@ -31,12 +31,14 @@ Adam, eps 1e-5                    A2C: ``use_rms_prop=False`` (Adam, ``rms_prop_
                                   PPO: its default Adam with eps 1e-5
 ================================  ==============================================================
 
-What cannot be translated (another policy loss, aggregation, a KL term, an asymmetric clip,
-value clipping, per-network clipping, a squashed or state-dependent std, whole-episode batches) is
-refused by :func:`check`. Value clipping: SB3's ``clip_range_vf`` regresses the clipped prediction
-alone, ``mse(R, V_old + clip(V - V_old))``, the harness's ``vf_clip_eps`` the larger of the clipped
-and unclipped errors (:func:`harness.losses.value_loss`, PPO2's), so it has no counterpart there
-(nor in SB3's A2C). Evaluation is the harness's (:func:`harness.tasks.control.evaluate`: the same
+What cannot be translated (another policy loss, aggregation, a KL term, an adaptive KL or its
+clamps, an asymmetric, capped (``delta``), clamped (``log_ratio_clamp``) or absent
+(``clip_eps=null``) clip, value clipping, per-network clipping, a squashed or state-dependent std,
+whole-episode batches) is refused by :func:`check`; checkpoints and trackers by
+:data:`harness.reference.RUN_SETTINGS`. Value clipping: SB3's ``clip_range_vf`` regresses the
+clipped prediction alone, ``mse(R, V_old + clip(V - V_old))``, the harness's ``vf_clip_eps`` the
+larger of the clipped and unclipped errors (:func:`harness.losses.value_loss`, PPO2's), so it has
+no counterpart there (nor in SB3's A2C). Evaluation is the harness's (:func:`harness.tasks.control.evaluate`: the same
 greedy episodes, the same evaluation seeds, at the same env-step marks, observations normalised
 with the training statistics frozen), with SB3's policy acting greedily (``predict(deterministic=True)``).
 A metric row per iteration (one rollout and its update) holds SB3's own training statistics
@@ -60,7 +62,7 @@ from ..tasks.control import EvalEpisodes, env_info, evaluate
 from ..train.control import cores_available, evaluation_seeds
 from ..train.loop import RowHead, common_fields, eval_due, flush_due, metric_row
 
-__all__ = ["check", "train"]
+__all__ = ["check", "library", "train"]
 
 ALGORITHMS = {"ppo_gae": "PPO", "a2c": "A2C"}
 _UPDATE = {"ppo_gae": "clip", "a2c": "pg"}
@@ -74,7 +76,12 @@ def check(cfg: DictConfig) -> None:
         "loss_agg": (cfg.loss_agg, "token_mean"),
         "clip_eps_high": (cfg.clip_eps_high, None),
         "vf_clip_eps": (cfg.vf_clip_eps, None),  # SB3's clip_range_vf is another loss (module docstring)
+        "delta": (cfg.get("delta"), None),  # the clip loss's knobs: SB3's PPO loss has neither
+        "log_ratio_clamp": (cfg.get("log_ratio_clamp"), None),
         "kl.beta": (float(cfg.kl.beta), 0.0),
+        "kl.adaptive": (bool(cfg.kl.adaptive), False),
+        "kl.log_ratio_clamp": (cfg.kl.get("log_ratio_clamp"), None),  # SB3 has no KL term to clamp
+        "kl.value_clamp": (cfg.kl.get("value_clamp"), None),
         "grad_clip": (cfg.grad_clip, "joint"),
         "task.log_std": (t.log_std, "state_independent"),
         "task.action_bound": (t.action_bound, "clip"),
@@ -91,6 +98,9 @@ def check(cfg: DictConfig) -> None:
         bad_field("normalize_advantages", f"one of {list(allowed_norm)} with reference=sb3", cfg.normalize_advantages)
     if cfg.max_grad_norm is None:
         bad_field("max_grad_norm", "a number with reference=sb3 (SB3 always clips)", None)
+    if est == "ppo_gae" and cfg.clip_eps is None:
+        bad_field("clip_eps", "a number with reference=sb3 estimator=ppo_gae (SB3's PPO always clips: clip_range)",
+                  None)
     if est == "a2c":
         if int(cfg.epochs) != 1 or int(cfg.minibatches) != 1:
             bad_field("epochs", "1 (and minibatches 1) with reference=sb3 estimator=a2c",
@@ -101,6 +111,12 @@ def check(cfg: DictConfig) -> None:
     elif (int(t.num_envs) * int(t.rollout_steps)) % int(cfg.minibatches):
         bad_field("minibatches", f"a divisor of task.num_envs * task.rollout_steps "
                   f"({int(t.num_envs) * int(t.rollout_steps)}) with reference=sb3", cfg.minibatches)
+
+
+def library(cfg: DictConfig) -> None:
+    """Import what :func:`train` uses of stable-baselines3 (raises what a broken install raises)."""
+    import stable_baselines3  # noqa: F401
+    from stable_baselines3.common import callbacks, env_util, logger, vec_env  # noqa: F401
 
 
 class _GreedySB3:

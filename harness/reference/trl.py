@@ -34,7 +34,10 @@ epoch: ``update`` clip or pg                    responses; with one optimizer st
                                                 or ``max_steps`` = iterations x ``num_iterations``
 ==============================================  ==============================================================
 
-What TRL's trainers cannot do the same way is refused by :func:`check` (one line, exit 2).
+What TRL's trainers cannot do the same way is refused by :func:`check` (one line, exit 2): among
+it a clamped log-ratio or KL (TRL clamps neither), members split over processes
+(``population_workers``), a group std epsilon other than TRL's 1e-4 or the harness's default;
+checkpoints and trackers by :data:`harness.reference.RUN_SETTINGS`.
 Differences left (each a property of the library, not a setting): TRL samples its prompts by
 shuffled passes over the training set (``RepeatSampler``), the harness uniformly with
 replacement; TRL's group std adds 1e-4 (``(std + 1e-4)``), the harness ``group_std_eps`` (1e-6 by
@@ -67,7 +70,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from ..config import bad_field
+from ..config import Config, bad_field
 from ..io.rundir import RunDir
 from ..plan import RunPlan
 from ..models.lm import Responses, positions, response_forward
@@ -76,10 +79,11 @@ from ..train.lm import evaluate_policy, initial_fields, kl_to_reference
 from ..train.loop import RowHead, common_fields, eval_due, flush_due, metric_row
 from ..train.update import ADAM_EPS
 
-__all__ = ["check", "train", "trl_settings", "trl_config", "trl_prompts", "RewardCounter", "make_trainer"]
+__all__ = ["check", "library", "train", "trl_settings", "trl_config", "trl_prompts", "RewardCounter", "make_trainer"]
 
 TRAINERS = {"grpo": ("GRPOConfig", "GRPOTrainer"), "rloo": ("RLOOConfig", "RLOOTrainer")}
 LOSS_TYPES = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_mean_token_sum_norm": "dr_grpo"}
+TRL_STD_EPS = 1e-4  # what TRL's GRPOTrainer adds to the group std (grpo_trainer.py: ``(std + 1e-4)``)
 
 
 def check(cfg: DictConfig) -> None:
@@ -97,8 +101,10 @@ def check(cfg: DictConfig) -> None:
         "anneal_lr": (bool(cfg.anneal_lr), False),
         "dynamic_sampling": (bool(cfg.dynamic_sampling), False),
         "overlong_cache": (cfg.overlong_cache, None),
-        "checkpoint_every": (int(cfg.checkpoint_every), 0),
+        "log_ratio_clamp": (cfg.get("log_ratio_clamp"), None),  # the clip loss's clamp: TRL's has none
         "kl.adaptive": (bool(kl.adaptive), False),
+        "kl.log_ratio_clamp": (kl.get("log_ratio_clamp"), None),  # TRL's KL terms have no clamps
+        "kl.value_clamp": (kl.get("value_clamp"), None),
     }
     if est == "grpo":
         need.update({"update": (cfg["update"], "clip")})
@@ -129,6 +135,24 @@ def check(cfg: DictConfig) -> None:
         bad_field("clip_eps", f"a number with reference=trl (TRL's {trainer} always clips)", None)
     if int(cfg.group_size) < 2:
         bad_field("group_size", f">= 2 with reference=trl (TRL's num_generations)", cfg.group_size)
+    if cfg.population_workers not in (None, 1):
+        bad_field("population_workers", "null or 1 with reference=trl (TRL's trainer trains the members one after "
+                  "another in one process)", cfg.population_workers)
+    default_eps = Config.group_std_eps
+    if est == "grpo" and cfg.std_normalize and float(cfg.group_std_eps) not in (TRL_STD_EPS, default_eps):
+        bad_field("group_std_eps", f"{TRL_STD_EPS} (TRL's, added to the group std) or {default_eps} (the default) "
+                  "with reference=trl estimator=grpo std_normalize=true", cfg.group_std_eps)
+
+
+def library(cfg: DictConfig) -> None:
+    """Import what :func:`train` uses of TRL and its dependencies, the trainer and config class of
+    ``cfg.estimator`` among them (TRL imports them lazily; raises what a broken install raises)."""
+    import datasets  # noqa: F401
+    import trl
+    from transformers import PrinterCallback, TrainerCallback  # noqa: F401
+
+    for name in TRAINERS[cfg.estimator]:
+        getattr(trl, name)
 
 
 def trl_settings(cfg: DictConfig) -> dict[str, Any]:
