@@ -255,3 +255,32 @@ def test_curve_titles_name_the_axis_drawn(drawn, tmp_path):
     fig = drawn.pop()
     assert fig.get_suptitle().startswith("Learning curves vs sampled tokens")
     assert fig.axes[0].get_xlabel() == "sampled tokens"
+
+
+def test_a_claims_batch_panel_names_what_differs_and_the_rule_lines_are_named():
+    """The box plots of a probe claim are labelled by the settings its two configs differ in (the
+    shared ones said once would overlap at the figure's width), with n; the primary's rule lines
+    carry their names in a legend (threshold, smallest effect that counts, interval, estimate)."""
+    import types
+
+    from matplotlib.figure import Figure
+
+    from analysis.claims.evidence import ExpData
+    from analysis.claims.figures import _batch_panel, _interval_axis
+    from analysis.claims.rules import Rule
+
+    shared = {"probe.negative_control": False, "reference": None}
+    batches = pd.DataFrame([{"estimator": est, "scope": "all", "dev_sq": float(i), **shared}
+                            for est in ("baseline", "reinforce") for i in range(4)])
+    e = ExpData("x", pd.DataFrame(), pd.DataFrame(), batches, pd.DataFrame(), pd.DataFrame())
+    ps = types.SimpleNamespace(stat="batch_ratio", experiment="x", args={
+        "num": {"estimator": "baseline", **shared}, "den": {"estimator": "reinforce", **shared}})
+    ax = Figure().subplots()
+    assert _batch_panel(ax, types.SimpleNamespace(primary=ps), {"x": e})
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["estimator=baseline\n(n=4)", "estimator=reinforce\n(n=4)"]
+    part = types.SimpleNamespace(point=0.5, low=0.4, high=0.6, verdict="supported", role="primary", name="ratio",
+                                 rule="< 1 by 0.1", level=0.95, spec=Rule.parse({"less": {"than": 1, "by": 0.1}}))
+    ax = Figure().subplots()
+    _interval_axis(ax, part)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "threshold", "smallest effect that counts", "interval", "estimate"]

@@ -26,36 +26,50 @@ def _level_text(level: float) -> str:
     return f"{pct:.0f}%" if abs(pct - round(pct)) < 1e-9 else f"{pct:.3g}%"
 
 
+#: font sizes (points) of the figure's text: panel titles, axis labels, ticks, legends
+_TITLE, _LABEL, _TICK, _LEGEND = 8.5, 8, 7.5, 7
+
+
+def _setting(k: str, v) -> str:
+    """``key=value`` as the command line writes it (``None`` is Hydra's ``null``)."""
+    return f"{k}={'null' if v is None else v}"
+
+
 def _interval_axis(ax, p) -> None:
-    """One part: its point and interval against its rule, on the part's own scale."""
+    """One part: its point and interval against its rule, on the part's own scale; the rule's
+    lines and band named in a legend on the primary's axis."""
     color = {"supported": "tab:green", "refuted": "tab:red", "reported": "tab:purple"}.get(p.verdict, "tab:grey")
     xs = [x for x in (p.point, p.low, p.high) if np.isfinite(x)]
     rule = p.spec
     if rule is not None:
         if rule.kind in ("equivalent", "between"):
             lo, hi = rule.band
-            ax.axvspan(lo, hi, color="tab:blue", alpha=0.15, lw=0)
+            ax.axvspan(lo, hi, color="tab:blue", alpha=0.15, lw=0,
+                       label="equivalence margin" if rule.kind == "equivalent" else "bounds")
             xs += [lo, hi]
         elif rule.kind in ("greater", "less"):
-            ax.axvline(rule.a, color="tab:blue", lw=1)
+            ax.axvline(rule.a, color="tab:blue", lw=1, label="threshold")
             xs.append(rule.a)
             if rule.b:  # the smallest effect that counts: the line the interval is read against
-                ax.axvline(rule.threshold, color="tab:blue", lw=1, ls="--")
+                ax.axvline(rule.threshold, color="tab:blue", lw=1, ls="--", label="smallest effect that counts")
                 xs.append(rule.threshold)
     if np.isfinite(p.low) and np.isfinite(p.high):
-        ax.plot([p.low, p.high], [0, 0], color=color, lw=4, solid_capstyle="butt")
+        ax.plot([p.low, p.high], [0, 0], color=color, lw=4, solid_capstyle="butt", label="interval")
     if np.isfinite(p.point):
-        ax.plot([p.point], [0], "o", color="black", ms=4)
+        ax.plot([p.point], [0], "o", color="black", ms=4, label="estimate")
     if xs:
         lo, hi = min(xs), max(xs)
         pad = 0.08 * (hi - lo) or 0.1 * max(abs(hi), 1e-9)
         ax.set_xlim(lo - pad, hi + pad)
     ax.set_yticks([])
-    ax.tick_params(axis="x", labelsize=6)
+    ax.tick_params(axis="x", labelsize=_TICK)
+    if p.role == "primary" and rule is not None:
+        ax.legend(fontsize=_LEGEND - 1, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+                  handlelength=1.5)
     tail = (f" [{p.rule}, {_level_text(p.level)}]: {p.verdict}" if p.role != "reported"
             else f" [{_level_text(p.level)}]")  # the rule and the verdict are never cut
     role = "" if p.role == "primary" else f"{p.role}: "
-    ax.set_title(textwrap.shorten(role + p.name, max(95 - len(tail), 20)) + tail, fontsize=6.5, loc="left")
+    ax.set_title(textwrap.shorten(role + p.name, max(90 - len(tail), 20)) + tail, fontsize=_TITLE, loc="left")
 
 
 #: arm -> (marker, line style, colour when its runs share no estimator)
@@ -83,7 +97,7 @@ def _arm_colors(claim, data: dict[str, ExpData]) -> dict[str, str]:
 
 def _arm(claim, tag: str) -> str:
     where = (claim.primary.args.get(tag) or {}) if claim.primary else {}
-    return ", ".join(f"{k}={v}" for k, v in where.items()) or tag
+    return ", ".join(_setting(k, v) for k, v in where.items()) or tag
 
 
 def _seed_panel(ax, verdict, claim, colors: dict[str, str] | None = None) -> bool:
@@ -100,24 +114,24 @@ def _seed_panel(ax, verdict, claim, colors: dict[str, str] | None = None) -> boo
         for x, k, y in ((0, "b", b), (1, "a", a)):
             ax.plot(np.full_like(y, x), y, _ARM_STYLE[k][0], ms=3, color=colors[k],
                     label=f"{_arm(claim, k)} (n={y.size})")
-        ax.set_xticks([0, 1], ["b", "a"], fontsize=7)
+        ax.set_xticks([0, 1], ["b", "a"], fontsize=_TICK)
     elif "a" in vals and "b" in vals:
         for i, k in enumerate(("b", "a")):
             y = np.asarray(vals[k], float)
             jitter = np.random.default_rng(0).uniform(-0.08, 0.08, y.size)
             ax.plot(i + jitter, y, _ARM_STYLE[k][0], ms=3, alpha=0.6, color=colors[k],
                     label=f"{_arm(claim, k)} (n={y.size}, mean {y.mean():.2f})")
-        ax.set_xticks([0, 1], ["b", "a"], fontsize=7)
+        ax.set_xticks([0, 1], ["b", "a"], fontsize=_TICK)
     else:
         (k, y), = list(vals.items())[:1]
         y = np.asarray(y, float)
         ax.plot(np.random.default_rng(0).uniform(-0.1, 0.1, y.size), y, "o", ms=3, color=colors["a"],
                 label=f"{_arm(claim, 'a') if k == 'a' else k} (n={y.size})")
         ax.set_xticks([])
-    ax.set_ylabel("per-seed value", fontsize=7)
-    ax.tick_params(labelsize=7)
-    ax.legend(fontsize=6)
-    ax.set_title("the primary's per-seed values (a, b: its arms)", fontsize=7, loc="left")
+    ax.set_ylabel("per-seed value", fontsize=_LABEL)
+    ax.tick_params(labelsize=_TICK)
+    ax.legend(fontsize=_LEGEND)
+    ax.set_title("the primary's per-seed values (a, b: its arms)", fontsize=_TITLE, loc="left")
     return True
 
 
@@ -150,18 +164,18 @@ def _curve_panel(ax, claim, data: dict[str, ExpData], colors: dict[str, str] | N
         mean, sd, n, xs = g[col].mean(), g[col].std(ddof=1), g[col].count(), g[x].median()
         q = scipy.stats.t.ppf(0.975, np.maximum(n - 1, 1))
         half = (q * sd / np.sqrt(n)).fillna(0.0)
-        label = f"{tag}: " + ", ".join(f"{k}={v}" for k, v in where.items()) + f" (n={int(n.max())} seeds)"
+        label = f"{tag}: " + ", ".join(_setting(k, v) for k, v in where.items()) + f" (n={int(n.max())} seeds)"
         ax.plot(xs.values, mean.values, color=color, ls=_ARM_STYLE[tag][1], label=label, lw=1)
         ax.fill_between(xs.values, (mean - half).values, (mean + half).values, color=color, alpha=0.2, lw=0)
         drawn = True
-    ax.set_xlabel(x, fontsize=7)
-    ax.set_ylabel(col, fontsize=7)
-    ax.set_title("mean over seeds, 95% t band", fontsize=7, loc="left")
+    ax.set_xlabel(x, fontsize=_LABEL)
+    ax.set_ylabel(col, fontsize=_LABEL)
+    ax.set_title("mean over seeds, 95% t band", fontsize=_TITLE, loc="left")
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # five-digit step counts ran into each other
-    ax.tick_params(labelsize=7)
-    ax.legend(fontsize=6)
+    ax.tick_params(labelsize=_TICK)
+    ax.legend(fontsize=_LEGEND)
     return drawn
 
 
@@ -172,16 +186,20 @@ def _batch_panel(ax, claim, data: dict[str, ExpData]) -> bool:
     e = data[ps.experiment]
     col = ps.args.get("column", "dev_sq")
     vals, labels = [], []
-    for tag in ("num", "den"):
+    num, den = (ps.args.get(tag) or {} for tag in ("num", "den"))
+    for where in (num, den):
         try:
-            rows = e.select(e.batches, {**(ps.args.get(tag) or {}), "scope": "all"}, "batches")
+            rows = e.select(e.batches, {**where, "scope": "all"}, "batches")
         except NotRun:
             return False
         vals.append(rows[col].to_numpy(dtype=float))
-        labels.append(", ".join(f"{k}={v}" for k, v in ps.args[tag].items())[:40] + f" (n={len(rows)})")
+        differ = {k: v for k, v in where.items() if (num if where is den else den).get(k) != v} or where
+        labels.append(textwrap.fill(", ".join(_setting(k, v) for k, v in differ.items()), 28) + f"\n(n={len(rows)})")
     ax.boxplot(vals, showfliers=False)
-    ax.set_xticks([1, 2], labels, fontsize=6)
-    ax.set_ylabel(f"per-batch {col}", fontsize=7)
+    ax.set_xticks([1, 2], labels, fontsize=_TICK)
+    ax.set_ylabel(f"per-batch {col}", fontsize=_LABEL)
+    ax.tick_params(axis="y", labelsize=_TICK)
+    ax.set_title("per-batch values (box: quartiles; whiskers: 1.5 IQR)", fontsize=_TITLE, loc="left")
     return True
 
 
@@ -196,7 +214,7 @@ def claim_figure(verdict, claim, data: dict[str, ExpData], out: Path) -> str | N
     training = claim.primary is not None and claim.primary.stat in ("run_metric", "frontier_gap")
     side_kind = training or (claim.primary is not None and claim.primary.stat == "batch_ratio")
     rows = max(n, 4 if training else 2)
-    fig = plt.figure(figsize=(10, 0.9 + 0.62 * max(rows, 3)))
+    fig = plt.figure(figsize=(11, 1.0 + 0.75 * max(rows, 3)))
     grid = fig.add_gridspec(rows, 2, width_ratios=[1.3, 1])
     try:
         for i, p in enumerate(panels):  # the intervals take the whole width when there is no side panel
@@ -214,7 +232,7 @@ def claim_figure(verdict, claim, data: dict[str, ExpData], out: Path) -> str | N
             side = fig.add_subplot(grid[:, 1])
             if not _batch_panel(side, claim, data):
                 side.axis("off")
-        fig.suptitle(textwrap.shorten(f"{claim.id}: {verdict.label} — {claim.short}", 120), fontsize=9)
+        fig.suptitle(textwrap.shorten(f"{claim.id}: {verdict.label} — {claim.short}", 120), fontsize=10)
         fig.tight_layout()
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"{claim.id.lower()}.png"
