@@ -11,8 +11,6 @@ Command line: ``python -m analysis report RESULTS [--x env_steps|wall_time_s] [-
 ``python -m analysis rliable RESULTS [--out FILE.npz]``.
 """
 
-from importlib import import_module as _import_module
-
 # analysis.load is imported here, not on first use: the submodule and the function share the name
 # ``load``, and importing the submodule (as stats and interop do) binds the attribute to it.
 from .load import AnalysisWarning, find_run_dirs, load, load_runs
@@ -29,10 +27,20 @@ _LAZY = {
 }
 
 
+def _submodule(name: str):
+    """Import submodule ``name`` of :data:`_LAZY` (a plain import: ``from . import`` would ask
+    this package for the attribute first, calling :func:`__getattr__` again)."""
+    if name == "stats":
+        import analysis.stats as module
+    else:
+        import analysis.interop as module
+    return module
+
+
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = _import_module(f".{_LAZY[name] or name}", __name__)
+    module = _submodule(_LAZY[name] or name)
     value = module if _LAZY[name] is None else getattr(module, name)
     globals()[name] = value
     return value
