@@ -20,6 +20,7 @@ from .config import (PARAM_BYTES, ProbeSettings, bad_field, check_choice, check_
 from .estimators import KL_ESTIMATORS, EstimatorSpec, get_estimator
 from .io.rundir import CHECKPOINT_NAME, run_dir_for
 from .losses import AGG_MODES, POLICY_LOSSES, get_policy_loss, knob_defaults, loss_settings
+from .plugins import try_callables
 from .probes import validate_probe
 from .reference import check_reference
 from .tasks.control import env_info, time_limit, validate_control
@@ -69,6 +70,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.mode == "probe":
         refuse_unknown_keys(cfg, "probe", ProbeSettings)  # names the key (probe.<key>) before the probe's checks
         validate_probe(cfg)
+    try_callables(cfg, spec)  # the estimator and loss once on a synthetic batch: a broken plugin refused here
     check_results_dir(cfg)
 
 
