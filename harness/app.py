@@ -16,6 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from .config import bad_field, error_line, member_configs, task_kind
+from .estimators.registry import ContractError
 from .io import RunDir
 from .plan import RunPlan
 from .plugins import load_plugins
@@ -187,7 +188,9 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
             worker(plan, todo)
         except Exception as exc:  # record, never drop
             reason = f"{type(exc).__name__}: {exc}"
-            log.error("run failed: %s\n%s", reason, traceback.format_exc())
+            # a broken contract of an estimator or loss is its line (the traceback would show only the check)
+            broken = isinstance(exc, ContractError) and exc.__cause__ is None
+            log.error("run failed: %s%s", reason, "" if broken else "\n" + traceback.format_exc())
             for r in todo:
                 if r.status() is None:
                     r.finish("failed", reason, time.perf_counter() - t0)

@@ -30,7 +30,7 @@ import torch
 
 from .config import bad_field, first_sentence, is_finite, name_problem, register_loss_knobs
 from .estimators.kl import kl_estimate
-from .estimators.registry import refuse_unknown
+from .estimators.registry import called, contract_error, described, refuse_unknown, tensor_mismatch
 
 # The only list of loss aggregations (config key ``loss_agg``); presets named after TRL's
 # ``loss_type`` are in harness/conf/loss_type/.
@@ -548,7 +548,44 @@ class PolicyLoss:
     summary: str = ""  # one line for the tables of README and docs (default: the docstring's first sentence)
 
     def __call__(self, x: PolicyInputs, s: Any = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.fn(x, self.settings() if s is None else s)
+        """``fn(x, s)`` (``s`` None: the settings' defaults), its output checked against the contract
+        every loss keeps: ``(loss, metrics)``, ``loss`` a floating tensor of shape ``x.advantages.shape[:-2]``
+        (a scalar for ``[T, B]`` inputs, ``[P]`` for a population's) on the advantages' device, with a
+        gradient when ``logp`` has one; ``metrics`` a dict of tensors of the loss's shape. A result that
+        breaks it, or a function that raises, is a :class:`harness.estimators.registry.ContractError`
+        naming the loss and its module. Attributes only: no copy, no device sync."""
+        out = called("policy loss", self.name, self.fn, x, self.settings() if s is None else s)
+        a = x.advantages
+        shape, grad = a.shape[:-2], x.logp.requires_grad and torch.is_grad_enabled()
+        want = lambda: (f"(loss, metrics): loss a floating tensor of shape {tuple(shape)} on {a.device} "  # noqa: E731
+                        f"(advantages {tuple(a.shape)} reduced over [T, B]){' with a gradient' if grad else ''}, "
+                        "metrics a dict of tensors of that shape")  # built only for a message
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            got = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else described(out)
+            raise contract_error("policy loss", self.name, self.fn, f"returned {got}; expected {want()}")
+        loss, metrics = out
+        if tensor_mismatch(loss, shape, None, a.device) or (grad and not loss.requires_grad):
+            got = described(loss) + (" without a gradient" if isinstance(loss, torch.Tensor) and grad and
+                                     not loss.requires_grad else "")
+            raise contract_error("policy loss", self.name, self.fn, f"returned loss: {got}; expected {want()}")
+        if not isinstance(metrics, dict) or any(tensor_mismatch(v, shape, None, a.device) for v in metrics.values()):
+            bad = {k: described(v) for k, v in metrics.items() if tensor_mismatch(v, shape, None, a.device)} \
+                if isinstance(metrics, dict) else described(metrics)
+            raise contract_error("policy loss", self.name, self.fn, f"returned metrics: {bad}; expected {want()}")
+        return out
+
+    def trial(self, s: Any = None, agg: str = "token_mean") -> None:
+        """One call on small synthetic inputs, checked as every call is: 2 population members of
+        ``[T, B] = [3, 4]`` random log-probs (with a gradient), advantages and a full mask, aggregated
+        by ``agg``, with metrics. Validation runs it before any run folder exists, so a function that
+        breaks its contract is refused with exit 2; the global RNG is restored after it, so a function
+        that draws leaves the run's draws as they were."""
+        g = torch.Generator().manual_seed(0)
+        logp = torch.rand(2, 3, 4, generator=g).log().requires_grad_()
+        old = torch.rand(2, 3, 4, generator=g).log()
+        adv = torch.rand(2, 3, 4, generator=g) - 0.5
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            self(PolicyInputs(logp, old, adv, torch.ones(2, 3, 4), agg=agg), s)
 
     @property
     def knobs(self) -> tuple[str, ...]:

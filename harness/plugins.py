@@ -18,7 +18,9 @@ docs/extending.md has a worked example; ``python -m pytest --pyargs harness.test
 
 A module that cannot be imported, or whose import raises (e.g. it registers a name the harness
 already has), is refused like any bad config value: one line naming ``plugins`` and the module,
-exit 2, before any run starts.
+exit 2, before any run starts. So is an estimator or policy loss that breaks its contract (returns a
+list, another shape, dtype or device, or raises) when validation tries it once on synthetic inputs
+(:func:`try_callables`): one line naming it and its module.
 """
 from __future__ import annotations
 
@@ -71,6 +73,25 @@ def load_plugins(modules: Iterable[str] = ()) -> list[str]:
         _loaded.add(label)
         done.append(label)
     return done
+
+
+def try_callables(plan) -> None:
+    """The run's estimator and policy loss (a :class:`harness.plan.RunPlan`'s), each called once on
+    small synthetic inputs (:meth:`harness.estimators.EstimatorSpec.trial`,
+    :meth:`harness.losses.PolicyLoss.trial`) with the run's knobs, their outputs checked against their
+    contracts: a function that returns a list, a non-tensor, another shape, dtype or device, or raises,
+    is refused in one line naming it and its module (a ``ValueError``: exit 2) before any run folder
+    exists. A result that only a real batch breaks fails its run with the same line (the same check,
+    on every call)."""
+    from .estimators import EstimatorParams
+    from .estimators.registry import ContractError
+
+    cfg = plan.cfg
+    try:
+        plan.estimator.trial(EstimatorParams.from_cfg(cfg), cfg.group_size)
+        plan.loss.trial(plan.loss_settings, cfg.loss_agg)
+    except ContractError as exc:  # its shapes are the trial's, not the run's: said so
+        raise ContractError(f"{exc}; found by a trial call on synthetic inputs, before the run") from exc.__cause__
 
 
 def _parsed(overrides: Iterable[str]) -> list:
@@ -168,4 +189,5 @@ def preload(argv: Iterable[str]) -> None:
         pass
 
 
-__all__ = ["ENTRY_POINT_GROUP", "config_folders", "load_plugins", "plugins_in", "plugins_in_configs", "preload"]
+__all__ = ["ENTRY_POINT_GROUP", "config_folders", "load_plugins", "plugins_in", "plugins_in_configs", "preload",
+           "try_callables"]

@@ -24,6 +24,7 @@ from .estimators import KL_ESTIMATORS, EstimatorSpec, get_estimator
 from .io.rundir import CHECKPOINT_NAME, run_dir_for
 from .losses import AGG_MODES, POLICY_LOSSES, PolicyLoss, get_policy_loss, knob_defaults, loss_settings
 from .plan import RunPlan
+from .plugins import try_callables
 from .probes import validate_probe
 from .reference import check_reference
 from .tasks.control import env_info, time_limit, validate_control
@@ -76,8 +77,10 @@ def validate(cfg: DictConfig) -> RunPlan:
     if cfg.mode == "probe":
         refuse_unknown_keys(cfg, "probe", ProbeSettings)  # names the key (probe.<key>) before the probe's checks
         validate_probe(cfg)
+    plan = RunPlan(cfg, kind, spec, loss, settings)
+    try_callables(plan)  # the estimator and loss once on a synthetic batch: a broken plugin refused here
     check_results_dir(cfg)
-    return RunPlan(cfg, kind, spec, loss, settings)
+    return plan
 
 
 # ----------------------------------------------------------------------------- each task kind's checks

@@ -126,3 +126,181 @@ def test_the_registry_tests_run_on_the_plugin_and_catch_a_missing_yaml(tmp_path)
     assert tail.startswith("13 passed"), tail
     r = _python(args, tmp_path, [EXAMPLE], timeout=600)
     assert r.returncode == 1 and "test_every_registered_estimator_has_one_yaml_and_every_yaml_is_registered" in r.stdout
+
+
+# A plugin whose functions break the contract every call of an estimator or policy loss is checked
+# against (harness.estimators.registry.EstimatorSpec.__call__, harness.losses.PolicyLoss.__call__), each
+# selected by its YAML from the plugin's own config folder. est_late and est_late_raise keep it on the
+# trial call's 3 steps and break it only on a real batch (more steps).
+CONTRACT_PLUGIN = '''
+import torch
+
+from harness.estimators import register_estimator
+from harness.losses import pg_loss, register_policy_loss
+
+
+@register_estimator("est_list")
+def est_list(rewards):
+    return rewards.tolist()
+
+
+@register_estimator("est_shape")
+def est_shape(rewards):
+    return rewards[0]
+
+
+@register_estimator("est_numpy")
+def est_numpy(rewards):
+    return rewards.numpy()
+
+
+@register_estimator("est_int")
+def est_int(scores):
+    return scores.argsort(dim=1)
+
+
+@register_estimator("est_double")
+def est_double(rewards):
+    return rewards.double()
+
+
+@register_estimator("est_meta")
+def est_meta(rewards):
+    return torch.empty_like(rewards, device="meta")
+
+
+@register_estimator("est_no_targets")
+def est_no_targets(rewards, values):
+    return rewards - values
+
+
+@register_estimator("est_raises")
+def est_raises(rewards):
+    raise RuntimeError("broken estimator")
+
+
+@register_estimator("est_late")
+def est_late(rewards):
+    return rewards if rewards.shape[0] == 3 else rewards[1:]
+
+
+@register_estimator("est_late_raise")
+def est_late_raise(rewards):
+    if rewards.shape[0] != 3:
+        raise RuntimeError("broken on a real batch")
+    return rewards
+
+
+@register_policy_loss("loss_2d")
+def loss_2d(x, s):
+    return -(x.logp * x.advantages * x.mask).sum(dim=-1), {}
+
+
+@register_policy_loss("loss_list")
+def loss_list(x, s):
+    loss, metrics = pg_loss(x, s)
+    return loss.tolist(), metrics
+
+
+@register_policy_loss("loss_float")
+def loss_float(x, s):
+    return 0.5, {}
+
+
+@register_policy_loss("loss_int")
+def loss_int(x, s):
+    return x.mask.sum(dim=(-2, -1)).long(), {}
+
+
+@register_policy_loss("loss_detached")
+def loss_detached(x, s):
+    loss, metrics = pg_loss(x, s)
+    return loss.detach(), metrics
+
+
+@register_policy_loss("loss_raises")
+def loss_raises(x, s):
+    raise ValueError("broken loss")
+'''
+CONTRACT_ESTIMATORS = ["est_list", "est_shape", "est_numpy", "est_int", "est_double", "est_meta", "est_no_targets",
+                       "est_raises", "est_late", "est_late_raise"]
+CONTRACT_LOSSES = ["loss_2d", "loss_list", "loss_float", "loss_int", "loss_detached", "loss_raises"]
+TRIAL_ADV = "expected [T, B] = (3, 4) tensors, torch.float32 on cpu (like rewards)"  # EstimatorSpec.trial's batch
+# PolicyLoss.trial's inputs: 2 members of [T, B] = [3, 4]: a loss per member
+TRIAL_LOSS = ("expected (loss, metrics): loss a floating tensor of shape (2,) on cpu (advantages (2, 3, 4) reduced "
+              "over [T, B]) with a gradient, metrics a dict of tensors of that shape")
+TRIAL = "; found by a trial call on synthetic inputs, before the run"
+
+
+def _contract_plugin(root: Path) -> str:
+    """The plugin module and its config folder under ``root``; returns the search path override."""
+    (root / "pgh_contract.py").write_text(CONTRACT_PLUGIN)
+    for name in CONTRACT_ESTIMATORS:
+        (root / "conf" / "estimator").mkdir(parents=True, exist_ok=True)
+        (root / "conf" / "estimator" / f"{name}.yaml").write_text(
+            f"# @package _global_\nestimator: {name}\nupdate: pg\ngroup_size: 2\n")
+    for name in CONTRACT_LOSSES:
+        (root / "conf" / "policy_loss").mkdir(parents=True, exist_ok=True)
+        (root / "conf" / "policy_loss" / f"{name}.yaml").write_text(f"# @package _global_\nupdate: {name}\n")
+    return f"hydra.searchpath=[file://{root / 'conf'}]"
+
+
+@pytest.mark.parametrize("choice, shown", [
+    ("estimator=est_list", f"returned advantages: an object of type list; {TRIAL_ADV}"),
+    ("estimator=est_shape", f"returned advantages: a tensor of shape (4,), torch.float32 on cpu; {TRIAL_ADV}"),
+    ("estimator=est_numpy", f"returned advantages: an object of type ndarray; {TRIAL_ADV}"),
+    # a group estimator's rows, before they are spread over the steps: 2 groups of group_size=2 (its YAML)
+    ("estimator=est_int", "returned advantages: a tensor of shape (2, 2), torch.int64 on cpu; expected "
+                          "[n_groups, group_size] = (2, 2) tensors, torch.float32 on cpu (like rewards)"),
+    ("estimator=est_double", f"returned advantages: a tensor of shape (3, 4), torch.float64 on cpu; {TRIAL_ADV}"),
+    ("estimator=est_meta", f"returned advantages: a tensor of shape (3, 4), torch.float32 on meta; {TRIAL_ADV}"),
+    ("estimator=est_no_targets", f"returned critic targets: None; {TRIAL_ADV} (it reads a critic)"),
+    ("estimator=est_raises", "raised RuntimeError: broken estimator"),
+    ("policy_loss=loss_2d", f"returned loss: a tensor of shape (2, 3), torch.float32 on cpu; {TRIAL_LOSS}"),
+    ("policy_loss=loss_list", f"returned loss: an object of type list; {TRIAL_LOSS}"),
+    ("policy_loss=loss_float", f"returned loss: an object of type float; {TRIAL_LOSS}"),
+    ("policy_loss=loss_int", "returned loss: a tensor of shape (2,), torch.int64 on cpu without a gradient; "
+                             f"{TRIAL_LOSS}"),
+    ("policy_loss=loss_detached", "returned loss: a tensor of shape (2,), torch.float32 on cpu without a gradient; "
+                                  f"{TRIAL_LOSS}"),
+    ("policy_loss=loss_raises", "raised ValueError: broken loss"),
+])
+def test_a_plugin_function_that_breaks_its_contract_is_one_line_exit_2_before_any_run(choice, shown, tmp_path):
+    """The run's estimator and loss are called once on synthetic inputs at validation: what they return
+    is checked against the contract, and a break (or a raise) is one line naming the function, its
+    module and what was expected, before any run folder exists."""
+    searchpath = _contract_plugin(tmp_path)
+    r = _python(["-m", "harness", "plugins=[pgh_contract]", searchpath, "task=cartpole", choice,
+                 f"results_dir={tmp_path}/res", *TINY], tmp_path, [tmp_path])
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 2, r.stdout + r.stderr
+    group, name = choice.split("=")
+    kind = "estimator" if group == "estimator" else "policy loss"
+    assert lines == [f"invalid config: {kind} '{name}' (module pgh_contract) {shown}{TRIAL}"], lines
+    assert "Traceback" not in r.stderr
+    assert [p.name for p in (tmp_path / "res").iterdir()] == [".hydra"]  # Hydra's job folder only: no run
+
+
+@pytest.mark.parametrize("estimator, reason", [
+    # task.rollout_steps=8 steps of task.num_envs=2 envs: rewards [8, 2]; est_late drops the first step
+    ("est_late", "ContractError: estimator 'est_late' (module pgh_contract) returned advantages: a tensor of shape "
+                 "(7, 2), torch.float32 on cpu; expected [T, B] = (8, 2) tensors, torch.float32 on cpu (like rewards)"),
+    ("est_late_raise", "ContractError: estimator 'est_late_raise' (module pgh_contract) raised RuntimeError: "
+                       "broken on a real batch"),
+])
+def test_a_break_only_a_real_batch_shows_fails_the_run_with_the_line_naming_the_plugin(estimator, reason, tmp_path):
+    """The same check on every call: a function that keeps the contract on the trial call and breaks it
+    in the run fails that run (exit 1), its reason the line naming the function; the traceback is
+    left out of the log for a broken contract (it would show only the check), kept for a raise (it
+    shows the plugin's own frame)."""
+    searchpath = _contract_plugin(tmp_path)
+    r = _python(["-m", "harness", "plugins=[pgh_contract]", searchpath, "task=cartpole", f"estimator={estimator}",
+                 f"results_dir={tmp_path}/res", *TINY], tmp_path, [tmp_path])
+    assert r.returncode == 1, r.stdout + r.stderr
+    (summary,) = (tmp_path / "res").rglob("summary.json")
+    recorded = json.loads(summary.read_text())
+    assert recorded["status"] == "failed" and recorded["reason"] == reason
+    out = r.stdout + r.stderr
+    assert f"run failed: {reason}" in out and "1 failed" in r.stdout
+    assert ("Traceback" in out) == ("raised" in reason), out
+    assert ('pgh_contract.py", line' in out) == ("raised" in reason), out

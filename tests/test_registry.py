@@ -6,8 +6,9 @@ import torch
 
 import harness.losses as losses
 from harness.estimators import (
-    ESTIMATORS, AdvantageResult, EstimatorSpec, estimator_names, get_estimator, register,
+    ESTIMATORS, AdvantageResult, EstimatorParams, EstimatorSpec, estimator_names, get_estimator, register,
 )
+from harness.estimators.registry import ContractError
 from harness.losses import POLICY_LOSSES, get_policy_loss, pg_loss, register_policy_loss
 
 # estimators <-> YAML files, every estimator and policy loss through the loop: the contract tests,
@@ -46,6 +47,45 @@ def test_register_adds_to_the_registry(monkeypatch):
         registry.get_estimator("x")
     assert str(e.value) == ("estimator must be one of ['throwaway_test'] (a plugin's estimator: "
                             "plugins=[your.module]), got 'x'")
+
+
+def _noisy(batch, params):
+    return AdvantageResult(torch.rand_like(batch.rewards), None)
+
+
+def _noisy_loss(x, s):
+    loss, metrics = pg_loss(x, s)
+    return loss + 0.0 * torch.rand(()), metrics
+
+
+def test_the_trial_calls_leave_the_global_rng_as_it_was():
+    """Validation calls the run's estimator and loss once (EstimatorSpec.trial, PolicyLoss.trial): one
+    that draws from the global RNG must not move the draws of the run, which is seeded before it."""
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    EstimatorSpec("throwaway_test", _noisy, needs_critic=False).trial(EstimatorParams())
+    losses.PolicyLoss("throwaway_test", _noisy_loss).trial()
+    assert torch.equal(torch.rand(3), expected)
+
+
+def _per_token_metric(x, s):
+    loss, metrics = pg_loss(x, s)
+    return loss, {**metrics, "ratio": (x.logp - x.old_logp).exp().detach()}
+
+
+@pytest.mark.parametrize("fn, shown", [
+    (lambda x, s: pg_loss(x, s)[0], "returned a tensor of shape (2,), torch.float32 on cpu; expected (loss, metrics)"),
+    (lambda x, s: (*pg_loss(x, s), None), "returned a tuple of 3; expected (loss, metrics)"),
+    (lambda x, s: (pg_loss(x, s)[0], [1.0]), "returned metrics: an object of type list; expected (loss, metrics)"),
+    # PolicyLoss.trial's inputs: 2 members of [T, B] = [3, 4]; a metric is one number per member
+    (_per_token_metric, "returned metrics: {'ratio': 'a tensor of shape (2, 3, 4), torch.float32 on cpu'}; "
+                        "expected (loss, metrics)"),
+])
+def test_a_loss_whose_output_is_not_loss_and_metrics_is_named(fn, shown):
+    with pytest.raises(ContractError) as e:
+        losses.PolicyLoss("throwaway_test", fn).trial()
+    assert str(e.value).startswith(f"policy loss 'throwaway_test' (module {__name__}) {shown}"), str(e.value)
 
 
 # ------------------------------------------------------------------------- policy losses

@@ -11,6 +11,13 @@ rollout), ``rewards``/``terminated``/``truncated``/``mask`` (step-level), ``valu
 :func:`get_estimator` and never branches on the name (verl's ``core_algos`` registers by name but
 its caller still branches on it; we don't).
 
+Every call is checked where the function's output enters (:meth:`EstimatorSpec.__call__`, and a
+group function's rows before they are spread over the steps): ``[T, B]`` tensors of the rewards'
+dtype and device, the critic targets too when it reads a critic. A result that breaks it, or a
+function that raises, is a :class:`ContractError` naming the estimator and its module;
+:meth:`EstimatorSpec.trial` makes one such call on a small synthetic batch, which validation runs
+before any run folder exists. The checks compare attributes only: no copy, no device sync.
+
 Normalisation, clipping and loss aggregation are *not* done here: they are separate config
 axes applied by the trainer, so an ablation cannot silently credit whitening to GAE. A
 preset's defaults for those axes (``update``, ``epochs``, whitening, ``loss_agg``, ...) live
@@ -20,13 +27,14 @@ its function under ``@register_estimator("name")`` and that one YAML file.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, NoReturn
 
 import torch
 
-from ..config import bad_field, first_sentence, name_problem
+from ..config import bad_field, error_line, first_sentence, name_problem
 from . import group as _group
 from . import returns as _returns
 
@@ -100,10 +108,80 @@ class EstimatorSpec:
             raise ValueError(f"estimator {self.name!r} needs batch.group_size")
         if self.needs_greedy and batch.greedy_scores is None:
             raise ValueError(f"estimator {self.name!r} needs batch.greedy_scores")
-        return self.fn(batch, params)
+        out = called("estimator", self.name, self.fn, batch, params)
+        r = batch.rewards
+        # what was expected, built only for a message
+        want = lambda: f"[T, B] = {tuple(r.shape)} tensors, {r.dtype} on {r.device} (like rewards)"  # noqa: E731
+        if not isinstance(out, AdvantageResult):
+            raise contract_error("estimator", self.name, self.fn, f"returned {described(out)}; expected an "
+                                 f"AdvantageResult of {want()}")
+        if tensor_mismatch(out.advantages, r.shape, r.dtype, r.device):
+            raise contract_error("estimator", self.name, self.fn,
+                                 f"returned advantages: {described(out.advantages)}; expected {want()}")
+        if (out.returns is None and self.needs_critic) or \
+                (out.returns is not None and tensor_mismatch(out.returns, r.shape, r.dtype, r.device)):
+            raise contract_error("estimator", self.name, self.fn, f"returned critic targets: {described(out.returns)}; "
+                                 f"expected {want()}{' (it reads a critic)' if self.needs_critic else ' or None'}")
+        return out
+
+    def trial(self, params: EstimatorParams, group_size: int | None = None) -> None:
+        """One call on a small synthetic batch, checked as every call is: ``T = 3`` steps of 2 groups
+        of ``group_size`` columns (4 columns without groups), random rewards and values, each column
+        one whole episode. Validation runs it before any run folder exists, so a function that breaks
+        its contract is refused with exit 2; the global RNG is restored after it, so a function that
+        draws leaves the run's draws as they were."""
+        g = torch.Generator().manual_seed(0)
+        k = int(group_size or 2) if self.needs_groups else None
+        steps, cols = 3, 2 * k if k else 4
+        rand = lambda *shape: torch.rand(*shape, generator=g)  # noqa: E731
+        done = torch.zeros(steps, cols)
+        done[-1] = 1.0
+        batch = AdvantageBatch(rand(steps, cols), done, torch.zeros(steps, cols), torch.ones(steps, cols),
+                               values=rand(steps, cols) if self.needs_critic else None,
+                               next_values=rand(steps, cols) if self.needs_critic else None,
+                               greedy_scores=rand(2) if self.needs_greedy else None, group_size=k)
+        with torch.random.fork_rng(devices=[]):
+            self(batch, params)
 
 
 ESTIMATORS: dict[str, EstimatorSpec] = {}
+
+
+class ContractError(ValueError):
+    """A registered estimator's or policy loss's function returned what its contract rules out (a
+    list, another shape, dtype or device) or raised; the message names it, its module and what was
+    expected. A ``ValueError``: met in the trial call of validation it refuses the config (exit 2);
+    met in a run it fails that run, with the message as its reason."""
+
+
+def contract_error(kind: str, name: str, fn: Callable, problem: str) -> ContractError:
+    """``<kind> '<name>' (module <fn's module>) <problem>``: the one message of a broken contract."""
+    return ContractError(f"{kind} {name!r} (module {getattr(fn, '__module__', None)}) {problem}")
+
+
+def called(kind: str, name: str, fn: Callable, *args: Any) -> Any:
+    """``fn(*args)``; an exception it raises becomes a :class:`ContractError` naming the function
+    (its own message kept, the original chained for the traceback)."""
+    try:
+        return fn(*args)
+    except ContractError:
+        raise
+    except Exception as exc:
+        raise contract_error(kind, name, fn, f"raised {type(exc).__name__}: {error_line(exc)}") from exc
+
+
+def described(x: Any) -> str:
+    """What ``x`` is, for a broken contract's message: a tensor's shape, dtype and device, else its type."""
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}, {x.dtype} on {x.device}"
+    return "None" if x is None else f"an object of type {type(x).__name__}"
+
+
+def tensor_mismatch(x: Any, shape: tuple[int, ...], dtype: torch.dtype | None, device: torch.device) -> bool:
+    """Whether ``x`` is not a tensor of ``shape`` and ``dtype`` (None: any floating dtype) on ``device``;
+    attributes only (no copy, no sync)."""
+    return not isinstance(x, torch.Tensor) or x.shape != shape or x.device != device or \
+        (x.dtype != dtype if dtype is not None else not x.is_floating_point())
 
 
 def register(spec: EstimatorSpec) -> EstimatorSpec:
@@ -231,10 +309,19 @@ def register_estimator(name: str, fn: Callable | None = None, *, full_episodes: 
         if not (group or step):
             raise ValueError(f"estimator {name!r}: takes none of {list(GROUP_INPUTS) + list(STEP_INPUTS)}")
 
+        @functools.wraps(f)  # the spec's function is named by f's (module, in a broken contract's message)
         def call(batch: AdvantageBatch, p: EstimatorParams) -> AdvantageResult:
             kw = {**fixed, **{n: KNOB_INPUTS[n](p) for n in knobs}}
             if group:
-                bound = lambda **t: f(**t, **kw)  # noqa: E731
+                def bound(**t: torch.Tensor) -> torch.Tensor:  # one row per group, checked before the spread
+                    adv, r = f(**t, **kw), batch.rewards
+                    shape = (next(iter(t.values())).shape[0], batch.group_size)
+                    if tensor_mismatch(adv, shape, r.dtype, r.device):
+                        raise contract_error("estimator", name, f, f"returned advantages: {described(adv)}; expected "
+                                             f"[n_groups, group_size] = {shape} tensors, {r.dtype} on {r.device} "
+                                             "(like rewards)")
+                    return adv
+
                 adv = _per_member(bound, {n: GROUP_INPUTS[n](batch) for n in group},
                                   batch.members if per_member else 1)
                 return AdvantageResult(_broadcast(adv, batch), None)
