@@ -5,6 +5,7 @@ process: killed, it leaves no worker training on (:func:`watch_parent`)."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -70,7 +71,8 @@ def refuse_bad_launcher(config: DictConfig) -> None:
     """Launcher settings the launcher would refuse with a traceback after the sweep started:
     ``hydra.launcher.n_jobs`` (joblib) must be a non-zero integer (-1: every core) or null;
     ``hydra.launcher.ray.init`` connecting to a running cluster takes no node resources
-    (:func:`refuse_ray_node_settings`). One line and exit code 2 instead."""
+    (:func:`refuse_ray_node_settings`) and names a cluster that answers
+    (:func:`refuse_unreachable_ray_cluster`). One line and exit code 2 instead."""
     n_jobs = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None)
     if n_jobs is not None and (isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs == 0):
         print("invalid config: hydra.launcher.n_jobs must be a non-zero integer (n parallel jobs; -1 every "
@@ -78,6 +80,7 @@ def refuse_bad_launcher(config: DictConfig) -> None:
         raise SystemExit(2)
     if str(OmegaConf.select(config, "hydra.launcher._target_", default="")).endswith(".ray_launcher.RayLauncher"):
         refuse_ray_node_settings(config)
+        refuse_unreachable_ray_cluster(config)
 
 
 #: What ``ray.init`` refuses when it connects to a running Ray cluster, whose nodes took their
@@ -85,6 +88,21 @@ def refuse_bad_launcher(config: DictConfig) -> None:
 RAY_NODE_SETTINGS = ("num_cpus", "num_gpus", "resources", "labels", "object_store_memory")
 #: hydra-ray-launcher's ``object_store_memory`` for a ``ray.init`` that has none (bytes, 75 MB).
 RAY_PLUGIN_OBJECT_STORE = 78643200
+#: Seconds the sweep waits for a TCP connection to the Ray cluster before it refuses the address
+#: (``ray.init`` itself waits 5 s per attempt and retries for minutes on an address nobody answers).
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def ray_init_settings(config: DictConfig) -> tuple[dict, str | None]:
+    """``hydra.launcher.ray.init`` as a dict, and the address ``ray.init`` connects to: its
+    ``address``, or ``RAY_ADDRESS`` when that is null or ``auto`` (as ``ray.init`` reads it);
+    None (or ``local``) for a new local Ray instance."""
+    init = OmegaConf.select(config, "hydra.launcher.ray.init", default=None)
+    init = OmegaConf.to_container(init, resolve=True) if isinstance(init, DictConfig) else {}
+    address = init.get("address")
+    if address in (None, "auto") and os.environ.get("RAY_ADDRESS"):
+        address = os.environ["RAY_ADDRESS"]
+    return init, None if address in (None, "local") else str(address)
 
 
 def refuse_ray_node_settings(config: DictConfig) -> None:
@@ -93,12 +111,8 @@ def refuse_ray_node_settings(config: DictConfig) -> None:
     setting only a new local instance takes: Ray would refuse it in a traceback once the sweep
     started. The plugin adds ``object_store_memory`` itself when the key is missing;
     ``hydra/launcher=ray_cluster`` sets it to null. One line and exit code 2 instead."""
-    init = OmegaConf.select(config, "hydra.launcher.ray.init", default=None)
-    init = OmegaConf.to_container(init, resolve=True) if isinstance(init, DictConfig) else {}
-    address = init.get("address")
-    if address in (None, "auto") and os.environ.get("RAY_ADDRESS"):
-        address = os.environ["RAY_ADDRESS"]
-    if address in (None, "local"):  # a new local Ray instance: every setting applies
+    init, address = ray_init_settings(config)
+    if address is None:  # a new local Ray instance: every setting applies
         return
     for key in RAY_NODE_SETTINGS:
         value = init.get(key, RAY_PLUGIN_OBJECT_STORE if key == "object_store_memory" else None)
@@ -108,6 +122,50 @@ def refuse_ray_node_settings(config: DictConfig) -> None:
                   f"running Ray cluster (address {address!r}: its nodes' `ray start` set their resources; "
                   f"hydra/launcher=ray_cluster does this), got {value!r}{unset}")
             raise SystemExit(2)
+
+
+def ray_cluster_problem(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> str | None:
+    """Why no Ray cluster answers at ``address`` (as ``ray.init(address=...)`` takes it), else
+    None: ``auto`` finds no cluster, the address is not ``host:port``, the host does not resolve,
+    or no TCP connection opens within ``timeout_s``. ``auto`` and a local host are turned into the
+    ``host:port`` ``ray.init`` connects to by Ray's own function, when Ray is installed;
+    ``ray://host:port`` is Ray Client's server, connected to as it is."""
+    target = address.removeprefix("ray://")
+    if target == address:
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:  # no Ray: the launcher cannot start either; the address is probed as it is
+            canonicalize_bootstrap_address = None
+        if canonicalize_bootstrap_address is not None:
+            try:
+                target = canonicalize_bootstrap_address(address) or target
+            except (ConnectionError, ValueError) as exc:  # auto with no cluster on this node; a bad format
+                return error_line(exc)
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"{target!r} is not host:port"
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:  # refused, unreachable, unresolvable, timed out
+        return f"no connection to {target} within {timeout_s:g} s: {exc.strerror or exc}"
+    return None
+
+
+def refuse_unreachable_ray_cluster(config: DictConfig) -> None:
+    """``hydra/launcher=ray`` pointed at a Ray cluster that does not answer (no TCP connection to
+    its address within :data:`RAY_CONNECT_TIMEOUT_S`, an unresolvable host, ``auto`` with no
+    cluster): ``ray.init`` would retry for minutes or end in a ConnectionError traceback after
+    the sweep folder exists. One line and exit code 2 instead, before any folder is made."""
+    _, address = ray_init_settings(config)
+    if address is None:  # a new local Ray instance: nothing to reach
+        return
+    problem = ray_cluster_problem(address)
+    if problem is not None:
+        source = f" (RAY_ADDRESS={address})" if address == os.environ.get("RAY_ADDRESS") else ""
+        print(f"invalid config: hydra.launcher.ray.init.address must be a running Ray cluster's address "
+              f"(host:port of its head, ray://host:port, auto: the cluster this node's `ray start` joined; "
+              f"null or local: a new local instance), got {address!r}{source}: {problem}")
+        raise SystemExit(2)
 
 
 #: The sweep's process id, set by :meth:`SweepSummary.on_multirun_start` for the worker processes

@@ -278,7 +278,9 @@ def test_ray_settings_a_running_cluster_refuses_are_one_line(init, env, refused,
 
 @NEEDS_RAY
 def test_ray_cluster_launcher_config_passes_the_check(monkeypatch, capsys):
-    from harness.callbacks import refuse_bad_launcher
+    """Its settings pass the node-settings check (whether a cluster answers at ``auto`` is
+    tests/test_hostile_launch.py's)."""
+    from harness.callbacks import refuse_ray_node_settings
 
     from .test_launchers import compose_with_hydra
 
@@ -286,5 +288,5 @@ def test_ray_cluster_launcher_config_passes_the_check(monkeypatch, capsys):
     cfg = compose_with_hydra(["hydra/launcher=ray_cluster"])
     assert OmegaConf.to_container(cfg.hydra.launcher.ray) == {
         "init": {"address": "auto", "object_store_memory": None}, "remote": {}}
-    refuse_bad_launcher(cfg)
+    refuse_ray_node_settings(cfg)
     assert capsys.readouterr().out == ""

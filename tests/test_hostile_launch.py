@@ -1,0 +1,190 @@
+"""Hostile input at launch and at write time: each refused in one line, nothing written.
+
+- ``hydra/launcher=ray`` / ``ray_cluster`` pointed at an address where no Ray cluster answers (a
+  closed port, an unresolvable host, ``auto`` with no cluster, not ``host:port``): exit 2 with
+  one line naming ``hydra.launcher.ray.init.address``, within 30 s, no folder made
+  (``harness.callbacks.refuse_unreachable_ray_cluster``; ``ray.init`` would retry for minutes).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from .test_launchers import REPO, has_plugin
+
+NEEDS_RAY = pytest.mark.skipif(not has_plugin("hydra_ray_launcher"),
+                               reason="hydra-ray-launcher not installed (ray extra)")
+B = ["task=cartpole", "estimator=rloo", "task.episodes_per_iter=8", "budget.iterations=1"]
+ADDRESS_RULE = ("invalid config: hydra.launcher.ray.init.address must be a running Ray cluster's address "
+                "(host:port of its head, ray://host:port, auto: the cluster this node's `ray start` joined; "
+                "null or local: a new local instance), got ")
+
+
+def cli(args: list[str], cwd: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """``python -m harness ARGS`` in ``cwd`` (this checkout's harness, ``env`` added to the
+    environment without RAY_ADDRESS); the result and its seconds."""
+    extra = env or {}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("RAY_ADDRESS", None)  # only ``env`` says where a cluster is
+    env.update(extra)
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=120, check=False)
+    return out, time.perf_counter() - t0
+
+
+def closed_port() -> int:
+    """A TCP port on this machine nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ Ray: no cluster at the address
+@NEEDS_RAY
+@pytest.mark.parametrize("launcher, address, reason", [
+    ("ray_cluster", "127.0.0.1:{port}", ":{port} within 5 s: Connection refused"),
+    ("ray_cluster", "nosuchhost.invalid:6379", "no connection to nosuchhost.invalid:6379 within 5 s: "),
+    ("ray", "ray://127.0.0.1:{port}", "no connection to 127.0.0.1:{port} within 5 s: Connection refused"),
+])
+def test_a_ray_address_nobody_answers_is_one_line_and_writes_nothing(launcher, address, reason, tmp_path):
+    port = closed_port()
+    address, reason = address.format(port=port), reason.format(port=port)
+    extra = ["+hydra.launcher.ray.init.object_store_memory=null"] if launcher == "ray" else []
+    out, seconds = cli(["-m", *B, f"hydra/launcher={launcher}", f"hydra.launcher.ray.init.address={address}",
+                        *extra, "results_dir=res"], tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{ADDRESS_RULE}{address!r}: "), out.stdout + out.stderr
+    assert reason in lines[0], lines[0]
+    assert "Traceback" not in out.stderr
+    assert seconds < 30
+    assert list(tmp_path.iterdir()) == []  # no results_dir, no Hydra sweep folder
+
+
+@NEEDS_RAY
+def test_ray_address_from_the_environment_is_named(tmp_path):
+    """``address: auto`` reads RAY_ADDRESS (as ``ray.init`` does): the line names where it came from."""
+    port = closed_port()
+    out, _ = cli(["-m", *B, "hydra/launcher=ray_cluster", "results_dir=res"], tmp_path,
+                 env={"RAY_ADDRESS": f"nosuchhost.invalid:{port}"})
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stdout == (f"{ADDRESS_RULE}'nosuchhost.invalid:{port}' (RAY_ADDRESS=nosuchhost.invalid:{port}): "
+                          f"no connection to nosuchhost.invalid:{port} within 5 s: Name or service not known\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def ray_cfg(address) -> OmegaConf:
+    return OmegaConf.create({"hydra": {"launcher": {
+        "_target_": "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher",
+        "ray": {"init": {"address": address, "object_store_memory": None}, "remote": {}}}}})
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    """Ray's address function as a stand-in (Ray is an optional extra): ``auto`` finds no cluster,
+    a local host becomes the node's address, a name without a port is refused, as Ray 2.60's
+    ``ray._private.services.canonicalize_bootstrap_address`` does."""
+    def canonicalize_bootstrap_address(addr, temp_dir=None):
+        if addr == "auto":
+            raise ConnectionError("Could not find any running Ray instance.")
+        if ":" not in addr:
+            raise ValueError(f"Invalid address format: {addr}")
+        host, port = addr.rsplit(":", 1)
+        return f"{'10.1.2.3' if host == '127.0.0.1' else host}:{port}"
+
+    services = types.ModuleType("ray._private.services")
+    services.canonicalize_bootstrap_address = canonicalize_bootstrap_address
+    for name, module in (("ray", types.ModuleType("ray")), ("ray._private", types.ModuleType("ray._private")),
+                         ("ray._private.services", services)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+@pytest.fixture
+def connects(monkeypatch):
+    """``socket.create_connection`` recorded: each (host, port, timeout); ``fail`` sets what it raises."""
+    calls: list = []
+    state = {"fail": None}
+
+    def create_connection(address, timeout=None, *args, **kwargs):
+        calls.append((*address, timeout))
+        if state["fail"] is not None:
+            raise state["fail"]
+        return types.SimpleNamespace(close=lambda: None)
+
+    monkeypatch.setattr(socket, "create_connection", create_connection)
+    return calls, state
+
+
+@pytest.mark.parametrize("address, fail, probed, problem", [
+    ("auto", None, [], "Could not find any running Ray instance."),
+    ("10.9.9.9:6379", TimeoutError("timed out"), [("10.9.9.9", 6379, 5.0)],
+     "no connection to 10.9.9.9:6379 within 5 s: timed out"),
+    ("127.0.0.1:6379", ConnectionRefusedError(111, "Connection refused"), [("10.1.2.3", 6379, 5.0)],
+     "no connection to 10.1.2.3:6379 within 5 s: Connection refused"),
+    ("ray://head:10001", socket.gaierror(-2, "Name or service not known"), [("head", 10001, 5.0)],
+     "no connection to head:10001 within 5 s: Name or service not known"),
+    ("headnode", None, [], "Invalid address format: headnode"),
+    ("head:port", None, [], "'head:port' is not host:port"),
+    ("head:70000", None, [], "'head:70000' is not host:port"),
+])
+def test_ray_address_refused_with_the_fake_ray(address, fail, probed, problem, fake_ray, connects, capsys):
+    from harness.callbacks import refuse_bad_launcher
+
+    calls, state = connects
+    state["fail"] = fail
+    with pytest.raises(SystemExit) as exit_:
+        refuse_bad_launcher(ray_cfg(address))
+    assert exit_.value.code == 2
+    assert capsys.readouterr().out == f"{ADDRESS_RULE}{address!r}: {problem}\n"
+    assert calls == probed
+
+
+@pytest.mark.parametrize("address, env, probed", [
+    ("10.9.9.9:6379", None, [("10.9.9.9", 6379, 5.0)]),  # a cluster that answers
+    ("auto", "10.9.9.8:6379", [("10.9.9.8", 6379, 5.0)]),  # auto reads RAY_ADDRESS
+    (None, None, []),  # a new local instance: nothing to reach
+    ("local", "10.9.9.8:6379", []),  # local never reads RAY_ADDRESS
+])
+def test_ray_address_that_answers_or_a_local_instance_passes(address, env, probed, fake_ray, connects,
+                                                              monkeypatch, capsys):
+    from harness.callbacks import refuse_unreachable_ray_cluster
+
+    if env:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    refuse_unreachable_ray_cluster(ray_cfg(address))
+    assert capsys.readouterr().out == ""
+    assert connects[0] == probed
+
+
+def test_ray_address_probed_as_it_is_without_ray(connects, monkeypatch, capsys):
+    """Without Ray installed the address is not rewritten: the probe connects to it as given."""
+    from harness.callbacks import refuse_unreachable_ray_cluster
+
+    monkeypatch.setitem(sys.modules, "ray._private.services", None)  # import raises ImportError
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    calls, state = connects
+    state["fail"] = ConnectionRefusedError(111, "Connection refused")
+    with pytest.raises(SystemExit):
+        refuse_unreachable_ray_cluster(ray_cfg("127.0.0.1:6379"))
+    assert calls == [("127.0.0.1", 6379, 5.0)]
+    assert capsys.readouterr().out.endswith(": no connection to 127.0.0.1:6379 within 5 s: Connection refused\n")
+
+
+def test_a_listening_port_passes_the_probe():
+    from harness.callbacks import ray_cluster_problem
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        assert ray_cluster_problem(f"ray://127.0.0.1:{s.getsockname()[1]}") is None
+
