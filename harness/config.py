@@ -435,10 +435,19 @@ def refuse_unknown_keys(cfg: DictConfig, name: str, *schemas: type) -> None:
                          f"{sorted(known)})")
 
 
+@dataclass
+class Recorded:
+    """Keys a run's config records beside its settings, added after composing and only when set,
+    so a config without them writes and hashes as before: ``recipe``, the framework recipe the
+    settings came from (``harness.app.record_recipe``; not hashed, ``harness.io.rundir``)."""
+    recipe: Optional[str] = None
+
+
 def check_known_keys(cfg: DictConfig) -> None:
     """Refuse keys the schema does not know (``+foo=1`` adds one past struct mode)."""
-    for name, schema in (("", run_schema()), ("task", TaskConfig), ("budget", BudgetConfig), ("kl", KLConfig)):
-        refuse_unknown_keys(cfg, name, schema)
+    for name, schemas in (("", (run_schema(), Recorded)), ("task", (TaskConfig,)), ("budget", (BudgetConfig,)),
+                          ("kl", (KLConfig,))):
+        refuse_unknown_keys(cfg, name, *schemas)
 
 
 # Sane upper bounds: beyond them a value is a typo, and it would crash or hang

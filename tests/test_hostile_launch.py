@@ -4,6 +4,9 @@
   closed port, an unresolvable host, ``auto`` with no cluster, not ``host:port``): exit 2 with
   one line naming ``hydra.launcher.ray.init.address``, within 30 s, no folder made
   (``harness.callbacks.refuse_unreachable_ray_cluster``; ``ray.init`` would retry for minutes).
+- ``recipe=<name>`` beside ``estimator=...``: the run's config.yaml records the recipe
+  (``recipe: <name>``, its last line); the recipe's name is not hashed (the run folder is the one
+  of the same settings without the record), and a run without a recipe writes no such key.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import types
 from pathlib import Path
 
 import pytest
+import yaml
 from omegaconf import OmegaConf
 
 from .test_launchers import REPO, has_plugin
@@ -187,4 +191,41 @@ def test_a_listening_port_passes_the_probe():
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         assert ray_cluster_problem(f"ray://127.0.0.1:{s.getsockname()[1]}") is None
+
+
+# ------------------------------------------------------------------ the recipe recorded in config.yaml
+def test_a_recipe_is_recorded_in_config_yaml_and_not_hashed(tmp_path):
+    from harness.io.rundir import run_dir_for
+    from harness.testing import compose
+
+    toy = ["task=toy", "estimator=rloo", "budget.iterations=1", "progress=false", "results_dir=res"]
+    out, _ = cli([*toy, "recipe=verl_grpo"], tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    out, _ = cli(toy, tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    made = sorted(p.parent.relative_to(tmp_path) for p in tmp_path.glob("res/toy/rloo/*/config.yaml"))
+    # the folders of the same compositions without Hydra's record of a choice: the recipe's name is not hashed
+    expected = [run_dir_for(compose(c)) for c in ([*toy, "recipe=verl_grpo"], toy)]
+    assert made == sorted(expected) and len(made) == 2
+    with_recipe, without = (tmp_path / folder / "config.yaml" for folder in expected)
+    text = with_recipe.read_text()
+    assert text.endswith("\nrecipe: verl_grpo\n")
+    settings = yaml.safe_load(text)  # verl_grpo.yaml's update and clip_ratio_c, the command line's estimator
+    assert (settings["estimator"], settings["update"], settings["clip_ratio_c"]) == ("rloo", "dual_clip", 3.0)
+    assert "recipe" not in yaml.safe_load(without.read_text())
+
+
+def test_recording_a_recipe_changes_no_hash_and_no_recipe_changes_nothing():
+    from harness.app import record_recipe
+    from harness.io import config_hash
+    from harness.testing import compose
+
+    cfg = compose(["task=toy", "estimator=grpo"])
+    text, digest = OmegaConf.to_yaml(cfg), config_hash(cfg)
+    assert digest == "80604a49ef"  # pinned in tests/test_checkpoint.py before recipes existed
+    record_recipe(cfg, None)
+    assert (OmegaConf.to_yaml(cfg), config_hash(cfg)) == (text, digest)
+    record_recipe(cfg, "verl_grpo")
+    assert OmegaConf.to_yaml(cfg) == text + "recipe: verl_grpo\n"
+    assert config_hash(cfg) == digest
 

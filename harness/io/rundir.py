@@ -13,8 +13,8 @@ Layout (docs/design.md, "Outputs")::
         .lock              flock'd by the process running the run (pid, host, start time)
 
 ``hash`` covers the resolved config except ``seed`` (in the name), ``results_dir``,
-``population``, ``population_workers``, ``progress``, ``threads``, ``checkpoint_every``, ``deterministic``
-and ``logger``:
+``population``, ``population_workers``, ``progress``, ``threads``, ``checkpoint_every``, ``deterministic``,
+``logger``, ``plugins`` and ``recipe`` (the recipe's name; the settings it chose are hashed):
 a population member and a lone run of the same seed share a directory, a rerun of the same sweep
 finds finished runs and skips them, and switching checkpoints or deterministic kernels on
 (neither changes CPU results: resume is exact) or TensorBoard logging (a copy of the metric rows,
@@ -62,9 +62,10 @@ log = logging.getLogger("harness")
 FINISHED = ("completed", "diverged")
 # checkpoint_every, deterministic: added after runs existed; neither changes CPU results; logger
 # only copies the metric rows elsewhere (harness.io.trackers); plugins only makes names importable (the
-# estimator's or loss's name is hashed)
+# estimator's or loss's name is hashed); recipe names the framework recipe the settings came from
+# (harness.app.record_recipe), every one of which is hashed itself: runs recorded before it keep their folders
 _NOT_HASHED = ("seed", "results_dir", "population", "progress", "threads", "checkpoint_every", "deterministic",
-               "logger", "population_workers", "plugins")
+               "logger", "population_workers", "plugins", "recipe")
 LOCK_FILE = ".lock"
 CHECKPOINT_NAME = "checkpoint.safetensors"  # harness.io.checkpoint.CHECKPOINT_FILE
 # Test-only hook (tests/test_faults.py): seconds to sleep in the middle of every atomic write,
