@@ -15,7 +15,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-from .config import bad_field, error_line, member_configs, task_kind
+from .config import bad_field, error_line, member_configs, os_problem, task_kind
 from .io import RunDir
 from .plugins import load_plugins
 from .probes import run_probe
@@ -110,12 +110,6 @@ def claim_runs(runs: list[RunDir], counts: dict[str, int]) -> list[RunDir]:
         if claimed_or_done:
             todo.append(r)
     return todo
-
-
-def os_problem(exc: OSError) -> str:
-    """One line for an OS error on a path: the path and what went wrong."""
-    where = exc.filename if exc.filename is not None else "?"
-    return f"{where}: {exc.strerror or exc}"
 
 
 def refuse_run(r: RunDir, problem: str, counts: dict[str, int]) -> None:

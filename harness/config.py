@@ -14,6 +14,7 @@ registered by name where they are called (:class:`TaskKind`).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import math
 import os
@@ -615,6 +616,16 @@ def _pathconf(path: str, name: str, default: int) -> int:
     except (OSError, ValueError, AttributeError):
         return default
     return value if value and value > 0 else default
+
+
+#: errno of a write the file system cannot take: no space left on the device, the user's quota used up
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def os_problem(exc: OSError) -> str:
+    """One line for an OS error on a path: the path and what went wrong."""
+    where = exc.filename if exc.filename is not None else "?"
+    return f"{where}: {exc.strerror or exc}"
 
 
 def error_line(exc: Exception) -> str:

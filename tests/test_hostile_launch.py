@@ -7,10 +7,15 @@
 - ``recipe=<name>`` beside ``estimator=...``: the run's config.yaml records the recipe
   (``recipe: <name>``, its last line); the recipe's name is not hashed (the run folder is the one
   of the same settings without the record), and a run without a recipe writes no such key.
+- A full disk (ENOSPC, simulated: every ``fsync`` fails as a full disk fails it) under
+  ``python -m analysis report --out``, ``claims`` and ``rliable``: exit 1 with one line naming the
+  file (``cannot write <file>: No space left on device``), no file written.
 """
 from __future__ import annotations
 
+import errno
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,6 +27,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from .analysis_fixtures import make_sweep
 from .test_launchers import REPO, has_plugin
 
 NEEDS_RAY = pytest.mark.skipif(not has_plugin("hydra_ray_launcher"),
@@ -229,3 +235,79 @@ def test_recording_a_recipe_changes_no_hash_and_no_recipe_changes_nothing():
     assert OmegaConf.to_yaml(cfg) == text + "recipe: verl_grpo\n"
     assert config_hash(cfg) == digest
 
+
+# ------------------------------------------------------------------ a full disk under analysis's outputs
+#: Python run as ``python -c``: every ``os.fsync`` fails as on a full disk, then ``python -m analysis ARGS``
+DISK_FULL_MAIN = ("import errno, os, runpy, sys\n"
+                  "def full(fd): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+                  "os.fsync = full\n"
+                  "sys.argv = ['analysis', *sys.argv[1:]]\n"
+                  "runpy.run_module('analysis', run_name='__main__')\n")
+
+
+def files_under(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def one_disk_full_line(err: str, command: str, out: Path) -> Path:
+    """The one line of a full disk, and the file it names (under ``out``)."""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    m = re.fullmatch(rf"python -m analysis {command}: error: cannot write (.+): No space left on device", lines[0])
+    assert m, lines[0]
+    named = Path(m.group(1))
+    assert named.is_relative_to(out) and not named.exists(), named
+    return named
+
+
+def test_analysis_report_on_a_full_disk_is_one_line_exit_1(tmp_path):
+    results, out = make_sweep(tmp_path / "res", seeds=(0, 1)), tmp_path / "out"
+    before = files_under(results)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"}
+    done = subprocess.run([sys.executable, "-c", DISK_FULL_MAIN, "report", str(results), "--out", str(out),
+                           "--reps", "20"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    one_disk_full_line(done.stderr, "report", out)
+    assert "Traceback" not in done.stdout + done.stderr
+    assert files_under(out) == [] and files_under(results) == before  # no output, no temp file, the runs intact
+
+
+@pytest.fixture
+def disk_full(monkeypatch):
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+
+
+def test_analysis_claims_on_a_full_disk_is_one_line_exit_1(tmp_path, disk_full, capsys):
+    from analysis.cli import main
+
+    root = tmp_path / "claims"
+    root.mkdir()
+    (root / "exact_tests.json").write_text("{}")  # a claims folder
+    assert main(["claims", str(root), "--only", "C3"]) == 1
+    one_disk_full_line(capsys.readouterr().err, "claims", root)
+    assert files_under(root) == [root / "exact_tests.json"]
+
+
+def test_analysis_rliable_on_a_full_disk_is_one_line_exit_1(tmp_path, disk_full, capsys):
+    from analysis.cli import main
+
+    results, out = make_sweep(tmp_path / "res", seeds=(0, 1)), tmp_path / "out" / "scores.npz"
+    assert main(["rliable", str(results), "--out", str(out)]) == 1
+    assert one_disk_full_line(capsys.readouterr().err, "rliable", out.parent) == out
+    assert files_under(out.parent) == []
+
+
+def test_another_os_error_is_not_called_a_full_disk(tmp_path, monkeypatch):
+    """Only a full disk (or quota) is worded so: any other error while writing is raised as it is."""
+    from analysis.cli import main
+
+    def broken(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", broken)
+    results = make_sweep(tmp_path / "res", seeds=(0, 1))
+    with pytest.raises(OSError, match="Input/output error"):
+        main(["rliable", str(results), "--out", str(tmp_path / "out" / "scores.npz")])
