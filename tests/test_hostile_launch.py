@@ -87,9 +87,28 @@ def test_ray_address_from_the_environment_is_named(tmp_path):
     out, _ = cli(["-m", *B, "hydra/launcher=ray_cluster", "results_dir=res"], tmp_path,
                  env={"RAY_ADDRESS": f"nosuchhost.invalid:{port}"})
     assert out.returncode == 2, out.stdout + out.stderr
-    assert out.stdout == (f"{ADDRESS_RULE}'nosuchhost.invalid:{port}' (RAY_ADDRESS=nosuchhost.invalid:{port}): "
+    assert out.stdout == (f"{ADDRESS_RULE}'nosuchhost.invalid:{port}' from RAY_ADDRESS: "
                           f"no connection to nosuchhost.invalid:{port} within 5 s: Name or service not known\n")
     assert list(tmp_path.iterdir()) == []
+
+
+@NEEDS_RAY
+def test_a_stopped_cluster_ray_start_recorded_is_named(tmp_path):
+    """Plain ``hydra/launcher=ray`` (address null) connects to the cluster the last ``ray start``
+    on this machine recorded in Ray's temp folder, as ``ray.init`` does: one that no longer runs is
+    refused by its file, before the local object-store default is (which it would make moot)."""
+    port, ray_tmp, work = closed_port(), tmp_path / "raytmp", tmp_path / "work"
+    (ray_tmp / "ray").mkdir(parents=True)
+    (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}\n")
+    work.mkdir()
+    out, seconds = cli(["-m", *B, "hydra/launcher=ray", "results_dir=res"], work, env={"RAY_TMPDIR": str(ray_tmp)})
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1, out.stdout + out.stderr
+    assert lines[0].startswith(f"{ADDRESS_RULE}'127.0.0.1:{port}' from {ray_tmp / 'ray' / 'ray_current_cluster'}: "
+                               "no connection to "), lines[0]
+    assert lines[0].endswith(f":{port} within 5 s: Connection refused") and seconds < 30
+    assert list(work.iterdir()) == []
 
 
 def ray_cfg(address) -> OmegaConf:
