@@ -330,3 +330,32 @@ def test_another_os_error_is_not_called_a_full_disk(tmp_path, monkeypatch):
     results = make_sweep(tmp_path / "res", seeds=(0, 1))
     with pytest.raises(OSError, match="Input/output error"):
         main(["rliable", str(results), "--out", str(tmp_path / "out" / "scores.npz")])
+
+
+def test_published_claims_figures_on_a_full_disk_name_the_figure(tmp_path, monkeypatch):
+    """``claims --publish`` copies the figures file by file through the atomic write: the disk filling
+    up at a figure names that figure (a tree copy would raise shutil.Error, naming none)."""
+    from analysis import claims as C
+    from analysis.claims.evidence import NotRun
+    from analysis.claims.report import publish
+
+    def not_composed(name, *args, **kwargs):
+        raise NotRun(f"{name}: not composed in this test")
+
+    monkeypatch.setattr(C, "compose_points", not_composed)
+    C.build_claims_report(tmp_path, quick=False, progress=lambda s: None)
+    (tmp_path / "claims_figures").mkdir(exist_ok=True)
+    (tmp_path / "claims_figures" / "c3.png").write_bytes(b"png")
+    fsync = os.fsync
+
+    def full_at_figures(fd):  # the page fits, the figure does not (its temp file: .c3.png.<random>.tmp)
+        if ".png." in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_at_figures)
+    dest = tmp_path / "docs"
+    with pytest.raises(OSError) as failed:
+        publish(tmp_path, False, dest, "python -m analysis claims R --publish P")
+    assert (failed.value.errno, failed.value.filename) == (errno.ENOSPC, str(dest / "claims_figures" / "c3.png"))
+    assert files_under(dest) == [dest / "claims.md"]
