@@ -359,3 +359,20 @@ def test_published_claims_figures_on_a_full_disk_name_the_figure(tmp_path, monke
         publish(tmp_path, False, dest, "python -m analysis claims R --publish P")
     assert (failed.value.errno, failed.value.filename) == (errno.ENOSPC, str(dest / "claims_figures" / "c3.png"))
     assert files_under(dest) == [dest / "claims.md"]
+
+
+def test_a_full_disk_refusing_the_temp_file_names_the_output(tmp_path, monkeypatch, capsys):
+    """A full disk can refuse the temp file itself (no inode, no directory block): the line names
+    the output, not the temp file's random name."""
+    import tempfile
+
+    from analysis.cli import main
+
+    results, out = make_sweep(tmp_path / "res", seeds=(0, 1)), tmp_path / "out" / "scores.npz"
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out.parent / ".scores.npz.x1y2.tmp"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    assert main(["rliable", str(results), "--out", str(out)]) == 1
+    assert one_disk_full_line(capsys.readouterr().err, "rliable", out.parent) == out

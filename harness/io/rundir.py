@@ -93,10 +93,15 @@ METRIC_COLUMNS = schema.METRIC_COLUMNS
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temp file in the same folder and ``os.replace``: a
     reader sees the old file or the new one. An ``OSError`` that names no file (a full disk
-    fails ``write`` or ``fsync``) is raised with ``path`` as its ``filename``."""
+    fails ``write`` or ``fsync``) or the temp file (a full disk refuses to create it) is raised
+    with ``path`` as its ``filename``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        exc.filename = str(path)  # not the temp file's random name, which never existed
+        raise
     delay = float(os.environ.get(WRITE_DELAY_ENV) or 0)
     try:
         with os.fdopen(fd, "wb") as f:
