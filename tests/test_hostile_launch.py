@@ -1,15 +1,17 @@
 """Hostile input at launch and at write time: each refused in one line, nothing written.
 
 - ``hydra/launcher=ray`` / ``ray_cluster`` pointed at an address where no Ray cluster answers (a
-  closed port, an unresolvable host, ``auto`` with no cluster, not ``host:port``): exit 2 with
-  one line naming ``hydra.launcher.ray.init.address``, within 30 s, no folder made
+  closed port, an unresolvable host, ``auto`` with no cluster, not ``host:port``, a stopped
+  cluster ``ray start`` recorded): exit 2 with one line naming ``hydra.launcher.ray.init.address``
+  and where the address came from, within 30 s, no folder made
   (``harness.callbacks.refuse_unreachable_ray_cluster``; ``ray.init`` would retry for minutes).
 - ``recipe=<name>`` beside ``estimator=...``: the run's config.yaml records the recipe
   (``recipe: <name>``, its last line); the recipe's name is not hashed (the run folder is the one
   of the same settings without the record), and a run without a recipe writes no such key.
 - A full disk (ENOSPC, simulated: every ``fsync`` fails as a full disk fails it) under
-  ``python -m analysis report --out``, ``claims`` and ``rliable``: exit 1 with one line naming the
-  file (``cannot write <file>: No space left on device``), no file written.
+  ``python -m analysis report --out``, ``claims`` and ``rliable`` (and ``mkstemp`` refused, and
+  ``claims --publish``'s figures): exit 1 with one line naming the file (``cannot write <file>:
+  No space left on device``), no file written.
 """
 from __future__ import annotations
 
