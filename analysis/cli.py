@@ -7,7 +7,9 @@ the argument and what is allowed, no usage dump, no traceback), a folder without
 output folder that cannot be written (checked before anything is computed), or a confirmatory
 ``claims --run`` while the claims differ from their registration (``claims --register`` writes
 it: :mod:`analysis.claims.registry`; one line per change, before anything runs); 130 interrupted
-(Ctrl-C: one line, ``interrupted; rerun the same command to resume``).
+(Ctrl-C: one line, ``interrupted; rerun the same command to resume``); 1 a full disk (or quota)
+while writing an output: one line naming the file, ``cannot write <file>: No space left on device``
+(the file is left as it was: every output is written atomically).
 Every run either command leaves out (not finished, a non-finite score, a symlink, an
 unreadable file) is printed with its path and reason, and listed in report.md / claims.md.
 """
@@ -560,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command; its exit code (the module docstring). Ctrl-C: one line on stderr,
     :data:`INTERRUPTED`, and 130 (the results it reads are not changed; rerunning the command
     writes its outputs again; ``claims --run`` skips the runs already finished)."""
+    args = None
     try:
         import matplotlib
 
@@ -572,6 +575,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)
         return 130
+    except OSError as exc:  # a full disk under any output (each is written through harness.io's atomic writes)
+        from harness.config import DISK_FULL, os_problem
+
+        if exc.errno not in DISK_FULL:
+            raise
+        command = f" {args.command}" if args is not None else ""
+        print(f"python -m analysis{command}: error: cannot write {os_problem(exc)}", file=sys.stderr)
+        return 1
     except Exception as exc:  # a malformed claim experiment file (read when the claims are): one line, exit 2
         from harness.experiments import BadExperimentFile
 

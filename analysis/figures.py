@@ -21,6 +21,7 @@ Encodings, the same in every figure and every report:
 from __future__ import annotations
 
 import functools
+import io
 import math
 import warnings
 import zlib
@@ -35,6 +36,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+from harness.io import atomic_write_bytes
 
 from . import stats
 from .load import split_label
@@ -281,10 +284,14 @@ def _legend(fig: Figure, palette: Mapping[str, str], names: Iterable[str], title
         fig.legend(handles, names, title=title, loc="outside right center", frameon=False)
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def _save(fig: Figure, path: Path, dpi: int = _DPI) -> Path:
+    """Write ``fig`` to ``path`` in the format its suffix names, through
+    :func:`harness.io.atomic_write_bytes` (a reader sees the old file or the new one; a failed write
+    names the file)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=_DPI)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.suffix.lstrip(".") or None, dpi=dpi)
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 

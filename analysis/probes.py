@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.io import atomic_write_text
 from harness.io.files import RunFileError, read_table
 from harness.io.finished import check_run
 
@@ -240,5 +241,5 @@ def write_probe_report(path: str | Path, out: str | Path | None = None) -> Path:
     groups = probe_groups(data.rows, settings)
     figure = plot_probes(groups, out / "probes.png")
     page = out / "probes.md"
-    page.write_text(report_markdown(data, settings, groups, figure.name))
+    atomic_write_text(page, report_markdown(data, settings, groups, figure.name))
     return page

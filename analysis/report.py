@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.io import atomic_write_text
+
 from . import figures as figs
 from . import groups, stats
 from .load import CLAIMS_FOLDER_PREFIX, KINDS, RUN_KEYS, label_variants, load, run_configs
@@ -706,7 +708,7 @@ def build_report(results: str | Path, out: str | Path | None = None, opts: Optio
     first = done[0][1]
     index = _index_markdown(results, done, keys, others, [r for r in left_out if not any(
         _in_group(r, g, configs) for g, _ in done)], opts)
-    (out / "report.md").write_text(index, encoding="utf-8")
+    atomic_write_text(out / "report.md", index)
     return first
 
 
@@ -749,18 +751,15 @@ def _report(df: pd.DataFrame, configs: dict, results: Path, out: Path, opts: Opt
         path = fn(out / files[key])
         progress(f"figure: {path}")
 
-    t.runs.to_csv(out / "runs.csv", index=False)
-    t.scores.to_csv(out / "scores.csv", index=False)
-    t.aggregate.to_csv(out / "aggregate.csv", index=False)
-    t.poi.to_csv(out / "probability_of_improvement.csv", index=False)
-    t.sensitivity.to_csv(out / "sensitivity.csv", index=False)
-    t.failures.to_csv(out / "failures.csv", index=False)
-    pd.DataFrame(t.left_out, columns=["run_dir", "path", "reason", "task", "estimator"]).to_csv(
-        out / "left_out.csv", index=False)
+    left_out = pd.DataFrame(t.left_out, columns=["run_dir", "path", "reason", "task", "estimator"])
+    for name, table in (("runs", t.runs), ("scores", t.scores), ("aggregate", t.aggregate),
+                        ("probability_of_improvement", t.poi), ("sensitivity", t.sensitivity),
+                        ("failures", t.failures), ("left_out", left_out)):
+        atomic_write_text(out / f"{name}.csv", table.to_csv(index=False))
     return t
 
 
 def _write_markdown(t: Tables, results: Path, out: Path, opts: Options) -> None:
     files = {k: name for k, (name, _) in FIGURES.items()}
     md = _markdown(t, results, opts, files)
-    (out / "report.md").write_text(md, encoding="utf-8")
+    atomic_write_text(out / "report.md", md)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
-from .config import bad_field, error_line, member_configs, task_kind
+from .config import bad_field, error_line, member_configs, os_problem, task_kind
 from .estimators.registry import ContractError
 from .io import RunDir
 from .plan import RunPlan
@@ -112,12 +112,6 @@ def claim_runs(runs: list[RunDir], counts: dict[str, int]) -> list[RunDir]:
         if claimed_or_done:
             todo.append(r)
     return todo
-
-
-def os_problem(exc: OSError) -> str:
-    """One line for an OS error on a path: the path and what went wrong."""
-    where = exc.filename if exc.filename is not None else "?"
-    return f"{where}: {exc.strerror or exc}"
 
 
 def refuse_run(r: RunDir, problem: str, counts: dict[str, int]) -> None:
@@ -245,11 +239,12 @@ def in_sweep() -> bool:
         return False
 
 
-def check_group_choices() -> None:
+def check_group_choices() -> str | None:
     """The command line's choice of ``recipe`` must be one of its group's options: Hydra also takes
     a path into another group (``recipe=../estimator/rloo``, an estimator preset loaded as a recipe)
     and a list (``recipe=[verl_grpo,trl_grpo]``, two frameworks merged), neither a recipe. Raises
-    ``ValueError`` naming ``recipe`` and the options; nothing outside a Hydra command is checked."""
+    ``ValueError`` naming ``recipe`` and the options; nothing outside a Hydra command is checked.
+    Returns the recipe chosen (by the command line or an experiment's defaults), else None."""
     from hydra.core.global_hydra import GlobalHydra
 
     try:
@@ -257,13 +252,27 @@ def check_group_choices() -> None:
         choice = hc.runtime.choices.get("recipe")
         options = GlobalHydra.instance().config_loader().get_group_options("recipe")
     except Exception:  # not under Hydra's command line (an in-process run): nothing chose a group
-        return
+        return None
     for override in hc.overrides.task:  # a list of options is no choice Hydra records: read it off the command
         key, _, value = str(override).partition("=")
         if key.lstrip("+~") == "recipe" and value.strip().startswith("["):
             choice = value
-    if choice not in (None, "null") and choice not in options:
+    if choice in (None, "null"):
+        return None
+    if choice not in options:
         bad_field("recipe", f"one of {sorted(options)} (a framework's recipe, one at a time)", choice)
+    return str(choice)
+
+
+def record_recipe(cfg: DictConfig, recipe: str | None) -> None:
+    """Add ``recipe: <name>`` to ``cfg`` when a recipe was chosen, so each run's config.yaml says
+    which framework's settings it ran with: a recipe file is ``@package _global_`` and leaves no
+    key of its own, and ``estimator=...`` beside it keeps the recipe's other settings. A config
+    without a recipe gets no key (its config.yaml and hash stay as they were); validation knows the
+    key (:class:`harness.config.Recorded`), the run folder's hash leaves it out (``harness.io.rundir``)."""
+    if recipe is not None:
+        with open_dict(cfg):
+            cfg.recipe = recipe
 
 
 def main_entry(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> None:
@@ -272,7 +281,7 @@ def main_entry(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> N
     :class:`harness.callbacks.SweepSummary`, after the other jobs ran) or a write failed at run
     time (one line naming the file: ``cannot write results: <file>: No space left on device``)."""
     try:
-        check_group_choices()
+        record_recipe(cfg, check_group_choices())
         counts = run(cfg, on_start)
     except ValueError as exc:  # invalid config: nothing was started
         print(f"invalid config: {error_line(exc)}")

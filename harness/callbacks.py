@@ -5,6 +5,7 @@ process: killed, it leaves no worker training on (:func:`watch_parent`)."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -69,7 +70,8 @@ def linked_part(root: str, rel: str) -> str | None:
 def refuse_bad_launcher(config: DictConfig) -> None:
     """Launcher settings the launcher would refuse with a traceback after the sweep started:
     ``hydra.launcher.n_jobs`` (joblib) must be a non-zero integer (-1: every core) or null;
-    ``hydra.launcher.ray.init`` connecting to a running cluster takes no node resources
+    ``hydra.launcher.ray.init`` connecting to a running cluster names one that answers
+    (:func:`refuse_unreachable_ray_cluster`) and takes no node resources
     (:func:`refuse_ray_node_settings`). One line and exit code 2 instead."""
     n_jobs = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None)
     if n_jobs is not None and (isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs == 0):
@@ -77,6 +79,7 @@ def refuse_bad_launcher(config: DictConfig) -> None:
               f"core, -2 all but one, ...) or null, got {n_jobs!r}")
         raise SystemExit(2)
     if str(OmegaConf.select(config, "hydra.launcher._target_", default="")).endswith(".ray_launcher.RayLauncher"):
+        refuse_unreachable_ray_cluster(config)  # first: with no cluster there, its settings are moot
         refuse_ray_node_settings(config)
 
 
@@ -85,29 +88,106 @@ def refuse_bad_launcher(config: DictConfig) -> None:
 RAY_NODE_SETTINGS = ("num_cpus", "num_gpus", "resources", "labels", "object_store_memory")
 #: hydra-ray-launcher's ``object_store_memory`` for a ``ray.init`` that has none (bytes, 75 MB).
 RAY_PLUGIN_OBJECT_STORE = 78643200
+#: Seconds the sweep waits for a TCP connection to the Ray cluster before it refuses the address
+#: (``ray.init`` itself waits 5 s per attempt and retries for minutes on an address nobody answers).
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def ray_init_settings(config: DictConfig) -> tuple[dict, str | None, str]:
+    """``hydra.launcher.ray.init`` as a dict, the address ``ray.init`` connects to, and where that
+    address came from, as ``ray.init`` reads it: ``address``; ``RAY_ADDRESS`` when that is null or
+    ``auto``; with both unset, the cluster the last ``ray start`` on this machine recorded
+    (:func:`recorded_ray_cluster`). The address is None (or ``local``) for a new local Ray
+    instance; where it came from is "" when it is ``address`` itself."""
+    init = OmegaConf.select(config, "hydra.launcher.ray.init", default=None)
+    init = OmegaConf.to_container(init, resolve=True) if isinstance(init, DictConfig) else {}
+    address, source = init.get("address"), ""
+    if address in (None, "auto") and os.environ.get("RAY_ADDRESS"):
+        address, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    if address is None:
+        address, source = recorded_ray_cluster()
+    return init, None if address in (None, "local") else str(address), source
+
+
+def recorded_ray_cluster() -> tuple[str | None, str]:
+    """The address ``ray.init(address=None)`` connects to instead of starting a local instance:
+    the one the last ``ray start`` on this machine wrote to ``ray_current_cluster`` in Ray's temp
+    folder (``RAY_TMPDIR``, else /tmp/ray), and that file; (None, "") without one, or without Ray."""
+    try:
+        from ray._private.utils import get_ray_address_file, read_ray_address
+    except ImportError:
+        return None, ""
+    address = read_ray_address()
+    return (address, get_ray_address_file(None)) if address else (None, "")
+
+
+def ray_address_text(address: str, source: str) -> str:
+    """``'<address>'``, with ``from <source>`` when it is not the config's own value."""
+    return f"{address!r} from {source}" if source else repr(address)
 
 
 def refuse_ray_node_settings(config: DictConfig) -> None:
     """``hydra/launcher=ray`` that connects to a running cluster (``ray.init.address`` set, or
-    null/``auto`` with ``RAY_ADDRESS`` in the environment, as ``ray.init`` reads it) with a
-    setting only a new local instance takes: Ray would refuse it in a traceback once the sweep
-    started. The plugin adds ``object_store_memory`` itself when the key is missing;
-    ``hydra/launcher=ray_cluster`` sets it to null. One line and exit code 2 instead."""
-    init = OmegaConf.select(config, "hydra.launcher.ray.init", default=None)
-    init = OmegaConf.to_container(init, resolve=True) if isinstance(init, DictConfig) else {}
-    address = init.get("address")
-    if address in (None, "auto") and os.environ.get("RAY_ADDRESS"):
-        address = os.environ["RAY_ADDRESS"]
-    if address in (None, "local"):  # a new local Ray instance: every setting applies
+    null/``auto`` with ``RAY_ADDRESS`` in the environment or a cluster ``ray start`` recorded, as
+    ``ray.init`` reads them: :func:`ray_init_settings`) with a setting only a new local instance
+    takes: Ray would refuse it in a traceback once the sweep started. The plugin adds
+    ``object_store_memory`` itself when the key is missing; ``hydra/launcher=ray_cluster`` sets it
+    to null. One line and exit code 2 instead."""
+    init, address, source = ray_init_settings(config)
+    if address is None:  # a new local Ray instance: every setting applies
         return
     for key in RAY_NODE_SETTINGS:
         value = init.get(key, RAY_PLUGIN_OBJECT_STORE if key == "object_store_memory" else None)
         if value is not None:
             unset = " (hydra-ray-launcher's default for a local instance)" if key not in init else ""
             print(f"invalid config: hydra.launcher.ray.init.{key} must be null when the sweep connects to a "
-                  f"running Ray cluster (address {address!r}: its nodes' `ray start` set their resources; "
-                  f"hydra/launcher=ray_cluster does this), got {value!r}{unset}")
+                  f"running Ray cluster (address {ray_address_text(address, source)}: its nodes' `ray start` set "
+                  f"their resources; hydra/launcher=ray_cluster does this), got {value!r}{unset}")
             raise SystemExit(2)
+
+
+def ray_cluster_problem(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> str | None:
+    """Why no Ray cluster answers at ``address`` (as ``ray.init(address=...)`` takes it), else
+    None: ``auto`` finds no cluster, the address is not ``host:port``, the host does not resolve,
+    or no TCP connection opens within ``timeout_s``. ``auto`` and a local host are turned into the
+    ``host:port`` ``ray.init`` connects to by Ray's own function, when Ray is installed;
+    ``ray://host:port`` is Ray Client's server, connected to as it is."""
+    target = address.removeprefix("ray://")
+    if target == address:
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:  # no Ray: the launcher cannot start either; the address is probed as it is
+            canonicalize_bootstrap_address = None
+        if canonicalize_bootstrap_address is not None:
+            try:
+                target = canonicalize_bootstrap_address(address) or target
+            except (ConnectionError, ValueError) as exc:  # auto with no cluster on this node; a bad format
+                return error_line(exc)
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"{target!r} is not host:port"
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:  # refused, unreachable, unresolvable, timed out
+        return f"no connection to {target} within {timeout_s:g} s: {exc.strerror or exc}"
+    return None
+
+
+def refuse_unreachable_ray_cluster(config: DictConfig) -> None:
+    """``hydra/launcher=ray`` pointed at a Ray cluster that does not answer (no TCP connection to
+    its address within :data:`RAY_CONNECT_TIMEOUT_S`, an unresolvable host, ``auto`` with no
+    cluster, a stopped cluster ``ray start`` recorded): ``ray.init`` would retry for minutes or
+    end in a ConnectionError traceback after the sweep folder exists. One line and exit code 2
+    instead, before any folder is made."""
+    _, address, source = ray_init_settings(config)
+    if address is None:  # a new local Ray instance: nothing to reach
+        return
+    problem = ray_cluster_problem(address)
+    if problem is not None:
+        print(f"invalid config: hydra.launcher.ray.init.address must be a running Ray cluster's address "
+              f"(host:port of its head, ray://host:port, auto: the cluster this node's `ray start` joined; "
+              f"null or local: a new local instance), got {ray_address_text(address, source)}: {problem}")
+        raise SystemExit(2)
 
 
 #: The sweep's process id, set by :meth:`SweepSummary.on_multirun_start` for the worker processes

@@ -14,6 +14,7 @@ registered by name where they are called (:class:`TaskKind`).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import math
 import os
@@ -435,10 +436,19 @@ def refuse_unknown_keys(cfg: DictConfig, name: str, *schemas: type) -> None:
                          f"{sorted(known)})")
 
 
+@dataclass
+class Recorded:
+    """Keys a run's config records beside its settings, added after composing and only when set,
+    so a config without them writes and hashes as before: ``recipe``, the framework recipe the
+    settings came from (``harness.app.record_recipe``; not hashed, ``harness.io.rundir``)."""
+    recipe: Optional[str] = None
+
+
 def check_known_keys(cfg: DictConfig) -> None:
     """Refuse keys the schema does not know (``+foo=1`` adds one past struct mode)."""
-    for name, schema in (("", run_schema()), ("task", TaskConfig), ("budget", BudgetConfig), ("kl", KLConfig)):
-        refuse_unknown_keys(cfg, name, schema)
+    for name, schemas in (("", (run_schema(), Recorded)), ("task", (TaskConfig,)), ("budget", (BudgetConfig,)),
+                          ("kl", (KLConfig,))):
+        refuse_unknown_keys(cfg, name, *schemas)
 
 
 # Sane upper bounds: beyond them a value is a typo, and it would crash or hang
@@ -606,6 +616,16 @@ def _pathconf(path: str, name: str, default: int) -> int:
     except (OSError, ValueError, AttributeError):
         return default
     return value if value and value > 0 else default
+
+
+#: errno of a write the file system cannot take: no space left on the device, the user's quota used up
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def os_problem(exc: OSError) -> str:
+    """One line for an OS error on a path: the path and what went wrong."""
+    where = exc.filename if exc.filename is not None else "?"
+    return f"{where}: {exc.strerror or exc}"
 
 
 def error_line(exc: Exception) -> str:

@@ -249,8 +249,8 @@ def ray_launcher_cfg(init: dict) -> OmegaConf:
      "this), got 78643200 (hydra-ray-launcher's default for a local instance)"),
     ({"address": None, "num_cpus": 2}, "10.0.0.1:6379",  # ray.init reads RAY_ADDRESS when address is null
      "hydra.launcher.ray.init.num_cpus must be null when the sweep connects to a running Ray cluster "
-     "(address '10.0.0.1:6379': its nodes' `ray start` set their resources; hydra/launcher=ray_cluster "
-     "does this), got 2"),
+     "(address '10.0.0.1:6379' from RAY_ADDRESS: its nodes' `ray start` set their resources; "
+     "hydra/launcher=ray_cluster does this), got 2"),
     ({"address": "10.0.0.1:6379", "object_store_memory": None, "resources": {"gpu_a": 1}}, None,
      "hydra.launcher.ray.init.resources must be null when the sweep connects to a running Ray cluster "
      "(address '10.0.0.1:6379': its nodes' `ray start` set their resources; hydra/launcher=ray_cluster "
@@ -259,26 +259,30 @@ def ray_launcher_cfg(init: dict) -> OmegaConf:
     ({"address": "local", "num_cpus": 2}, "10.0.0.1:6379", None),  # "local": never RAY_ADDRESS
     ({"address": "auto", "object_store_memory": None}, "10.0.0.1:6379", None),  # what ray_cluster sets
 ])
-def test_ray_settings_a_running_cluster_refuses_are_one_line(init, env, refused, monkeypatch, capsys):
-    from harness.callbacks import refuse_bad_launcher
+def test_ray_settings_a_running_cluster_refuses_are_one_line(init, env, refused, monkeypatch, capsys, tmp_path):
+    """The settings alone (whether a cluster answers there is tests/test_hostile_launch.py's)."""
+    from harness.callbacks import refuse_ray_node_settings
 
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # no cluster a `ray start` on this machine recorded
     if env is None:
         monkeypatch.delenv("RAY_ADDRESS", raising=False)
     else:
         monkeypatch.setenv("RAY_ADDRESS", env)
     if refused is None:
-        refuse_bad_launcher(ray_launcher_cfg(init))
+        refuse_ray_node_settings(ray_launcher_cfg(init))
         assert capsys.readouterr().out == ""
         return
     with pytest.raises(SystemExit) as exit_:
-        refuse_bad_launcher(ray_launcher_cfg(init))
+        refuse_ray_node_settings(ray_launcher_cfg(init))
     assert exit_.value.code == 2
     assert capsys.readouterr().out == f"invalid config: {refused}\n"
 
 
 @NEEDS_RAY
 def test_ray_cluster_launcher_config_passes_the_check(monkeypatch, capsys):
-    from harness.callbacks import refuse_bad_launcher
+    """Its settings pass the node-settings check (whether a cluster answers at ``auto`` is
+    tests/test_hostile_launch.py's)."""
+    from harness.callbacks import refuse_ray_node_settings
 
     from .test_launchers import compose_with_hydra
 
@@ -286,5 +290,5 @@ def test_ray_cluster_launcher_config_passes_the_check(monkeypatch, capsys):
     cfg = compose_with_hydra(["hydra/launcher=ray_cluster"])
     assert OmegaConf.to_container(cfg.hydra.launcher.ray) == {
         "init": {"address": "auto", "object_store_memory": None}, "remote": {}}
-    refuse_bad_launcher(cfg)
+    refuse_ray_node_settings(cfg)
     assert capsys.readouterr().out == ""

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import scipy.stats
 
+from harness.config import DISK_FULL
+
 from .evidence import ExpData, NotRun
 
 
@@ -204,11 +206,13 @@ def _batch_panel(ax, claim, data: dict[str, ExpData]) -> bool:
 
 
 def claim_figure(verdict, claim, data: dict[str, ExpData], out: Path) -> str | None:
-    """``out/<id>.png``; None when the claim has nothing to draw. A figure never sinks the report."""
+    """``out/<id>.png``; None when the claim has nothing to draw. A figure never sinks the report
+    (a full disk ends the command: no later file fits either)."""
     import matplotlib.pyplot as plt
 
     if verdict.not_run or not verdict.parts:
         return None
+    from ..figures import _save  # (seaborn) only when a figure is drawn
     panels = list(verdict.parts) + list(verdict.reported)[:6]
     n = len(panels)
     training = claim.primary is not None and claim.primary.stat in ("run_metric", "frontier_gap")
@@ -234,11 +238,10 @@ def claim_figure(verdict, claim, data: dict[str, ExpData], out: Path) -> str | N
                 side.axis("off")
         fig.suptitle(textwrap.shorten(f"{claim.id}: {verdict.label} — {claim.short}", 120), fontsize=10)
         fig.tight_layout()
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{claim.id.lower()}.png"
-        fig.savefig(path, dpi=110)
-        return str(path)
+        return str(_save(fig, out / f"{claim.id.lower()}.png", dpi=110))
     except Exception as exc:  # noqa: BLE001
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL:  # no figure will fit: the command ends (analysis.cli)
+            raise
         print(f"[claims] figure for {claim.id} failed: {exc}", file=sys.stderr)
         return None
     finally:

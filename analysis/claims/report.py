@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.io import atomic_write_json, atomic_write_text
+from harness.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from harness.io.files import read_json
 
 from . import CLAIMS_BY_ID, M_REGISTERED, PROTOCOL, Verdict, evaluate_all, registry
@@ -643,7 +643,10 @@ def publish(root: Path, quick: bool, dest: Path, command: str) -> list[Path]:
             target = dest / figs.name
             if target.exists():
                 shutil.rmtree(target)
-            shutil.copytree(figs, target)
+            target.mkdir()
+            for f in sorted(figs.iterdir()):  # each through the atomic write: a full disk names the file
+                if f.is_file() and not f.is_symlink():
+                    atomic_write_bytes(target / f.name, f.read_bytes())
     return pages
 
 

@@ -13,8 +13,8 @@ Layout (docs/design.md, "Outputs")::
         .lock              flock'd by the process running the run (pid, host, start time)
 
 ``hash`` covers the resolved config except ``seed`` (in the name), ``results_dir``,
-``population``, ``population_workers``, ``progress``, ``threads``, ``checkpoint_every``, ``deterministic``
-and ``logger``:
+``population``, ``population_workers``, ``progress``, ``threads``, ``checkpoint_every``, ``deterministic``,
+``logger``, ``plugins`` and ``recipe`` (the recipe's name; the settings it chose are hashed):
 a population member and a lone run of the same seed share a directory, a rerun of the same sweep
 finds finished runs and skips them, and switching checkpoints or deterministic kernels on
 (neither changes CPU results: resume is exact) or TensorBoard logging (a copy of the metric rows,
@@ -62,9 +62,10 @@ log = logging.getLogger("harness")
 FINISHED = ("completed", "diverged")
 # checkpoint_every, deterministic: added after runs existed; neither changes CPU results; logger
 # only copies the metric rows elsewhere (harness.io.trackers); plugins only makes names importable (the
-# estimator's or loss's name is hashed)
+# estimator's or loss's name is hashed); recipe names the framework recipe the settings came from
+# (harness.app.record_recipe), every one of which is hashed itself: runs recorded before it keep their folders
 _NOT_HASHED = ("seed", "results_dir", "population", "progress", "threads", "checkpoint_every", "deterministic",
-               "logger", "population_workers", "plugins")
+               "logger", "population_workers", "plugins", "recipe")
 LOCK_FILE = ".lock"
 CHECKPOINT_NAME = "checkpoint.safetensors"  # harness.io.checkpoint.CHECKPOINT_FILE
 # Test-only hook (tests/test_faults.py): seconds to sleep in the middle of every atomic write,
@@ -92,10 +93,15 @@ METRIC_COLUMNS = schema.METRIC_COLUMNS
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temp file in the same folder and ``os.replace``: a
     reader sees the old file or the new one. An ``OSError`` that names no file (a full disk
-    fails ``write`` or ``fsync``) is raised with ``path`` as its ``filename``."""
+    fails ``write`` or ``fsync``) or the temp file (a full disk refuses to create it) is raised
+    with ``path`` as its ``filename``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        exc.filename = str(path)  # not the temp file's random name, which never existed
+        raise
     delay = float(os.environ.get(WRITE_DELAY_ENV) or 0)
     try:
         with os.fdopen(fd, "wb") as f:
