@@ -284,11 +284,11 @@ class SweepSummary(Callback):
             print(line)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refuse_bad_launcher(config)
+        refuse_unusable_results_dir(config, "hydra.sweep.dir")
         total = sweep_size(config)
         if total and total > 1:  # its jobs' processes inherit it (the launchers' workers start after this)
             os.environ[SWEEP_PROGRESS_ENV] = f"{total},{time.time()}"
-        refuse_bad_launcher(config)
-        refuse_unusable_results_dir(config, "hydra.sweep.dir")
         if "joblib" in str(OmegaConf.select(config, "hydra.launcher._target_", default="")).lower():
             os.environ[SWEEP_PID_ENV] = str(os.getpid())  # the workers it starts watch it (on_job_start)
             previous = os.environ.get("PYTHONWARNINGS", "")
