@@ -1,6 +1,7 @@
 """Entry point: ``python -m harness`` composes the config and calls :func:`run`."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -28,6 +29,8 @@ from .validation import validate
 __all__ = ["run", "main_entry", "describe", "imports_dynamo", "TRAINERS"]
 
 log = logging.getLogger("harness")
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # OSErrors that end the command (main_entry), not one run
 
 
 # each task kind's trainer, ``(cfg, runs) -> None``: builds the task and hands its rollout source to
@@ -149,7 +152,9 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
     run folder is started and the trainer built (the CLI's :func:`harness.__main__.end_startup`).
 
     A run that raises is recorded as ``failed`` (with the traceback's last line as reason) and
-    the sweep goes on; a non-finite loss or parameter is recorded as ``diverged`` by the trainer.
+    the sweep goes on (a full disk, ``ENOSPC`` or ``EDQUOT``, is recorded and raised: the next run
+    would fail too, and :func:`main_entry` names the file); a non-finite loss or parameter is
+    recorded as ``diverged`` by the trainer.
     Each run is claimed (``.lock``) while this process works on it; a run another sweep holds
     counts as ``held``. Training runs of a kind that resumes (every kind: :class:`harness.config.TaskKind`)
     resume from their checkpoint (``checkpoint_every``).
@@ -186,11 +191,15 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
         try:
             worker(cfg, todo)
         except Exception as exc:  # record, never drop
-            reason = f"{type(exc).__name__}: {exc}"
-            log.error("run failed: %s\n%s", reason, traceback.format_exc())
+            full = isinstance(exc, OSError) and exc.errno in DISK_FULL
+            reason = os_problem(exc) if full else f"{type(exc).__name__}: {exc}"
+            if not full:
+                log.error("run failed: %s\n%s", reason, traceback.format_exc())
             for r in todo:
                 if r.status() is None:
                     r.finish("failed", reason, time.perf_counter() - t0)
+            if full:  # a full disk (a run's file or its tracker's store): the command ends in one line naming it
+                raise
         for r in todo:
             status = r.status() or "failed"
             counts[status] = counts.get(status, 0) + 1

@@ -19,6 +19,7 @@ from .config import (PARAM_BYTES, ProbeSettings, bad_field, check_choice, check_
                      check_known_keys, length_problem, path_problem, refuse_unknown_keys, results_path, task_kind)
 from .estimators import KL_ESTIMATORS, EstimatorSpec, get_estimator
 from .io.rundir import CHECKPOINT_NAME, run_dir_for
+from .io.trackers import check_tracker
 from .losses import AGG_MODES, POLICY_LOSSES, get_policy_loss, knob_defaults, loss_settings
 from .probes import validate_probe
 from .reference import check_reference
@@ -70,6 +71,7 @@ def validate(cfg: DictConfig) -> None:
         refuse_unknown_keys(cfg, "probe", ProbeSettings)  # names the key (probe.<key>) before the probe's checks
         validate_probe(cfg)
     check_results_dir(cfg)
+    check_tracker(cfg)  # last: it imports the tracker's package and asks its store or server
 
 
 # ----------------------------------------------------------------------------- each task kind's checks
