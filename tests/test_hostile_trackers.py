@@ -88,6 +88,60 @@ def test_mlflow_server_that_refuses_is_refused_in_seconds_before_any_folder(tmp_
     assert [p.name for p in (tmp_path / "res").iterdir()] == [".hydra"]  # Hydra's job log; no run folder
 
 
+class FakeServer:
+    """A local HTTP server answering every GET with ``status`` and ``body``, in a thread."""
+
+    def __init__(self, status: int, body: str):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json" if body.startswith("{") else "text/html")
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("status,body,problem", [
+    (401, "{}", "it refused the credentials (HTTP 401; MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, "
+                "or MLFLOW_TRACKING_TOKEN)"),
+    (404, "<html>not here</html>", "it answered HTTP 404, not as an MLflow tracking server"),
+    (500, "{}", "it answered HTTP 500, not as an MLflow tracking server"),
+])
+def test_mlflow_server_that_is_not_a_tracking_server_is_refused(status, body, problem, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("mlflow")
+    with FakeServer(status, body) as server:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+        assert refused(capsys, tmp_path / "res", "mlflow") == uri_line(server.uri, problem)
+
+
+@pytest.mark.parametrize("status,body", [(200, '{"experiment": {"experiment_id": "1", "name": "x"}}'),
+                                         (404, '{"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "no"}')])
+def test_mlflow_server_that_answers_as_mlflow_passes_the_check(status, body, tmp_path, monkeypatch):
+    """The experiment found, or not there yet (MLflow's own 404): the server is taken."""
+    pytest.importorskip("mlflow")
+    from harness.io.trackers import check_tracker
+
+    with FakeServer(status, body) as server:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+        check_tracker(make_cfg([*B, f"results_dir={tmp_path / 'res'}", "logger=mlflow"]))
+
+
 @pytest.mark.parametrize("uri,problem", [
     ("bogus://x", "not a store the harness writes to: bogus://"),
     ("file:///tmp/mlruns", "MLflow's file store takes no new runs"),
@@ -253,6 +307,8 @@ def finished_run(res: Path) -> tuple[Path, dict, bytes]:
     return summary.parent, json.loads(summary.read_text()), (summary.parent / "metrics.parquet").read_bytes()
 
 
+# TensorBoard's writer thread ends with the write's error, which its next call raises again
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_disk_full_under_tensorboard_names_the_folder_earlier_run_intact(tmp_path, capsys, monkeypatch):
     """TensorBoard's writer thread fails as on a full disk (``ENOSPC``, naming no file): the command
     ends in one line naming the run's tb/ folder, exit code 1; the run written before is untouched."""

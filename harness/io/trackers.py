@@ -21,7 +21,13 @@ a sweep as it trains. One interface for all of them (:class:`TrackerLog`; the re
   its checkpoint bit-identically except their ``wall_time_s``: where the tracker run holds such
   steps already (MLflow, wandb online), it keeps the killed attempt's values for them (the wall
   times at which those steps were first computed); every other value equals metrics.parquet,
-  each step once.
+  each step once;
+* **before the runs** (:func:`check_tracker`, the last check of :func:`harness.validation.validate`):
+  each backend's :meth:`TrackerLog.check` refuses, before any run folder exists, a package that
+  fails on import and settings the tracker would fail on once the runs started (its environment
+  variables, its store, its server: see :meth:`MlflowLog.check`, :meth:`WandbLog.check`);
+* **a full disk**: a write that fails names its path (:func:`written`), and the command ends in
+  one line (:func:`harness.app.run`).
 
 Backends:
 
@@ -35,8 +41,8 @@ Backends:
   resumes the server's run and the steps up to its summary's ``env_steps`` are skipped (a
   killed attempt's steps past its checkpoint keep that attempt's ``wall_time_s``; untested here:
   no network).
-* :class:`MlflowLog`: MLflow's usage telemetry off (``MLFLOW_DISABLE_TELEMETRY=true`` unless the
-  environment sets it); ``MLFLOW_TRACKING_URI`` if set, else a SQLite store
+* :class:`MlflowLog`: MLflow's usage telemetry off and its HTTP retries short (:data:`MLFLOW_ENV`,
+  unless the environment sets them); ``MLFLOW_TRACKING_URI`` if set, else a SQLite store
   ``<results_dir>/mlflow.db`` (MLflow's file store is in maintenance mode); one experiment per
   results_dir (named by its absolute path; ``MLFLOW_EXPERIMENT_NAME`` overrides), one run per
   harness run, named ``task/estimator/seed<seed>-<hash>`` and found again by its tag
@@ -134,11 +140,19 @@ def shown(value: str, keep: int = 60) -> str:
     return value if len(value) <= keep else f"{value[:keep]}... ({len(value)} characters)"
 
 
-def cause(exc: BaseException) -> str:
-    """The innermost cause of ``exc`` (through ``__cause__``/``__context__``) as one short line."""
-    while (exc.__cause__ or exc.__context__) is not None:
+def chain(exc: BaseException):
+    """``exc`` and what it was raised from or during (``__cause__``, else ``__context__``), outermost first."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
         exc = exc.__cause__ or exc.__context__
-    return shown(" ".join(str(exc).split()) or type(exc).__name__, 200)
+
+
+def cause(exc: BaseException) -> str:
+    """The innermost cause of ``exc`` (:func:`chain`) as one short line."""
+    *_, inner = chain(exc)
+    return shown(" ".join(str(inner).split()) or type(inner).__name__, 200)
 
 
 def import_tracker(logger: str, module: str, package: str | None = None):
@@ -156,9 +170,9 @@ def check_tracker(cfg: Any) -> None:
     """The tracker ``cfg.logger`` names can be used, checked before any run folder exists: its
     package imports, and its settings from the environment and its store or server answer
     (:meth:`TrackerLog.check` of the backend). Raises ``ValueError`` naming the field or variable
-    and what it allows."""
+    and what it allows. ``mode=probe`` runs no training loop: no tracker, nothing checked."""
     cls = TRACKERS.get(cfg.get("logger", "none"))
-    if cls is not None:
+    if cls is not None and cfg.get("mode", "train") == "train":
         cls.check(cfg)
 
 
@@ -173,11 +187,8 @@ def written(path: Path | str):
         if exc.filename is None:
             exc.filename = str(path)
         raise
-    except Exception as exc:
-        inner = exc
-        while (inner.__cause__ or inner.__context__) is not None and not isinstance(inner, sqlite3.Error):
-            inner = inner.__cause__ or inner.__context__
-        if isinstance(inner, sqlite3.OperationalError) and "disk is full" in str(inner):
+    except Exception as exc:  # MLflow's MlflowException from SQLAlchemy's OperationalError from sqlite3's
+        if any(getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL for e in chain(exc)):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from exc
         raise
 
@@ -307,21 +318,22 @@ class WandbLog(TrackerLog):
 
         key = os.environ.get("WANDB_API_KEY")
         try:
-            has_key = bool(key or os.environ.get("WANDB_IDENTITY_TOKEN_FILE") or read_netrc_auth(host=settings.base_url))
+            has_key = bool(key or os.environ.get("WANDB_IDENTITY_TOKEN_FILE")
+                           or read_netrc_auth(host=settings.base_url))
         except Exception as exc:  # noqa: BLE001 - a .netrc that cannot be read
             bad_field("WANDB_MODE", f"offline with an unreadable .netrc ({cause(exc)})", mode)
         if not has_key:
             bad_field("WANDB_MODE", "offline (the default) or disabled without a W&B API key; online needs one "
                       "(WANDB_API_KEY, or `wandb login`)", mode)
-        if key and check_api_key(key):
-            bad_field("WANDB_API_KEY", f"a W&B API key ({check_api_key(key)})", f"<{len(key)} characters>")  # the key is not shown
+        if key and check_api_key(key):  # the key itself is not shown
+            bad_field("WANDB_API_KEY", f"a W&B API key ({check_api_key(key)})", f"<{len(key)} characters>")
         import requests
 
         try:
             requests.get(settings.base_url, timeout=CONNECT_TIMEOUT_S)
         except requests.RequestException as exc:
-            bad_field("WANDB_BASE_URL", f"a W&B server that answers within {CONNECT_TIMEOUT_S} s with WANDB_MODE={mode} "
-                      f"({cause(exc)}), or WANDB_MODE=offline", settings.base_url)
+            bad_field("WANDB_BASE_URL", f"a W&B server that answers within {CONNECT_TIMEOUT_S} s with "
+                      f"WANDB_MODE={mode} ({cause(exc)}), or WANDB_MODE=offline", settings.base_url)
 
     def __init__(self, cfg: Any, runs: Sequence[Any]):
         import wandb  # needs the wandb package
