@@ -307,14 +307,17 @@ def finished_run(res: Path) -> tuple[Path, dict, bytes]:
     return summary.parent, json.loads(summary.read_text()), (summary.parent / "metrics.parquet").read_bytes()
 
 
-# TensorBoard's writer thread ends with the write's error, which its next call raises again
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+# the writer thread's error is raised by the writer's next call, not printed from the thread as well
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_disk_full_under_tensorboard_names_the_folder_earlier_run_intact(tmp_path, capsys, monkeypatch):
     """TensorBoard's writer thread fails as on a full disk (``ENOSPC``, naming no file): the command
     ends in one line naming the run's tb/ folder, exit code 1; the run written before is untouched."""
     pytest.importorskip("tensorboard")
     from tensorboard.summary.writer.record_writer import RecordWriter
 
+    import threading
+
+    hook = threading.excepthook
     res = tmp_path / "res"
     main_entry(make_cfg([*B, f"results_dir={res}", "logger=tensorboard", "seed=0"]))
     first, summary, metrics = finished_run(res)
@@ -335,6 +338,7 @@ def test_disk_full_under_tensorboard_names_the_folder_earlier_run_intact(tmp_pat
     assert json.loads((second / "summary.json").read_text())["reason"] == f"{second / 'tb'}: No space left on device"
     assert finished_run(res / "cartpole" / "rloo" / first.name)[1:] == (summary, metrics)
     assert {p: p.read_bytes() for p in (first / "tb").iterdir()} == events
+    assert threading.excepthook is hook  # put back when the writers closed
 
 
 def test_disk_full_in_the_mlflow_store_names_it_earlier_run_intact(tmp_path, capsys, monkeypatch):

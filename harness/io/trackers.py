@@ -61,6 +61,7 @@ import logging
 import os
 import shutil
 import sqlite3
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,6 +78,7 @@ from ..config import bad_field, path_problem, results_path
 from .rundir import config_hash
 
 TB_DIR = "tb"
+TB_WRITER_MODULE = "tensorboard.summary.writer.event_file_writer"  # where TensorBoard's writer thread class is
 WANDB_DIR = "wandb"
 MLFLOW_DB = "mlflow.db"  # the default MLflow store, in results_dir
 MLFLOW_ARTIFACTS = "mlartifacts"  # the default experiment's artifact root (nothing is logged there)
@@ -266,7 +268,25 @@ class TensorBoardLog(TrackerLog):
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
         self._writer = SummaryWriter
-        super().__init__(runs)
+        self._hook = threading.excepthook
+        threading.excepthook = self._thread_error
+        try:
+            super().__init__(runs)
+        except BaseException:
+            threading.excepthook = self._hook
+            raise
+
+    def _thread_error(self, args) -> None:
+        """A writer's thread ends with its failed write, which the writer's next call raises again
+        (named by :func:`written`): not printed from the thread as well; other threads' errors are."""
+        if type(args.thread).__module__ != TB_WRITER_MODULE:
+            self._hook(args)
+
+    def close(self):
+        try:
+            super().close()
+        finally:
+            threading.excepthook = self._hook
 
     def open(self, run, start):
         path = Path(run.path) / TB_DIR
