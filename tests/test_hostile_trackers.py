@@ -226,6 +226,19 @@ def test_mlflow_store_that_is_not_sqlite_is_refused_and_kept(tmp_path, capsys):
     assert (res / "mlflow.db").read_text() == "my notes\n"
 
 
+def test_mlflow_store_of_another_program_is_refused_and_kept(tmp_path, capsys):
+    """An SQLite database without MLflow's tables: MLflow would add its own to it."""
+    res = tmp_path / "res"
+    res.mkdir()
+    with sqlite3.connect(res / "mlflow.db") as con:
+        con.execute("CREATE TABLE notes (body TEXT)")
+    con.close()
+    before = (res / "mlflow.db").read_bytes()
+    assert refused(capsys, res, "mlflow") == store_line(
+        res, f"{res}/mlflow.db holds another program's tables (notes), not MLflow's")
+    assert (res / "mlflow.db").read_bytes() == before
+
+
 def test_mlflow_store_locked_by_another_connection_is_refused_after_the_wait(tmp_path, capsys):
     """Another connection holds the store's exclusive lock: refused after 5 s (SQLite's own wait)."""
     res = tmp_path / "res"

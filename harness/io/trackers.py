@@ -96,6 +96,7 @@ SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite dat
 # of 120 s, with backoff, minutes per request)
 MLFLOW_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
               "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+MLFLOW_TABLES = {"alembic_version", "experiments", "runs"}  # tables of every MLflow SQL store (its schema)
 MLFLOW_DATABASES = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}  # database stores MLflow takes: default ports
 MLFLOW_STORES = ("unset (the SQLite store <results_dir>/mlflow.db), sqlite:///<file>, http(s)://<tracking server> "
                  f"or {'|'.join(MLFLOW_DATABASES)}://<database>")
@@ -414,9 +415,10 @@ def sqlite_file(uri: str) -> Path | None:
 
 def sqlite_problem(path: Path, absent_ok: bool) -> str | None:
     """Why the SQLite store ``path`` cannot be written, or None. An existing one must be a regular
-    file holding an SQLite database (or empty) that opens for writing within :data:`LOCK_WAIT_S`
-    (a transaction begun and rolled back: nothing is changed); an absent one is created in its
-    folder, which must take new files unless ``absent_ok`` (checked already: results_dir)."""
+    file holding an SQLite database (or empty) with MLflow's tables or none (MLflow would add its
+    tables to another program's database), that opens for writing within :data:`LOCK_WAIT_S` (a
+    transaction begun and rolled back: nothing is changed); an absent one is created in its folder,
+    which must take new files unless ``absent_ok`` (checked already: results_dir)."""
     if not os.path.lexists(path):
         problem = None if absent_ok else path_problem(str(path.parent), writable=True)
         return None if problem is None else f"{path}: its folder {problem}"
@@ -435,14 +437,16 @@ def sqlite_problem(path: Path, absent_ok: bool) -> str | None:
         con = sqlite3.connect(f"{path.as_uri()}?mode=rw", uri=True, timeout=LOCK_WAIT_S)
         try:
             con.execute("BEGIN IMMEDIATE")  # the write lock MLflow's writes take
-            con.execute("SELECT count(*) FROM sqlite_master").fetchall()
+            tables = {t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             con.rollback()
         finally:
             con.close()
     except sqlite3.Error as exc:
-        if "locked" in str(exc):
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY:
             return f"{path} is locked by another process (waited {LOCK_WAIT_S} s)"
         return f"{path}: {exc}"
+    if tables and not MLFLOW_TABLES <= tables:
+        return f"{path} holds another program's tables ({', '.join(sorted(tables)[:3])}), not MLflow's"
     return None
 
 
