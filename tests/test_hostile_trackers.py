@@ -53,9 +53,15 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def refused(capsys, res: Path, logger: str, *extra: str) -> str:
-    """``main_entry`` on a tiny run with ``logger``: exit code 2, one line, no traceback, no run
-    folder below ``res``; returns the line."""
+PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def refused(capsys, res: Path, logger: str, *extra: str, installed: bool = True) -> str:
+    """``main_entry`` on a tiny run with ``logger`` (skipped without its package unless ``installed``
+    is false: the caller has checked): exit code 2, one line, no traceback, no run folder below
+    ``res``; returns the line."""
+    if installed:
+        pytest.importorskip(PACKAGES[logger])
     cfg = make_cfg([*B, f"results_dir={res}", f"logger={logger}", *extra])
     with pytest.raises(SystemExit) as info:
         main_entry(cfg)
@@ -74,7 +80,7 @@ def uri_line(uri: str, problem: str) -> str:
 # ------------------------------------------------------------------ MLFLOW_TRACKING_URI
 def test_mlflow_server_that_refuses_is_refused_in_seconds_before_any_folder(tmp_path):
     """The user's command (``python -m harness``): a tracking server that does not answer, refused in
-    one line within 30 s (MLflow's own retries took minutes, after the run folder was made)."""
+    one line within 30 s, before any run folder (MLflow's own retries, at their defaults, take minutes)."""
     pytest.importorskip("mlflow")
     uri = f"http://127.0.0.1:{closed_port()}"
     env = {k: v for k, v in os.environ.items() if k not in MLFLOW_ENV}
@@ -308,7 +314,7 @@ def test_tracker_package_that_fails_on_import_is_named(logger, package, module, 
     for name in [n for n in sys.modules if n.split(".")[0] == package or n.startswith("torch.utils.tensorboard")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(fake.parent))
-    assert refused(capsys, tmp_path / "res", logger) == (
+    assert refused(capsys, tmp_path / "res", logger, installed=False) == (
         f"invalid config: logger must be 'none' here: logger={logger} needs a working {package} package (import "
         f"{module} failed: RuntimeError: half-installed: libfoo.so missing), got '{logger}'")
 
@@ -403,3 +409,14 @@ def test_mlflow_http_knobs_default_short_and_the_users_kept(tmp_path, capsys, mo
     assert {k: os.environ[k] for k in MLFLOW_ENV} == {
         "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
         "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "77"}
+
+
+def test_probe_mode_checks_no_tracker(tmp_path, monkeypatch):
+    """``mode=probe`` runs no training loop, so no tracker: its settings are not checked."""
+    pytest.importorskip("mlflow")
+    from harness.io.trackers import check_tracker
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "bogus://x")
+    check_tracker(make_cfg([*B, f"results_dir={tmp_path / 'res'}", "logger=mlflow", "mode=probe"]))
+    with pytest.raises(ValueError, match="^MLFLOW_TRACKING_URI must be "):
+        check_tracker(make_cfg([*B, f"results_dir={tmp_path / 'res'}", "logger=mlflow"]))
