@@ -15,7 +15,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-from .config import bad_field, error_line, member_configs, os_problem, task_kind
+from .config import DISK_FULL, bad_field, error_line, member_configs, os_problem, task_kind
 from .estimators.registry import ContractError
 from .io import RunDir
 from .plan import RunPlan
@@ -30,6 +30,7 @@ from .validation import validate
 __all__ = ["run", "main_entry", "describe", "imports_dynamo", "TRAINERS"]
 
 log = logging.getLogger("harness")
+
 
 
 # each task kind's trainer, ``(plan, runs) -> None`` (plan: harness.plan.RunPlan): builds the task and
@@ -145,7 +146,9 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
     run folder is started and the trainer built (the CLI's :func:`harness.__main__.end_startup`).
 
     A run that raises is recorded as ``failed`` (with the traceback's last line as reason) and
-    the sweep goes on; a non-finite loss or parameter is recorded as ``diverged`` by the trainer.
+    the sweep goes on (a full disk, ``ENOSPC`` or ``EDQUOT``, is recorded and raised: the next run
+    would fail too, and :func:`main_entry` names the file); a non-finite loss or parameter is
+    recorded as ``diverged`` by the trainer.
     Each run is claimed (``.lock``) while this process works on it; a run another sweep holds
     counts as ``held``. Training runs of a kind that resumes (every kind: :class:`harness.config.TaskKind`)
     resume from their checkpoint (``checkpoint_every``).
@@ -181,13 +184,17 @@ def run(cfg: DictConfig, on_start: Callable[[], None] | None = None) -> dict[str
         try:
             worker(plan, todo)
         except Exception as exc:  # record, never drop
-            reason = f"{type(exc).__name__}: {exc}"
+            full = isinstance(exc, OSError) and exc.errno in DISK_FULL
+            reason = os_problem(exc) if full else f"{type(exc).__name__}: {exc}"
             # a broken contract of an estimator or loss is its line (the traceback would show only the check)
             broken = isinstance(exc, ContractError) and exc.__cause__ is None
-            log.error("run failed: %s%s", reason, "" if broken else "\n" + traceback.format_exc())
+            if not full:
+                log.error("run failed: %s%s", reason, "" if broken else "\n" + traceback.format_exc())
             for r in todo:
                 if r.status() is None:
                     r.finish("failed", reason, time.perf_counter() - t0)
+            if full:  # a full disk (a run's file or its tracker's store): the command ends in one line naming it
+                raise
         for r in todo:
             status = r.status() or "failed"
             counts[status] = counts.get(status, 0) + 1

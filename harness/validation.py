@@ -22,6 +22,7 @@ from .config import (PARAM_BYTES, ProbeSettings, bad_field, check_choice, check_
                      check_known_keys, length_problem, path_problem, refuse_unknown_keys, results_path, task_kind)
 from .estimators import KL_ESTIMATORS, EstimatorSpec, get_estimator
 from .io.rundir import CHECKPOINT_NAME, run_dir_for
+from .io.trackers import check_tracker
 from .losses import AGG_MODES, POLICY_LOSSES, PolicyLoss, get_policy_loss, knob_defaults, loss_settings
 from .plan import RunPlan
 from .plugins import try_callables
@@ -80,6 +81,7 @@ def validate(cfg: DictConfig) -> RunPlan:
     plan = RunPlan(cfg, kind, spec, loss, settings)
     try_callables(plan)  # the estimator and loss once on a synthetic batch: a broken plugin refused here
     check_results_dir(cfg)
+    check_tracker(cfg)  # last: it imports the tracker's package and asks its store or server
     return plan
 
 
