@@ -238,3 +238,22 @@ def test_lm_population_stand_in_batches_the_members_lone_passes():
                                                                for k, v in cache]))
                     for p in range(P))
     assert abs(whole - parts) <= 1e-4 * abs(parts)
+
+
+def test_control_profile_timers_count_each_phase_without_the_timed_phases_inside_it(monkeypatch):
+    """``Timers``: an outer call from t=0 to t=10 holding an inner one from t=2 to t=5 and another
+    from t=6 to t=7 gives the outer 10 - 3 - 1 = 6 s and the inner phase 3 + 1 = 4 s (a fake clock)."""
+    from benchmarks import control_profile
+
+    clock = iter([0.0, 2.0, 5.0, 6.0, 7.0, 10.0])
+    monkeypatch.setattr(control_profile.time, "perf_counter", lambda: next(clock))
+    timers = control_profile.Timers()
+    inner = timers.wrap("inner", lambda: None)
+
+    def body():
+        inner()
+        inner()
+
+    timers.wrap("outer", body)()
+    assert timers.total == {"inner": 4.0, "outer": 6.0}
+    assert set(control_profile.ORDER) >= {*control_profile.phases(), "start-up", "exit", "loop, other"} - {"loop"}
