@@ -78,7 +78,7 @@ def episode(seed: int, n: int, ratio_one: bool = False) -> Episode:
 # are written out here.
 
 def _verl(policy_mode, estimator, agg="token-mean", clip_low=0.2, clip_high=0.2, kl_loss_coef=0.0,
-          kl_coef_in_reward=0.0, gamma=1.0, lam=1.0, bessel=False, remax_whole_return=False):
+          kl_coef_in_reward=0.0, gamma=1.0, lam=1.0, bessel=False, remax_whole_return=False, clip_ratio_c=3.0):
     def ref(e: Episode, x):
         r = F.verl_token_rewards(e.score, e.old, e.ref, e.mask, kl_coef_in_reward, "kl")
         adv = F.verl_advantages(estimator, r, e.mask, e.n, values=e.values, greedy=e.greedy, gamma=gamma, lam=lam)
@@ -87,7 +87,7 @@ def _verl(policy_mode, estimator, agg="token-mean", clip_low=0.2, clip_high=0.2,
             adv = adv * (n / (n - 1)).sqrt()
         if remax_whole_return:  # documented: the harness gives every token the whole return
             adv = adv + (torch.cumsum(r, -1) - r) * e.mask
-        pg = F.verl_policy_loss(policy_mode, e.old, x, adv * e.mask, e.mask, agg, clip_low, clip_high, 3.0)
+        pg = F.verl_policy_loss(policy_mode, e.old, x, adv * e.mask, e.mask, agg, clip_low, clip_high, clip_ratio_c)
         return F.verl_actor_loss(pg, x, e.ref, e.mask, agg, kl_loss_coef, "low_var_kl")
     return ref
 
@@ -124,7 +124,8 @@ REFERENCES = {
     "verl_reinforce_plus_plus_baseline": _verl("vanilla", "reinforce_plus_plus_baseline", kl_coef_in_reward=0.001,
                                                bessel=True),
     "verl_gspo": _verl("gspo", "grpo", agg="seq-mean-token-mean", clip_low=3e-4, clip_high=4e-4),
-    "verl_dapo": _verl("vanilla", "grpo", clip_high=0.28),
+    # verl's DAPO recipe script (recipe/dapo/run_dapo_qwen2.5_32b.sh): clip_ratio_c=10.0
+    "verl_dapo": _verl("vanilla", "grpo", clip_high=0.28, clip_ratio_c=10.0),
     "verl_cispo": _verl("cispo", "grpo", clip_low=10.0, clip_high=0.2, kl_loss_coef=0.001),
     "verl_gmpo": _verl("geo_mean", "grpo", clip_low=0.4, clip_high=0.4),
     # TRL 1.16.0: GRPOConfig's defaults (loss_type="dapo", scale_rewards="group", beta 0, epsilon 0.2)
