@@ -83,6 +83,26 @@ def test_trl_multiplies_the_kl_by_the_ratio_by_default():
     assert abs(float(on - off)) > 1e-3
 
 
+def test_trl_bias_corrected_kl_has_the_plain_value_at_ratio_one_but_not_its_gradient():
+    """At ratio 1 (``logp == old``) ``k3 * ratio`` equals ``k3``, but its gradient is
+    ``ratio * grad k3 + k3 * grad ratio`` = ``grad k3 + k3 * grad logp``: the two KL losses differ in
+    gradient wherever the policy is away from the reference (docs/frameworks.md says so)."""
+    logp0, _, ref, adv, mask = _tensors(0)
+    losses, grads = {}, {}
+    for on in (True, False):
+        logp = logp0.clone().requires_grad_(True)
+        loss = F.trl_grpo_loss(logp, logp0, ref, adv, mask, loss_type="grpo", beta=0.04, use_bias_correction_kl=on)
+        (grads[on],) = torch.autograd.grad(loss, logp)
+        losses[on] = float(loss)
+    assert losses[True] == pytest.approx(losses[False], rel=1e-12)
+    # by hand: d(k3 * ratio) / d logp = grad k3 + k3 at ratio 1, each token weighted as loss_type=grpo
+    # weights it (the mean over responses of each response's token mean): mask / (length * B)
+    k3 = torch.exp(ref - logp0) - (ref - logp0) - 1
+    weight = mask / mask.sum(-1, keepdim=True).clamp(min=1.0) / B
+    assert torch.allclose(grads[True] - grads[False], 0.04 * k3 * weight, rtol=1e-9, atol=1e-15)
+    assert float((0.04 * k3 * weight).abs().max()) > 1e-5  # not a difference at rounding's scale
+
+
 def test_remax_differs_from_verl_with_per_token_rewards():
     """verl's ReMax gives token t the reward-to-go from t minus the greedy score; the harness's every
     token the whole response's return minus it (as the ReMax paper). With the score as the only reward
