@@ -1,4 +1,4 @@
-"""How long analysis takes at sweep scale (issue 16): ``analysis.load`` against a plain pyarrow
+"""How long analysis takes at sweep scale: ``analysis.load`` against a plain pyarrow
 dataset read of the same metrics files, side by side, on a synthetic results folder.
 
     python benchmarks/analysis_load.py --runs 10000 [--report] [--rounds 4] [--fresh-rounds 4] [--docs]

@@ -1,6 +1,6 @@
 """Does ``torch.compile`` take the plain PPO update step below its eager floor on CPU?
 
-Issue 40, item 1. ``benchmarks/control_speed.py`` shows that a hand-written eager PPO step
+``benchmarks/control_speed.py`` shows that a hand-written eager PPO step
 (:func:`benchmarks.control_speed.update_floor`: the zoo's CartPole networks, batch, loss, clipping
 and Adam) times the lone run's 7,820 minibatches, plus interpreter start-up, already costs more
 than half of SB3's whole process. This script times that same step (built by

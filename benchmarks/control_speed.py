@@ -6,8 +6,7 @@ stable-baselines3 PPO with the same settings (``pip install -e ".[bench]"``;
 :mod:`benchmarks.sb3_ppo`, one process per seed). Every timing is a whole process, interpreter
 start and imports included, launched the way a user would launch it (``python -m harness ...``);
 each ends with a 10-episode greedy evaluation (ours: ``eval_every_steps=<steps>``, inside the
-run; SB3: ``evaluate_policy`` after ``learn``), whose mean is the run's final return. The goals
-are issue 16's:
+run; SB3: ``evaluate_policy`` after ``learn``), whose mean is the run's final return. The goals:
 
 1. ``population=16`` (16 seeds in one process) vs SB3's 16 seeds as 2 parallel worker
    processes: wall time ratio <= 1/3 at equal median final return; and the per-seed cost of
@@ -18,7 +17,7 @@ are issue 16's:
    Adam (:func:`startup_floor`); and the lone floor: that start-up with the Adam made without importing
    ``torch._dynamo`` (as the harness makes it), the same step with fused Adam (the harness's), and the run's collection and evaluation written the plainest way (CartPole's own
    vector env and one plain actor forward per step, :func:`collection_floor`). Beside them, the harness's own collection of the
-   run's rollouts against that plainest one, alternating in one process (:func:`harness_collection`). Beside the population's ratio (issue 40 asks <= 0.20), the same for
+   run's rollouts against that plainest one, alternating in one process (:func:`harness_collection`). Beside the population's ratio (the goal: <= 0.20), the same for
    the population: the plain step written batched for one worker's slice of the members
    (:func:`population_floor`), times the minibatches, plus that start-up.
 
@@ -455,8 +454,7 @@ def population_floor(members: int, reps: int = 500, tanh: Callable | None = None
 def startup_floor(dynamo: bool = True) -> float:
     """Seconds of a whole ``python -c`` process that imports torch and makes one Adam, started as
     ``python -m harness`` starts (:func:`harness.__main__.end_startup`: the cyclic collector off
-    over the imports, then what they made frozen; with it on, the same process took 1.7-2.1 s
-    against 1.1-1.2 s on 2026-12-05). ``dynamo``: the Adam as torch makes it, which imports
+    over the imports, then what they made frozen). ``dynamo``: the Adam as torch makes it, which imports
     ``torch._dynamo`` (what a torch PPO process such as SB3's pays before its first step);
     otherwise made as the harness makes it, without that import
     (:func:`harness.train.update.adam_without_dynamo`): the least start-up."""
@@ -600,8 +598,8 @@ def main() -> None:
         ratio = tp / sw["wall"]
         print(f"SB3 PPO, {P} seeds, {args.workers} worker processes: {sw['wall']:.1f} s; final returns median "
               f"{med(sw['returns']):.1f} (min {min(sw['returns']):.1f})", flush=True)
-        print(f"-> population={P} / SB3 {args.workers}-worker sweep = {ratio:.2f} (goal <= 0.20, issue 40; "
-              f"was 0.33: {verdict(ratio <= 0.2)}); median final return ours {med(pop['returns']):.1f}, SB3 "
+        print(f"-> population={P} / SB3 {args.workers}-worker sweep = {ratio:.2f} (goal <= 0.20: "
+              f"{verdict(ratio <= 0.2)}); median final return ours {med(pop['returns']):.1f}, SB3 "
               f"{med(sw['returns']):.1f}", flush=True)
         rows.append(f"| SB3 PPO, {P} seeds, {args.workers} worker processes at a time | {sw['wall']:.1f} s; final "
                     f"returns median {med(sw['returns']):.1f} (min {min(sw['returns']):.1f}) | |")

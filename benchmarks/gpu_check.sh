@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The LM task's CUDA path on a GPU machine, in one go (issue 5):
+# The LM task's CUDA path on a GPU machine, in one go:
 #   1. the CUDA tests (tests/test_lm_cuda.py) and the LM model tests;
 #   2. one RLOO run of 200 iterations with device=cuda (SFT + reward model built on the GPU,
 #      bf16 autocast), timed;

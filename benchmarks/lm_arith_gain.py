@@ -1,4 +1,4 @@
-"""Does RL raise held-out pass@1 above the warm-start (SFT) policy's on ``task=lm_arith``? (issue 15)
+"""Does RL raise held-out pass@1 above the warm-start (SFT) policy's on ``task=lm_arith``?
 
 Reads a results folder of ``task=lm_arith`` runs, for example::
 

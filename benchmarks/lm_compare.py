@@ -1,4 +1,4 @@
-"""Every estimator x the main policy losses on the LM task, side by side (issue 14).
+"""Every estimator x the main policy losses on the LM task, side by side.
 
     python -m harness -m experiment=lm_compare                    # the sweep (harness/conf/experiment/lm_compare.yaml)
     python benchmarks/lm_compare.py results/lm_compare --docs     # report, figure, README and docs blocks

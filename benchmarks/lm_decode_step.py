@@ -11,14 +11,14 @@ only: that the own code is bit-identical is ``tests/test_lm_model.py``'s). ``--o
   step calls the model, as before the step existed;
 * ``passes``: the prompts' prefill before decoding and the teacher-forced passes (the update's
   forward, the reference's, a critic's: :func:`harness.models.lm._gpt2_pass`); off, they call the
-  model, as before 2026-12-06; the decode step stays on;
+  model; the decode step stays on;
 * ``packing``: the packed passes (:func:`harness.models.lm._gpt2_packed_response` and
   :func:`harness.models.lm._gpt2_prompt_states`: neither the prompts' left padding nor the
-  responses' padding run); off, the own passes run the padding, as before 2026-12-06 (gradients
+  responses' padding run); off, the own passes run the padding (gradients
   differ at float rounding, so the two sides' samples may part after an update).
 
 * ``gelu``: GPT-2's activation as ``x sigmoid(2u)`` (:class:`harness.models.lm.SigmoidGELU`); off,
-  PyTorch's fused tanh-GELU kernel (as before 2026-12-06, 06:40; values to float rounding);
+  PyTorch's fused tanh-GELU kernel (values to float rounding);
 * ``drop``: decoding stops running the rows that have finished (``_DROP_*``); off, every row runs
   every step (bit-identical);
 * ``group``: a group's responses attend to their prompt in one block (``groups`` of
@@ -82,7 +82,7 @@ def main() -> None:
     own_prompts = lm_mod._gpt2_prompt_states
     padded_prompts = functools.partial(own_prompts, pack=False)
 
-    def every_column(*a, **k):  # the prompts' last layer at every column, as before 2026-12-06 12:30
+    def every_column(*a, **k):  # the prompts' last layer at every column
         return own_prompts(*a, **{**k, "last_only": False})
 
     def step_on_trunk(model, cache):  # the decode step sees the real trunk check while the passes see none

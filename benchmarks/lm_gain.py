@@ -1,4 +1,4 @@
-"""Does RL raise the gold score above the SFT policy's? (issue 5's acceptance check)
+"""Does RL raise the gold score above the SFT policy's?
 
 Reads a results folder of LM runs made by the harness, for example::
 

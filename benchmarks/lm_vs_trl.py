@@ -64,8 +64,8 @@ glibc's allocator: the process first sets it as ``python -m harness`` does
 for both sides, unless the environment tuned it (``MALLOC_*`` variables). Without that, glibc's
 dynamic mmap threshold moves with whatever the process freed before, and TRL's larger
 full-sequence tensors paid page faults or not depending on it: TRL's seconds per iteration
-moved by up to 30% with the other side's allocations and the pipeline build (measured
-2026-12-01 and 2026-12-06), while the harness's did not.
+moved by up to 30% with the other side's allocations and the pipeline build, while the
+harness's did not.
 
 Usage::
 
@@ -631,7 +631,7 @@ def main() -> None:
     for beta, s in summary.items():
         md.append(f"- beta={beta}: harness / TRL tokens/s, median over {args.rounds} rounds: wall {s['ratio_step_median']:.2f}x "
                   f"(range {s['ratio_step_min']:.2f}-{s['ratio_step_max']:.2f}), CPU time {s['ratio_cpu_step_median']:.2f}x "
-                  f"(range {s['ratio_cpu_step_min']:.2f}-{s['ratio_cpu_step_max']:.2f}); goal >= 3x (issue 40; was 2x)")
+                  f"(range {s['ratio_cpu_step_min']:.2f}-{s['ratio_cpu_step_max']:.2f}); goal >= 3x")
     if floors:
         groups = list(dict.fromkeys(FLOOR_KERNELS.values()))
         md.append("")

@@ -1,4 +1,4 @@
-"""MuJoCo learning table (issue 18): ppo_gae and three other estimators on Hopper-v5 and
+"""MuJoCo learning table: ppo_gae and three other estimators on Hopper-v5 and
 HalfCheetah-v5, 5 seeds each as one population, at a budget this machine affords (state it).
 
 ppo_gae runs with rl-baselines3-zoo's tuned preset for the task (``harness/conf/tuned/<task>_ppo_gae.yaml``,

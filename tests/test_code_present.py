@@ -1,5 +1,5 @@
-"""Code states the present: the harness's and the analysis's sources carry no issue numbers,
-calendar dates or commit hashes (history lives in git; a measured number lives in a generated
+"""Code states the present: the harness's, the analysis's, the benchmarks' and the scripts' sources
+carry no issue numbers, calendar dates or commit hashes (history lives in git; a measured number lives in a generated
 docs block with its command and date)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("harness", "analysis")
+PACKAGES = ("harness", "analysis", "benchmarks", "scripts")
 
 NARRATION = {
     # our tracker's numbers; an upstream one cited as ``owner/repo#N`` is a source a reader can reach
