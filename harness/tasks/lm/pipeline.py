@@ -589,7 +589,8 @@ def train_reward_model(rm_source: Path, policy, p: PipelineInputs, out_dir: Path
     acc = (sum(float(r[a] > r[b]) for a, b in ev.pairs) / len(ev.pairs)) if ev.pairs else float("nan")
     n_samples = len(ev.rows) - (len(set(ev.rows)) if rm_cfg.include_reference else 0)
     calibration = _calibrate(r[:n_samples], torch.tensor(ev.gold[:n_samples]))
-    model.save(out_dir)
+    with quiet_transformers():  # its own shard-writing bar, after the stage's bars
+        model.save(out_dir)
     tokenizer.save_pretrained(out_dir)
     return {"rm_train_pairs": len(tr.pairs), "rm_eval_pairs": len(ev.pairs), "rm_steps": step,
             "rm_final_loss": final_loss, "rm_eval_accuracy": acc, **calibration,
