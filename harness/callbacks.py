@@ -5,7 +5,6 @@ process: killed, it leaves no worker training on (:func:`watch_parent`)."""
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from .config import error_line, expand_path, path_problem, results_path
+from .config import connect_problem, error_line, expand_path, path_problem, results_path
 from .io.files import read_json
 
 
@@ -166,11 +165,7 @@ def ray_cluster_problem(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) 
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         return f"{target!r} is not host:port"
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as exc:  # refused, unreachable, unresolvable, timed out
-        return f"no connection to {target} within {timeout_s:g} s: {exc.strerror or exc}"
-    return None
+    return connect_problem(host.strip("[]"), int(port), timeout_s, target)
 
 
 def refuse_unreachable_ray_cluster(config: DictConfig) -> None:

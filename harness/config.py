@@ -591,6 +591,20 @@ def path_problem(path: str, writable: bool = False, below: str | None = None) ->
     return None
 
 
+def connect_problem(host: str, port: int, timeout_s: float, name: str | None = None) -> str | None:
+    """Why no TCP connection to ``host:port`` opens within ``timeout_s`` seconds (refused,
+    unreachable, unresolvable, timed out), or None: the one probe of a server the harness would
+    otherwise wait on after its folders exist (a tracker's database, a Ray cluster). ``name``:
+    how the message writes the address (default ``host:port``)."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"no connection to {name or f'{host}:{port}'} within {timeout_s:g} s: {exc.strerror or exc}"
+    return None
+
+
 def length_problem(path: str, where: str | None = None) -> str | None:
     """Why the absolute ``path`` is too long for the file system it would be made on, or None:
     a name over its ``NAME_MAX`` (255 bytes on most) or the whole over ``PATH_MAX``. ``where``:

@@ -74,7 +74,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: the store is opened unlocked
     fcntl = None
 
-from ..config import bad_field, path_problem, results_path
+from ..config import bad_field, connect_problem, path_problem, results_path
 from .rundir import config_hash
 
 TB_DIR = "tb"
@@ -478,8 +478,6 @@ def server_problem(uri: str, experiment: str) -> str | None:
 def database_problem(uri: str) -> str | None:
     """Why the database store ``uri`` cannot be used, or None: SQLAlchemy takes the URI, its
     driver imports, and its host takes a TCP connection within :data:`CONNECT_TIMEOUT_S`."""
-    import socket
-
     from sqlalchemy.engine import make_url
 
     try:
@@ -488,11 +486,7 @@ def database_problem(uri: str) -> str | None:
     except Exception as exc:  # noqa: BLE001 - an unparsable URI, an unknown dialect, a missing driver
         return f"{type(exc).__name__}: {cause(exc)}"
     if url.host:
-        port = url.port or MLFLOW_DATABASES[url.get_backend_name()]
-        try:
-            socket.create_connection((url.host, port), timeout=CONNECT_TIMEOUT_S).close()
-        except OSError as exc:
-            return f"no connection to {url.host}:{port} within {CONNECT_TIMEOUT_S} s: {exc.strerror or exc}"
+        return connect_problem(url.host, url.port or MLFLOW_DATABASES[url.get_backend_name()], CONNECT_TIMEOUT_S)
     return None
 
 
