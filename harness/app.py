@@ -32,7 +32,6 @@ __all__ = ["run", "main_entry", "describe", "imports_dynamo", "TRAINERS"]
 log = logging.getLogger("harness")
 
 
-
 # each task kind's trainer, ``(plan, runs) -> None`` (plan: harness.plan.RunPlan): builds the task and
 # hands its rollout source to the loop (harness.train.loop); one entry per harness.config.TASK_KINDS name
 TRAINERS: dict[str, Callable] = {

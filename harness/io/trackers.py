@@ -346,8 +346,9 @@ class WandbLog(TrackerLog):
         if not has_key:
             bad_field("WANDB_MODE", "offline (the default) or disabled without a W&B API key; online needs one "
                       "(WANDB_API_KEY, or `wandb login`)", mode)
-        if key and check_api_key(key):  # the key itself is not shown
-            bad_field("WANDB_API_KEY", f"a W&B API key ({check_api_key(key)})", f"<{len(key)} characters>")
+        invalid = check_api_key(key) if key else None  # why wandb refuses the key; the key itself is not shown
+        if invalid:
+            bad_field("WANDB_API_KEY", f"a W&B API key ({invalid})", f"<{len(key)} characters>")
         import requests
 
         try:
