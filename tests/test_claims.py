@@ -885,14 +885,9 @@ def test_only_one_exact_claim_still_records_every_exact_claim(tmp_path, monkeypa
 
 def test_published_reports_carry_their_command_and_figures(tmp_path, monkeypatch):
     from analysis.claims.report import publish
+    from tests.claims_helpers import report_without_runs
 
-    def not_composed(name, *args, **kwargs):
-        raise NotRun(f"{name}: not composed in this test")
-
-    monkeypatch.setattr(C, "compose_points", not_composed)
-    C.build_claims_report(tmp_path, quick=False, progress=lambda s: None)
-    (tmp_path / "claims_figures").mkdir(exist_ok=True)
-    (tmp_path / "claims_figures" / "c3.png").write_bytes(b"png")
+    report_without_runs(tmp_path, monkeypatch)
     pages = publish(tmp_path, False, tmp_path / "docs" / "reports", "python -m analysis claims R --publish P")
     assert [p.name for p in pages] == ["claims.md"]
     text = pages[0].read_text()

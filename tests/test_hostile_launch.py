@@ -337,17 +337,10 @@ def test_another_os_error_is_not_called_a_full_disk(tmp_path, monkeypatch):
 def test_published_claims_figures_on_a_full_disk_name_the_figure(tmp_path, monkeypatch):
     """``claims --publish`` copies the figures file by file through the atomic write: the disk filling
     up at a figure names that figure (a tree copy would raise shutil.Error, naming none)."""
-    from analysis import claims as C
-    from analysis.claims.evidence import NotRun
     from analysis.claims.report import publish
+    from tests.claims_helpers import report_without_runs
 
-    def not_composed(name, *args, **kwargs):
-        raise NotRun(f"{name}: not composed in this test")
-
-    monkeypatch.setattr(C, "compose_points", not_composed)
-    C.build_claims_report(tmp_path, quick=False, progress=lambda s: None)
-    (tmp_path / "claims_figures").mkdir(exist_ok=True)
-    (tmp_path / "claims_figures" / "c3.png").write_bytes(b"png")
+    report_without_runs(tmp_path, monkeypatch)
     fsync = os.fsync
 
     def full_at_figures(fd):  # the page fits, the figure does not (its temp file: .c3.png.<random>.tmp)
